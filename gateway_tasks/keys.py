@@ -1,0 +1,101 @@
+"""Every Redis key name gateway-tasks uses, in one place.
+
+All keys start with the settings' key_prefix, which is also kombu's
+``global_keyprefix``: Celery's queue lists and its unacked hash live beside
+ours, so one prefix isolates one deployment (or one test) completely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "gt:"
+
+    # -- Celery / kombu (names kombu itself uses, prefixed by global_keyprefix)
+    def queue(self, queue_name: str) -> str:
+        """The Redis list behind a Celery queue."""
+        return f"{self.prefix}{queue_name}"
+
+    @property
+    def unacked(self) -> str:
+        return f"{self.prefix}unacked"
+
+    @property
+    def unacked_index(self) -> str:
+        return f"{self.prefix}unacked_index"
+
+    # -- tenants ------------------------------------------------------------
+    def tenant(self, tenant_id: str) -> str:
+        """Hash: tier, api key hash, created_ms."""
+        return f"{self.prefix}tenant:{tenant_id}"
+
+    @property
+    def tenants(self) -> str:
+        """Set of every registered tenant id."""
+        return f"{self.prefix}tenants"
+
+    @property
+    def api_keys(self) -> str:
+        """Hash: sha256(api key) -> tenant id."""
+        return f"{self.prefix}apikeys"
+
+    def tenant_completion(self, tenant_id: str) -> str:
+        """Hash: learned completion length (EWMA) of a tenant, per model."""
+        return f"{self.prefix}learned:{tenant_id}"
+
+    def tenant_inflight(self, tenant_id: str) -> str:
+        """Integer: tasks of this tenant dispatched and not yet finished."""
+        return f"{self.prefix}inflight:{tenant_id}"
+
+    # -- router and upstream buckets ---------------------------------------
+    def bucket(self, pool: str) -> str:
+        """Hash: tokens, requests, ts_ms, drained_until_ms of one pool."""
+        return f"{self.prefix}bucket:{pool}"
+
+    def fair(self, pool: str) -> str:
+        """Hash: WFQ virtual time and per-tier finish tags of one pool."""
+        return f"{self.prefix}fair:{pool}"
+
+    @property
+    def bell(self) -> str:
+        """List: wake-up tokens for idle dispatchers (one per enqueue/refund)."""
+        return f"{self.prefix}bell"
+
+    def stats(self, pool: str) -> str:
+        """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
+        return f"{self.prefix}stats:{pool}"
+
+    # -- results ------------------------------------------------------------
+    def result_meta(self, task_id: str) -> str:
+        return f"{self.prefix}meta:{task_id}"
+
+    # -- beat (tenant crons) ------------------------------------------------
+    def cron(self, entry_id: str) -> str:
+        """Hash: one cron definition."""
+        return f"{self.prefix}cron:{entry_id}"
+
+    @property
+    def cron_due(self) -> str:
+        """Sorted set: entry id -> next actual fire time (ms since epoch)."""
+        return f"{self.prefix}cron:due"
+
+    def cron_by_tenant(self, tenant_id: str) -> str:
+        """Set: entry ids of one tenant."""
+        return f"{self.prefix}cron:tenant:{tenant_id}"
+
+    @property
+    def beat_lock(self) -> str:
+        """String: the id of the active beat process (short TTL)."""
+        return f"{self.prefix}beat:lock"
+
+    def cron_fired(self, entry_id: str, nominal_ms: int) -> str:
+        """String (TTL): idempotency key of one (entry, nominal time) firing."""
+        return f"{self.prefix}cron:fired:{entry_id}:{nominal_ms}"
+
+    def tenant_hourly(self, tenant_id: str, hour: int) -> str:
+        """Integer (TTL): tasks one tenant's crons fired in one clock hour
+        (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
+        return f"{self.prefix}quota:{tenant_id}:{hour}"

@@ -1,0 +1,49 @@
+"""Shared fixtures: a real Redis (127.0.0.1:6379 if up, else an embedded one),
+and a fresh key prefix per test so tests never see each other's keys."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import redis
+
+from gateway_tasks.redis_server import EmbeddedRedis, redis_reachable
+from gateway_tasks.settings import Settings, load_settings
+
+LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    url = os.environ.get("REDIS_URL") or (LOCAL_URL if redis_reachable(LOCAL_URL) else "")
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def key_prefix():
+    return f"gt-test-{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def r(redis_url, key_prefix):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=f"{key_prefix}*", count=1000)
+        if keys:
+            client.delete(*keys)
+        if cursor == 0:
+            break
+    client.close()
+
+
+@pytest.fixture
+def settings(redis_url, key_prefix) -> Settings:
+    return load_settings(env={}, redis_url=redis_url, key_prefix=key_prefix)

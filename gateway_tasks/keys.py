@@ -46,9 +46,10 @@ class Keys:
         """Hash: learned completion length (EWMA) of a tenant, per model."""
         return f"{self.prefix}learned:{tenant_id}"
 
-    def tenant_inflight(self, tenant_id: str) -> str:
-        """Integer: tasks of this tenant dispatched and not yet finished."""
-        return f"{self.prefix}inflight:{tenant_id}"
+    @property
+    def inflight(self) -> str:
+        """Hash: tenant id -> tasks dispatched and not yet acked (concurrency cap)."""
+        return f"{self.prefix}inflight"
 
     # -- router and upstream buckets ---------------------------------------
     def bucket(self, pool: str) -> str:
@@ -70,7 +71,12 @@ class Keys:
 
     # -- results ------------------------------------------------------------
     def result_meta(self, task_id: str) -> str:
+        """String (TTL): idempotency marker of a submitted task id."""
         return f"{self.prefix}meta:{task_id}"
+
+    def attempts(self, task_id: str) -> str:
+        """Integer (TTL): upstream attempts of one task (retry budget)."""
+        return f"{self.prefix}attempts:{task_id}"
 
     # -- beat (tenant crons) ------------------------------------------------
     def cron(self, entry_id: str) -> str:
@@ -99,3 +105,8 @@ class Keys:
         """Integer (TTL): tasks one tenant's crons fired in one clock hour
         (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
         return f"{self.prefix}quota:{tenant_id}:{hour}"
+
+    @property
+    def cron_stats(self) -> str:
+        """Hash: beat outcome counters (fired, quota, misfire, duplicate, ...)."""
+        return f"{self.prefix}cron:stats"

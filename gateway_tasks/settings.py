@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -224,7 +224,12 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     path = env.get("GATEWAY_CONFIG", "")
-    if path:
+    if env.get("GATEWAY_SETTINGS_JSON"):
+        try:
+            data = json.loads(env["GATEWAY_SETTINGS_JSON"])
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"GATEWAY_SETTINGS_JSON is not valid JSON: {exc}") from None
+    elif path:
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
@@ -265,6 +270,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     if unknown:
         raise ConfigError(f"unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
     return Settings(**kwargs).validate()
+
+
+def settings_to_json(settings: Settings) -> str:
+    """The settings as JSON (same shape as the TOML file); load with GATEWAY_SETTINGS_JSON."""
+    return json.dumps(asdict(settings))
 
 
 @lru_cache(maxsize=1)

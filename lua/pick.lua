@@ -1,0 +1,198 @@
+-- pick.lua: choose the next message for a dispatcher, admit it through its
+-- pool's TPM/RPM bucket, and record it as unacked -- all in one atomic call.
+--
+-- KEYS[1]                 kombu unacked hash          (delivery tag -> [payload, exchange, routing key])
+-- KEYS[2]                 kombu unacked index zset    (delivery tag -> seconds)
+-- KEYS[3]                 in-flight hash              (tenant -> tasks dispatched, not finished)
+-- then for each pool p (P pools), three keys:
+--   KEYS[3+3(p-1)+1]      bucket hash   (tokens, requests, ts_ms, blocked_until_ms)
+--   KEYS[3+3(p-1)+2]      fair hash     (v, f:<tier>)  WFQ virtual time and finish tags
+--   KEYS[3+3(p-1)+3]      stats hash    (counters)
+-- then for each queue q (Q queues): KEYS[3+3P+q] the queue's Redis list
+--
+-- ARGV[1] policy: fifo | strict | aging | wfq
+-- ARGV[2] P   ARGV[3] Q   ARGV[4] lookahead (messages examined per queue for the tenant cap)
+-- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
+--                          reserve_tokens (head-room only reserved tiers may use)
+-- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
+--                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
+--
+-- Returns {1, payload, queue index, now_ms, est_tokens}  a message was dispatched,
+--         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
+--
+-- Messages carry (set by enqueue.lua / the producer): top-level gt_enq_ms (Redis
+-- TIME at enqueue) and headers gt_est_tokens, gt_tenant.
+
+local policy = ARGV[1]
+local P = tonumber(ARGV[2])
+local Q = tonumber(ARGV[3])
+local lookahead = tonumber(ARGV[4])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- pools: refilled bucket levels (not yet written back)
+local pools = {}
+local a = 5
+for p = 1, P do
+  local base = 3 + 3 * (p - 1)
+  local pool = {
+    bucket = KEYS[base + 1], fair = KEYS[base + 2], stats = KEYS[base + 3],
+    tcap = tonumber(ARGV[a]), trate = tonumber(ARGV[a + 1]),
+    rcap = tonumber(ARGV[a + 2]), rrate = tonumber(ARGV[a + 3]),
+    reserve = tonumber(ARGV[a + 4]),
+  }
+  a = a + 5
+  local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms')
+  local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+  if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
+  local dt = math.max(0, now - ts)
+  pool.tokens = math.min(pool.tcap, tokens + dt * pool.trate)
+  pool.requests = math.min(pool.rcap, requests + dt * pool.rrate)
+  pool.blocked_until = tonumber(b[4]) or 0
+  pool.v = tonumber(redis.call('HGET', pool.fair, 'v')) or 0
+  pools[p] = pool
+end
+
+local inflight_key = KEYS[3]
+local qbase = 3 + 3 * P
+
+-- the candidate of each queue: its oldest message whose tenant is under its cap
+local function candidate(q, qd)
+  local key = KEYS[qbase + q]
+  local items = redis.call('LRANGE', key, -lookahead, -1)
+  for i = #items, 1, -1 do
+    local raw = items[i]
+    local ok, m = pcall(cjson.decode, raw)
+    local tenant, est, enq = '', 0, now
+    if ok and type(m) == 'table' then
+      enq = tonumber(m['gt_enq_ms']) or now
+      local h = m['headers']
+      if type(h) == 'table' then
+        est = tonumber(h['gt_est_tokens']) or 0
+        tenant = h['gt_tenant'] or ''
+        if type(tenant) ~= 'string' then tenant = '' end
+      end
+    end
+    local capped = false
+    if tenant ~= '' and qd.tenant_max > 0 then
+      local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
+      capped = n >= qd.tenant_max
+    end
+    if not capped then
+      return {raw = raw, msg = ok and m or nil, enq = enq, est = est, tenant = tenant,
+              tail = (i == #items), key = key}
+    end
+  end
+  return nil
+end
+
+-- per queue: parameters and candidate
+local queues = {}
+local any_message = false
+for q = 1, Q do
+  local qd = {
+    pool = tonumber(ARGV[a]), tier = ARGV[a + 1], weight = tonumber(ARGV[a + 2]),
+    alpha = tonumber(ARGV[a + 3]), share = tonumber(ARGV[a + 4]),
+    max_wait = tonumber(ARGV[a + 5]), reserved = ARGV[a + 6] == '1',
+    tenant_max = tonumber(ARGV[a + 7]),
+  }
+  a = a + 8
+  if redis.call('LLEN', KEYS[qbase + q]) > 0 then
+    any_message = true
+    qd.c = candidate(q, qd)
+  end
+  queues[q] = qd
+end
+
+if not any_message then return {0, -1} end
+
+-- the policy's score of a candidate: larger wins
+local function score(qd, pool)
+  local c = qd.c
+  local wait = now - c.enq
+  if policy == 'fifo' then return -c.enq end
+  if policy == 'strict' then return qd.weight * 1e15 - c.enq end
+  if policy == 'aging' then return qd.weight + qd.alpha * wait end
+  -- wfq: promoted (past the tier's max wait) beats fair order, oldest promoted first
+  if wait > qd.max_wait then return 1e18 + wait end
+  local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
+  qd.start = math.max(pool.v, f)
+  -- smaller start tag wins; ties go to the heavier tier, then the older message
+  return -(qd.start - pool.v) * 1e6 + qd.weight - c.enq * 1e-13
+end
+
+-- the winner of each pool, then whether its bucket admits it now
+local best, best_score, wait_ms = nil, nil, nil
+for p = 1, P do
+  local pool = pools[p]
+  local win, win_score = nil, nil
+  for q = 1, Q do
+    local qd = queues[q]
+    if qd.pool == p and qd.c then
+      local s = score(qd, pool)
+      if win == nil or s > win_score then win, win_score = q, s end
+    end
+  end
+  if win then
+    local qd = queues[win]
+    local est = math.min(qd.c.est, pool.tcap)
+    local headroom = qd.reserved and 0 or pool.reserve
+    local need_t = est + headroom - pool.tokens
+    local need_r = 1 + (qd.reserved and 0 or 0) - pool.requests
+    local w = 0
+    if pool.blocked_until > now then w = pool.blocked_until - now end
+    if need_t > 0 then w = math.max(w, math.ceil(need_t / pool.trate)) end
+    if need_r > 0 then w = math.max(w, math.ceil(need_r / pool.rrate)) end
+    if w == 0 then
+      if best == nil or win_score > best_score then best, best_score = win, win_score end
+    elseif wait_ms == nil or w < wait_ms then
+      wait_ms = w
+    end
+  end
+end
+
+if best == nil then
+  -- messages exist but none is admissible: every head's tenant is capped (no
+  -- wait time known; poll again soon) or its pool needs time to refill
+  return {0, wait_ms or 50}
+end
+
+-- dispatch: take the message, debit the bucket, advance fair state, record unacked
+local qd = queues[best]
+local c = qd.c
+local pool = pools[qd.pool]
+if c.tail then
+  redis.call('RPOP', c.key)
+else
+  redis.call('LREM', c.key, -1, c.raw)
+end
+local est = math.min(c.est, pool.tcap)
+redis.call('HSET', pool.bucket, 'tokens', pool.tokens - est, 'requests', pool.requests - 1, 'ts_ms', now)
+if policy == 'wfq' then
+  local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
+  local start = math.max(pool.v, f)
+  redis.call('HSET', pool.fair, 'v', start, 'f:' .. qd.tier, start + est / qd.share)
+end
+if c.tenant ~= '' then redis.call('HINCRBY', inflight_key, c.tenant, 1) end
+redis.call('HINCRBY', pool.stats, 'dispatched:' .. qd.tier, 1)
+redis.call('HINCRBY', pool.stats, 'est_tokens:' .. qd.tier, est)
+redis.call('HINCRBY', pool.stats, 'wait_ms:' .. qd.tier, now - c.enq)
+
+local tag, ex, rk = nil, '', ''
+if c.msg then
+  local props = c.msg['properties']
+  if type(props) == 'table' then
+    tag = props['delivery_tag']
+    local di = props['delivery_info']
+    if type(di) == 'table' then
+      ex = di['exchange'] or ''
+      rk = di['routing_key'] or ''
+    end
+  end
+end
+if type(tag) == 'string' then
+  redis.call('HSET', KEYS[1], tag, '[' .. c.raw .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']')
+  redis.call('ZADD', KEYS[2], now / 1000, tag)
+end
+return {1, c.raw, best, now, est}

@@ -1,0 +1,50 @@
+-- settle.lua: after an upstream call, correct the pool's bucket from the
+-- estimate debited at dispatch to the usage the upstream reported, update the
+-- tenant's learned completion length, and ring the bell when tokens came back.
+--
+-- KEYS[1] bucket hash of the pool (tokens, requests, ts_ms, blocked_until_ms)
+-- KEYS[2] stats hash of the pool
+-- KEYS[3] learned completion hash of the tenant (model -> EWMA of completion tokens)
+-- KEYS[4] bell list
+-- ARGV[1] token capacity    ARGV[2] tokens per ms
+-- ARGV[3] request capacity  ARGV[4] requests per ms
+-- ARGV[5] estimated tokens debited at dispatch
+-- ARGV[6] actual tokens charged (prompt + completion); 0 when the call never reached the upstream
+-- ARGV[7] tier   ARGV[8] model   ARGV[9] completion tokens   ARGV[10] EWMA weight (0 = do not learn)
+-- ARGV[11] max bell tokens kept
+-- ARGV[12] 1 = also give back the request slot (the upstream never saw the request)
+--
+-- Returns the bucket's token level after the correction (as a string).
+
+local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
+local est, actual = tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'requests', 'ts_ms')
+local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+if not tokens then tokens, requests, ts = tcap, rcap, now end
+local dt = math.max(0, now - ts)
+tokens = math.min(tcap, tokens + dt * trate)
+requests = math.min(rcap, requests + dt * rrate)
+local refund = est - actual
+tokens = math.min(tcap, tokens + refund)
+if ARGV[12] == '1' then requests = math.min(rcap, requests + 1) end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
+if actual > 0 then
+  redis.call('HINCRBY', KEYS[2], 'actual_tokens:' .. ARGV[7], actual)
+  redis.call('HINCRBY', KEYS[2], 'completed:' .. ARGV[7], 1)
+end
+local w = tonumber(ARGV[10])
+if w > 0 then
+  local old = tonumber(redis.call('HGET', KEYS[3], ARGV[8]))
+  local c = tonumber(ARGV[9])
+  local new = c
+  if old then new = old + w * (c - old) end
+  redis.call('HSET', KEYS[3], ARGV[8], new)
+end
+if refund > 0 then
+  redis.call('LPUSH', KEYS[4], '1')
+  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[11]) - 1)
+end
+return tostring(tokens)

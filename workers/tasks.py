@@ -1,0 +1,132 @@
+"""The inference task: runs after pick.lua admitted it through the pool bucket.
+
+It calls the upstream once, settles the bucket to the real usage, follows the
+upstream's rate-limit headers, and on failure either requeues the message at
+the front of its queue (429: the pool is drained until Retry-After; other
+transient errors: while the tier's retry budget lasts) or fails with a clear
+error.  The result is JSON: the upstream response plus timing and tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import lru_cache
+from typing import Any
+
+import openai
+import redis
+from celery import shared_task
+from celery.exceptions import Reject
+
+from gateway_tasks.bucket import PoolBucket, retry_after_ms
+from gateway_tasks.errors import GatewayError, UpstreamError
+from gateway_tasks.keys import Keys
+from gateway_tasks.settings import Settings, get_settings
+from workers.upstream import chat
+
+logger = logging.getLogger(__name__)
+MAX_ATTEMPTS = 5
+RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
+
+
+class DeadlineExceeded(GatewayError):
+    """The task waited in the queue past its deadline; the upstream was not called."""
+
+
+@lru_cache(maxsize=8)
+def redis_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def _now_ms(r: redis.Redis) -> int:
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _settings(task: Any) -> Settings:
+    s = task.app.conf.get("gateway_settings")
+    return s if isinstance(s, Settings) else get_settings()
+
+
+def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: dict[str, Any], task_id: str) -> bool:
+    tier = settings.tier(req["tier"])
+    stats = keys.stats(req["pool"])
+    attempts = r.incr(keys.attempts(task_id))
+    r.expire(keys.attempts(task_id), settings.result_ttl_s)
+    if attempts >= MAX_ATTEMPTS:
+        return False
+    retries, completed = r.hmget(stats, f"retries:{tier.name}", f"completed:{tier.name}")
+    budget = RETRY_BUDGET_FLOOR + tier.retry_budget_ratio * int(completed or 0)
+    if int(retries or 0) >= budget:
+        return False
+    r.hincrby(stats, f"retries:{tier.name}", 1)
+    return True
+
+
+@shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
+def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
+    settings = _settings(self)
+    keys = Keys(settings.key_prefix)
+    r = redis_for(self.app.conf.broker_url)
+    pool = settings.pool(req["pool"])
+    bucket = PoolBucket(r, keys, pool)
+    headers = self.request.headers or {}
+    get = lambda name: headers.get(name, getattr(self.request, name, None))  # noqa: E731
+    enq_ms, disp_ms = get("gt_enq_ms"), get("gt_disp_ms")
+    est = int(get("gt_est_tokens") or req["est_tokens"])
+    tenant = req["tenant_id"]
+
+    if req.get("deadline_s") and enq_ms and disp_ms and disp_ms > enq_ms + req["deadline_s"] * 1000:
+        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
+                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
+        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its deadline of "
+                               f"{req['deadline_s']} s; the upstream was not called")
+
+    started = time.monotonic()
+    try:
+        reply = chat(pool, req["model"], req["messages"], req["max_tokens"], req.get("extra_body"))
+    except openai.RateLimitError as exc:
+        wait = retry_after_ms(dict(exc.response.headers))
+        bucket.drain(wait)
+        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s", pool.name, wait, self.request.id)
+        raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
+    except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
+        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
+                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
+        if _retry_allowed(r, keys, settings, req, self.request.id):
+            raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
+        raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
+    except openai.APIStatusError as exc:
+        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
+                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
+        raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
+    upstream_ms = (time.monotonic() - started) * 1000.0
+
+    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req["tier"], tenant_id=tenant,
+                  model=req["model"], completion_tokens=reply.completion_tokens)
+    bucket.sync(reply.headers)
+    done_ms = _now_ms(r)
+    return {
+        "task_id": self.request.id,
+        "tenant_id": tenant,
+        "tier": req["tier"],
+        "pool": pool.name,
+        "model": req["model"],
+        "source": req.get("source", "api"),
+        "response": reply.body,
+        "timing": {
+            "enqueued_ms": enq_ms,
+            "dispatched_ms": disp_ms,
+            "completed_ms": done_ms,
+            "queue_wait_ms": (disp_ms - enq_ms) if enq_ms and disp_ms else None,
+            "upstream_ms": round(upstream_ms, 3),
+        },
+        "tokens": {
+            "estimated": est,
+            "estimated_prompt": req["prompt_tokens"],
+            "prompt": reply.prompt_tokens,
+            "completion": reply.completion_tokens,
+            "total": reply.total_tokens,
+        },
+    }

@@ -1,0 +1,288 @@
+"""lua/pick.lua against a real Redis: ordering per policy, fair shares, aging,
+starvation bound, tenant caps, pool isolation, and a bucket that never
+overshoots under concurrent dispatchers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+
+import pytest
+
+from gateway_tasks.keys import Keys
+from gateway_tasks.router import PickPlan, Picked, Wait
+from gateway_tasks.scripts import scripts_for
+from gateway_tasks.settings import Pool, Settings, default_tiers
+
+BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+           tpm=10**9, rpm=10**9)
+
+
+def redis_now_ms(r) -> int:
+    sec, usec = r.time()
+    return sec * 1000 + usec // 1000
+
+
+def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None = None,
+         enq_ms: int | None = None, pool: str = "default") -> str:
+    """Push a minimal kombu envelope the way enqueue.lua stores it (LPUSH, consumers take the tail)."""
+    queue = settings.queue_name(tier, pool)
+    tag = uuid.uuid4().hex
+    tenant = tenant or f"tenant-{tag[:8]}"
+    msg = {"gt_enq_ms": enq_ms if enq_ms is not None else redis_now_ms(r),
+           "body": "", "headers": {"gt_est_tokens": est, "gt_tenant": tenant, "id": tag},
+           "properties": {"delivery_tag": tag,
+                          "delivery_info": {"exchange": "", "routing_key": queue}}}
+    r.lpush(Keys(settings.key_prefix).queue(queue), json.dumps(msg))
+    return tag
+
+
+def pick(r, plan: PickPlan):
+    return plan.parse(scripts_for(r).pick(keys=plan.script_keys, args=plan.script_args))
+
+
+def drain_order(r, plan: PickPlan, n: int) -> list[str]:
+    tiers = []
+    for _ in range(n):
+        got = pick(r, plan)
+        assert isinstance(got, Picked), got
+        tiers.append(got.queue.split(".")[1])
+    return tiers
+
+
+def make(settings: Settings, policy: str, pools=(BIG,), tiers=None) -> tuple[Settings, PickPlan]:
+    s = settings.with_(policy=policy, pools=tuple(pools), tiers=tiers or settings.tiers)
+    return s, PickPlan(s, s.queue_names())
+
+
+def test_empty_queues_wait_forever(r, settings):
+    s, plan = make(settings, "wfq")
+    assert pick(r, plan) == Wait(-1)
+
+
+@pytest.mark.parametrize("policy,expected", [
+    ("fifo", ["batch", "normal", "vip"]),      # oldest first, tiers ignored
+    ("strict", ["vip", "normal", "batch"]),    # tier weight, always
+])
+def test_fifo_and_strict_order(r, settings, policy, expected):
+    s, plan = make(settings, policy)
+    now = redis_now_ms(r)
+    push(r, s, "batch", enq_ms=now - 300)
+    push(r, s, "normal", enq_ms=now - 200)
+    push(r, s, "vip", enq_ms=now - 100)
+    assert drain_order(r, plan, 3) == expected
+
+
+def test_aging_score_promotes_old_batch_over_fresh_vip(r, settings):
+    # Score = BaseWeight + alpha * wait_ms: batch 1 + 0.005*w beats vip 100 + 0.05*0 once w > 19.8 s
+    s, plan = make(settings, "aging")
+    now = redis_now_ms(r)
+    push(r, s, "vip", enq_ms=now)
+    push(r, s, "batch", enq_ms=now - 25_000)
+    assert drain_order(r, plan, 2) == ["batch", "vip"]
+    push(r, s, "vip", enq_ms=now)
+    push(r, s, "batch", enq_ms=now - 10_000)   # 1 + 50 < 100: vip first
+    assert drain_order(r, plan, 2) == ["vip", "batch"]
+
+
+def test_fifo_within_a_queue(r, settings):
+    s, plan = make(settings, "wfq")
+    tags = [push(r, s, "normal") for _ in range(5)]
+    got = [pick(r, plan).payload["properties"]["delivery_tag"] for _ in range(5)]
+    assert got == tags
+
+
+def test_wfq_token_shares_70_20_10_when_all_backlogged(r, settings):
+    s, plan = make(settings, "wfq")
+    now = redis_now_ms(r)
+    for tier in ("vip", "normal", "batch"):
+        for _ in range(400):
+            push(r, s, tier, est=100, enq_ms=now)
+    tiers = drain_order(r, plan, 500)
+    shares = Counter(tiers)
+    assert abs(shares["vip"] / 500 - 0.70) <= 0.03
+    assert abs(shares["normal"] / 500 - 0.20) <= 0.03
+    assert abs(shares["batch"] / 500 - 0.10) <= 0.03
+
+
+def test_wfq_shares_are_token_weighted(r, settings):
+    # batch sends 4x larger requests: it gets 10% of tokens, so 1/4 as many requests per token
+    s, plan = make(settings, "wfq")
+    now = redis_now_ms(r)
+    for _ in range(300):
+        push(r, s, "vip", est=100, enq_ms=now)
+        push(r, s, "batch", est=400, enq_ms=now)
+    tiers = drain_order(r, plan, 300)
+    tokens = Counter()
+    for t in tiers:
+        tokens[t] += 100 if t == "vip" else 400
+    share_batch = tokens["batch"] / sum(tokens.values())
+    assert abs(share_batch - 10 / 80) <= 0.03   # only vip and batch are backlogged: 70:10
+
+
+def test_wfq_idle_tier_banks_no_credit(r, settings):
+    s, plan = make(settings, "wfq")
+    now = redis_now_ms(r)
+    for _ in range(200):
+        push(r, s, "vip", est=100, enq_ms=now)
+    drain_order(r, plan, 100)          # batch idle all along
+    for _ in range(50):
+        push(r, s, "batch", est=100, enq_ms=now)
+    order = drain_order(r, plan, 40)
+    # had batch banked the 100 dispatches it skipped it would now run ~all 40 in a row
+    assert Counter(order)["batch"] <= 10
+
+
+def test_wfq_promotes_past_max_wait(r, settings):
+    s, plan = make(settings, "wfq")
+    now = redis_now_ms(r)
+    batch_max = s.tier("batch").max_wait_ms
+    for _ in range(20):
+        push(r, s, "vip", enq_ms=now)
+    push(r, s, "batch", enq_ms=now - batch_max - 1_000)
+    assert drain_order(r, plan, 1) == ["batch"]
+
+
+def test_starvation_bound_under_vip_flood(r, settings):
+    # a continuous VIP backlog cannot starve batch under wfq: batch gets its share
+    s, plan = make(settings, "wfq")
+    now = redis_now_ms(r)
+    for _ in range(300):
+        push(r, s, "vip", enq_ms=now)
+    for _ in range(30):
+        push(r, s, "batch", enq_ms=now)
+    order = drain_order(r, plan, 100)
+    first_batch = order.index("batch")
+    assert first_batch <= 10  # 70:10 -> one batch per ~8 vip
+    gaps = [i for i, t in enumerate(order) if t == "batch"]
+    assert max(b - a for a, b in zip(gaps, gaps[1:])) <= 10
+
+
+def test_bucket_admission_and_wait_hint(r, settings):
+    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                 tpm=6_000, rpm=10_000)   # 100 tokens/s, capacity 6000
+    tiers = tuple(t if t.name != "vip" else t for t in default_tiers())
+    s, plan = make(settings, "wfq", pools=(small,), tiers=tiers)
+    push(r, s, "vip", est=5_000)
+    push(r, s, "vip", est=5_000)
+    assert isinstance(pick(r, plan), Picked)
+    got = pick(r, plan)
+    assert isinstance(got, Wait)
+    # 1000 left, needs 5000: ~40 s of refill at 100 tokens/s
+    assert 35_000 <= got.wait_ms <= 41_000
+
+
+def test_reserve_is_for_vip_only(r, settings):
+    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                 tpm=1_000, rpm=10_000)   # capacity 1000, vip reserves 20% = 200
+    s, plan = make(settings, "wfq", pools=(small,))
+    push(r, s, "batch", est=850)
+    got = pick(r, plan)
+    assert isinstance(got, Wait)     # 1000 - 850 < 200 reserve
+    push(r, s, "vip", est=900)
+    got = pick(r, plan)
+    assert isinstance(got, Picked) and got.queue == "gt.vip.default"
+
+
+def test_saturated_pool_does_not_block_another(r, settings):
+    a = Pool("a", base_url="http://127.0.0.1:1/v1", api_key="x", models=("ma",), tpm=1_000, rpm=1_000)
+    b = Pool("b", base_url="http://127.0.0.1:1/v1", api_key="x", models=("mb",), tpm=10**6, rpm=10**6)
+    s, plan = make(settings, "wfq", pools=(a, b))
+    keys = Keys(s.key_prefix)
+    scripts_for(r).drain(keys=[keys.bucket("a"), keys.stats("a")], args=[60_000])
+    for _ in range(5):
+        push(r, s, "vip", pool="a")
+    push(r, s, "batch", pool="b")
+    got = pick(r, plan)
+    assert isinstance(got, Picked) and got.queue == "gt.batch.b"
+    assert isinstance(pick(r, plan), Wait)
+
+
+def test_tenant_concurrency_cap_skips_to_next_tenant(r, settings):
+    tiers = tuple(t.__class__(**{**t.__dict__, "max_concurrency_per_tenant": 1}) for t in default_tiers())
+    s, plan = make(settings, "wfq", tiers=tiers)
+    push(r, s, "normal", tenant="hog")
+    push(r, s, "normal", tenant="hog")
+    other = push(r, s, "normal", tenant="polite")
+    first = pick(r, plan)
+    assert first.payload["headers"]["gt_tenant"] == "hog"
+    second = pick(r, plan)
+    assert second.payload["properties"]["delivery_tag"] == other
+    assert isinstance(pick(r, plan), Wait)           # hog is at its cap
+    r.hincrby(Keys(s.key_prefix).inflight, "hog", -1)  # ack releases the slot
+    assert pick(r, plan).payload["headers"]["gt_tenant"] == "hog"
+
+
+def test_pick_records_unacked_atomically(r, settings):
+    s, plan = make(settings, "wfq")
+    tag = push(r, s, "vip")
+    got = pick(r, plan)
+    keys = Keys(s.key_prefix)
+    stored = json.loads(r.hget(keys.unacked, tag))
+    assert stored[0]["properties"]["delivery_tag"] == tag
+    assert stored[2] == "gt.vip.default"
+    assert r.zscore(keys.unacked_index, tag) is not None
+    assert got.payload["headers"]["gt_disp_ms"] >= got.payload["headers"]["gt_enq_ms"]
+
+
+def test_concurrent_dispatchers_never_overshoot_the_bucket(r, settings):
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=600, rpm=10**6)   # capacity 600 tokens, refill 10 tokens/s
+    s, _ = make(settings, "wfq", pools=(pool,))
+    for tier in ("vip", "normal", "batch"):
+        for _ in range(100):
+            push(r, s, tier, est=7)
+    picked: list[int] = []
+    start = redis_now_ms(r)
+
+    def run():
+        plan = PickPlan(s, s.queue_names())
+        import redis as redis_mod
+        client = redis_mod.Redis(connection_pool=r.connection_pool)
+        while True:
+            got = pick(client, plan)
+            if isinstance(got, Wait):
+                return
+            picked.append(got.est_tokens)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    elapsed_ms = redis_now_ms(r) - start
+    admitted = sum(picked)
+    assert admitted <= 600 + elapsed_ms * 600 / 60_000 + 1e-9
+    assert admitted >= 600 - 200 - 7   # work-conserving down to the vip reserve
+
+
+def test_settle_refunds_and_sync_only_lowers(r, settings):
+    from gateway_tasks.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)
+    s, plan = make(settings, "wfq", pools=(pool,))
+    bucket = PoolBucket(r, Keys(s.key_prefix), pool)
+    push(r, s, "vip", est=1_000)
+    pick(r, plan)
+    level = bucket.level()["tokens"]
+    assert level <= 5_000 + 50
+    after = bucket.settle(est_tokens=1_000, actual_tokens=300, tier="vip", tenant_id="t",
+                          model="m", completion_tokens=200)
+    assert after >= level + 700 - 1e-6 and after <= 6_000
+    assert bucket.learned_completion("t", "m") == 200
+    lowered = bucket.sync({"x-ratelimit-remaining-tokens": "1234", "x-ratelimit-remaining-requests": "9"})
+    assert lowered == (1234.0, 9.0)
+    same = bucket.sync({"x-ratelimit-remaining-tokens": "5999"})
+    assert same[0] < 1300   # never raised by the upstream's view
+
+
+def test_drain_blocks_the_pool_until_retry_after(r, settings):
+    from gateway_tasks.bucket import PoolBucket
+    s, plan = make(settings, "wfq")
+    bucket = PoolBucket(r, Keys(s.key_prefix), s.pools[0])
+    bucket.drain(5_000)
+    push(r, s, "vip", est=1)
+    got = pick(r, plan)
+    assert isinstance(got, Wait) and 4_000 <= got.wait_ms <= 5_000
+    stats = r.hgetall(Keys(s.key_prefix).stats("default"))
+    assert stats[b"upstream_429"] == b"1"

@@ -1,0 +1,90 @@
+"""Real Celery worker processes, the simulator upstream and a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway_tasks import processes
+from gateway_tasks.keys import Keys
+from gateway_tasks.producer import Gateway
+from gateway_tasks.settings import Pool
+from gateway_tasks.simulator import SimConfig, SimulatorThread
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sim():
+    with SimulatorThread(SimConfig(tpm=120_000, rpm=6_000, base_latency_ms=5)) as s:
+        yield s
+
+
+def deploy(settings, sim, r, *, tpm=120_000, rpm=6_000, concurrency=4, tmp_path=None):
+    pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                tpm=tpm, rpm=rpm)
+    s = settings.with_(pools=(pool,))
+    gw = Gateway(s, client=r)
+    gw.register_tenant("acme", "vip")
+    gw.register_tenant("bulk", "batch")
+    log = str(tmp_path / "worker.log") if tmp_path else ""
+    worker = processes.worker(s, concurrency=concurrency, log_path=log).start()
+    processes.wait_for_workers(gw.app, 1)
+    return gw, worker
+
+
+def test_mixed_load_completes_with_timing_and_tokens(settings, sim, r, tmp_path):
+    gw, worker = deploy(settings, sim, r, tmp_path=tmp_path)
+    try:
+        handles = [gw.submit("acme", f"question {i}", max_tokens=20) for i in range(10)]
+        handles += [gw.submit("bulk", f"document {i}", max_tokens=40) for i in range(10)]
+        results = [h.get(timeout=60) for h in handles]
+    finally:
+        worker.stop()
+    for h, res in zip(handles, results):
+        assert res["tier"] == h.tier and res["tenant_id"] == h.tenant_id
+        t = res["timing"]
+        assert t["enqueued_ms"] <= t["dispatched_ms"] <= t["completed_ms"]
+        assert res["tokens"]["prompt"] == h.prompt_tokens            # tiktoken estimate is exact
+        assert res["tokens"]["estimated"] == h.est_tokens
+        assert res["response"]["choices"][0]["message"]["role"] == "assistant"
+    keys = Keys(gw.settings.key_prefix)
+    assert r.hlen(keys.unacked) == 0
+    assert all(int(v) == 0 for v in r.hvals(keys.inflight))
+    stats = {k.decode(): int(v) for k, v in r.hgetall(keys.stats("default")).items()}
+    assert stats["completed:vip"] == 10 and stats["completed:batch"] == 10
+
+
+def test_upstream_429_drains_and_requeues_until_done(settings, r, tmp_path):
+    # the upstream allows 60 RPM (1 per second, burst 60 s -> 60 at once) but we claim 600
+    with SimulatorThread(SimConfig(tpm=1_000_000, rpm=60, burst_s=2, base_latency_ms=1)) as sim:
+        gw, worker = deploy(settings, sim, r, rpm=600, concurrency=8, tmp_path=tmp_path)
+        try:
+            handles = [gw.submit("acme", f"q{i}", max_tokens=5) for i in range(8)]
+            results = [h.get(timeout=90) for h in handles]
+            upstream = sim.stats()
+        finally:
+            worker.stop()
+    assert len(results) == 8
+    assert upstream["requests_429"] >= 1
+    assert upstream["requests_ok"] == 8
+    stats = {k.decode(): int(v) for k, v in r.hgetall(Keys(gw.settings.key_prefix).stats("default")).items()}
+    assert stats["upstream_429"] >= 1
+
+
+def test_deadline_exceeded_fails_without_calling_upstream(settings, sim, r, tmp_path):
+    pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                tpm=120_000, rpm=6_000)
+    s = settings.with_(pools=(pool,))
+    gw = Gateway(s, client=r)
+    gw.register_tenant("acme", "vip")
+    h = gw.submit("acme", "late", max_tokens=5, deadline_s=0.2)
+    import time
+    time.sleep(0.5)  # no worker yet: the task waits past its deadline
+    worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+    try:
+        processes.wait_for_workers(gw.app, 1)
+        with pytest.raises(Exception, match="deadline"):
+            h.get(timeout=30)
+    finally:
+        worker.stop()
+    assert sim.stats()["requests_ok"] == 0

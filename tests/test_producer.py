@@ -1,0 +1,111 @@
+"""The producer API: validation errors enqueue nothing; good requests land on
+their tier's queue with the estimate the router needs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway_tasks.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
+from gateway_tasks.keys import Keys
+from gateway_tasks.producer import Gateway
+from gateway_tasks.settings import default_tiers
+from gateway_tasks.tokens import count_prompt_tokens
+
+
+@pytest.fixture
+def gw(settings, r):
+    g = Gateway(settings)
+    g.register_tenant("acme", "vip")
+    g.register_tenant("freebie", "free")   # alias of batch
+    return g
+
+
+def queued(gw: Gateway, tier: str) -> list[dict]:
+    key = Keys(gw.settings.key_prefix).queue(gw.settings.queue_name(tier, "default"))
+    return [json.loads(m) for m in gw.r.lrange(key, 0, -1)]
+
+
+def total_queued(gw: Gateway) -> int:
+    return sum(len(queued(gw, t.name)) for t in gw.settings.tiers)
+
+
+def test_submit_routes_to_tier_queue_with_estimate(gw):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    h = gw.submit("acme", msgs, max_tokens=50)
+    assert h.tier == "vip" and h.queue == "gt.vip.default"
+    assert h.prompt_tokens == count_prompt_tokens(msgs)
+    assert h.est_tokens == h.prompt_tokens + 50
+    [m] = queued(gw, "vip")
+    assert m["headers"]["gt_tenant"] == "acme"
+    assert m["headers"]["gt_est_tokens"] == h.est_tokens
+    assert m["headers"]["id"] == h.id
+    assert isinstance(m["gt_enq_ms"], int)          # stamped with Redis TIME by enqueue.lua
+    assert "hello world" not in m["headers"]["argsrepr"]  # prompts stay out of Flower
+
+
+def test_alias_tier_routes_to_batch(gw):
+    h = gw.submit("freebie", "summarise this", max_tokens=10)
+    assert h.tier == "batch" and len(queued(gw, "batch")) == 1
+
+
+@pytest.mark.parametrize("kwargs,error,text", [
+    ({"tenant_id": "nobody"}, UnknownTenant, "unknown tenant"),
+    ({"messages": []}, InvalidRequest, "non-empty"),
+    ({"messages": "   "}, InvalidRequest, "empty"),
+    ({"messages": [{"role": "user", "content": ""}]}, InvalidRequest, "empty"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, InvalidRequest, "role"),
+    ({"max_tokens": -5}, InvalidRequest, "max_tokens"),
+    ({"max_tokens": 0}, InvalidRequest, "max_tokens"),
+    ({"max_tokens": 1.5}, InvalidRequest, "max_tokens"),
+    ({"deadline_s": -1}, InvalidRequest, "deadline_s"),
+    ({"model": "no-such-model"}, InvalidRequest, "no pool serves"),
+    ({"messages": "word " * 200_000}, PromptTooLarge, "exceeds"),
+    ({"extra_body": {"model": "x"}}, InvalidRequest, "extra_body"),
+])
+def test_bad_input_is_rejected_and_nothing_enqueued(gw, kwargs, error, text):
+    args = {"tenant_id": "acme", "messages": "hi", "max_tokens": 10, **kwargs}
+    tenant = args.pop("tenant_id")
+    messages = args.pop("messages")
+    with pytest.raises(error, match=text) as info:
+        gw.submit(tenant, messages, **args)
+    assert isinstance(info.value, GatewayError)
+    assert total_queued(gw) == 0
+
+
+def test_request_larger_than_the_pool_bucket_is_rejected(gw):
+    small = gw.settings.pools[0].__class__(**{**gw.settings.pools[0].__dict__, "tpm": 1_000})
+    g = Gateway(gw.settings.with_(pools=(small,)), client=gw.r)
+    with pytest.raises(PromptTooLarge, match="bucket capacity"):
+        g.submit("acme", "hi", max_tokens=5_000)
+    assert total_queued(g) == 0
+
+
+def test_tail_drop_when_the_tier_queue_is_full(gw):
+    tiers = tuple(t.__class__(**{**t.__dict__, "queue_max_len": 2}) if t.name == "batch" else t
+                  for t in default_tiers())
+    g = Gateway(gw.settings.with_(tiers=tiers), client=gw.r)
+    g.submit("freebie", "one", max_tokens=5)
+    g.submit("freebie", "two", max_tokens=5)
+    with pytest.raises(QueueFull, match="full"):
+        g.submit("freebie", "three", max_tokens=5)
+    assert len(queued(g, "batch")) == 2
+    g.submit("acme", "vip still flows", max_tokens=5)
+    assert len(queued(g, "vip")) == 1
+
+
+def test_idempotency_key_enqueues_once(gw):
+    a = gw.submit("acme", "hi", max_tokens=5, idempotency_key="cron:1")
+    b = gw.submit("acme", "hi", max_tokens=5, idempotency_key="cron:1")
+    assert a.id == b.id and len(queued(gw, "vip")) == 1
+
+
+def test_tenant_registry_api_keys(gw):
+    key = gw.register_tenant("zeta", "pro")
+    assert gw.tenants.authenticate(key).tenant_id == "zeta"
+    assert gw.tenants.get("zeta").tier == "normal"
+    with pytest.raises(UnknownTenant):
+        gw.tenants.authenticate("wrong")
+    with pytest.raises(InvalidRequest):
+        gw.register_tenant("bad id!", "vip")

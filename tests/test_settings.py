@@ -1,0 +1,74 @@
+"""Settings load from defaults, TOML, env and JSON, and fail fast with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway_tasks.errors import ConfigError
+from gateway_tasks.settings import load_settings, settings_to_json
+
+
+def test_defaults_follow_the_seeds():
+    s = load_settings(env={})
+    assert [(t.name, t.base_weight, t.aging_alpha_per_ms, t.share) for t in s.tiers] == [
+        ("vip", 100, 0.05, 70), ("normal", 20, 0.02, 20), ("batch", 1, 0.005, 10)]
+    assert [s.tier(a).jitter_window_s for a in ("enterprise", "pro", "free")] == [0, 120, 600]
+    assert s.policy == "wfq"
+    assert s.queue_names() == ["gt.vip.default", "gt.normal.default", "gt.batch.default"]
+
+
+def test_toml_file_and_env_override(tmp_path):
+    path = tmp_path / "gw.toml"
+    path.write_text('''
+policy = "aging"
+[[tiers]]
+name = "gold"
+base_weight = 50
+aging_alpha_per_ms = 0.01
+share = 100
+jitter_window_s = 0
+max_wait_ms = 1000
+max_concurrency_per_tenant = 4
+max_tasks_per_hour = 10
+retry_budget_ratio = 0.1
+can_degrade = false
+[[pools]]
+name = "p1"
+base_url = "http://127.0.0.1:9/v1"
+api_key = "k"
+models = ["m1", "m2"]
+tpm = 1000
+rpm = 10
+''')
+    s = load_settings(env={"GATEWAY_CONFIG": str(path), "GATEWAY_POLICY": "fifo",
+                           "REDIS_URL": "redis://x:1/0"})
+    assert s.policy == "fifo" and s.redis_url == "redis://x:1/0"
+    assert s.tier("gold").base_weight == 50
+    assert s.pool_for_model("m2").name == "p1"
+    again = load_settings(env={"GATEWAY_SETTINGS_JSON": settings_to_json(s)})
+    assert again == s
+
+
+@pytest.mark.parametrize("env,text", [
+    ({"GATEWAY_POLICY": "random"}, "policy"),
+    ({"GATEWAY_MAX_PROMPT_TOKENS": "lots"}, "not a valid int"),
+    ({"GATEWAY_CONFIG": "/nonexistent.toml"}, "file not found"),
+    ({"GATEWAY_POOLS_JSON": "[{"}, "not valid JSON"),
+    ({"GATEWAY_POOLS_JSON": '[{"name": "p", "base_url": "ftp://x", "api_key": "k", "models": ["m"], "tpm": 1, "rpm": 1}]'},
+     "base_url"),
+    ({"GATEWAY_POOLS_JSON": '[{"name": "p", "base_url": "http://x", "api_key": "k", "models": ["m"], "tpm": 0, "rpm": 1}]'},
+     "tpm"),
+    ({"GATEWAY_POOLS_JSON": '[{"name": "p", "colour": "red"}]'}, "unknown keys"),
+    ({"GATEWAY_KEY_PREFIX": "nocolon"}, "key_prefix"),
+])
+def test_bad_settings_fail_fast_with_reason(env, text):
+    with pytest.raises(ConfigError, match=text):
+        load_settings(env=env)
+
+
+def test_unknown_tier_and_model_name_the_choices():
+    s = load_settings(env={})
+    with pytest.raises(ConfigError, match="known tiers: vip, normal, batch"):
+        s.tier("gold")
+    with pytest.raises(ConfigError, match="served models"):
+        s.pool_for_model("nope")

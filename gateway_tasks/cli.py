@@ -1,0 +1,40 @@
+"""The `gateway` command.  Each concept module registers its own sub-commands
+through a ``register(subparsers)`` function; this module only wires them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import GatewayError
+
+# module path -> it defines register(subparsers) adding one or more commands
+COMMAND_MODULES = (
+    "gateway_tasks.simulator",   # simulate-upstream
+    "beat.cli",                  # cron add/list/delete/bench
+    "gateway_tasks.demo",        # demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GatewayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -69,6 +69,11 @@ class Keys:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
         return f"{self.prefix}stats:{pool}"
 
+    @property
+    def dispatch_stats(self) -> str:
+        """Hash: dispatcher round trips (picks, waits, dispatched), flushed by every worker."""
+        return f"{self.prefix}dispatch"
+
     # -- results ------------------------------------------------------------
     def result_meta(self, task_id: str) -> str:
         """String (TTL): idempotency marker of a submitted task id."""
@@ -110,3 +115,8 @@ class Keys:
     def cron_stats(self) -> str:
         """Hash: beat outcome counters (fired, quota, misfire, duplicate, ...)."""
         return f"{self.prefix}cron:stats"
+
+    def cron_payload(self, entry_id: str) -> str:
+        """String: JSON payload (messages, model, max_tokens) of one cron, kept out
+        of its hash so the hash stays a compact listpack."""
+        return f"{self.prefix}cron:payload:{entry_id}"

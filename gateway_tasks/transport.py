@@ -37,6 +37,7 @@ from .settings import Settings, get_settings
 logger = logging.getLogger(__name__)
 
 BELL_MAX = 1024
+STATS_FLUSH_EVERY = 50  # round trips between flushes of the dispatch counters
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
 QUEUE_PREFIX = "gt."
 
@@ -113,7 +114,7 @@ class Channel(kredis.Channel):
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
         self._gt_sha: dict[str, str] = {}
-        self.gt_round_trips = 0
+        self._gt_counts = {"picks": 0, "waits": 0, "dispatched": 0}
 
     # -- raw client: our scripts take full key names, unlike kombu's prefixing client
     @property
@@ -130,6 +131,27 @@ class Channel(kredis.Channel):
             sha = self._gt_raw.script_load(source(name))
             self._gt_sha[name] = sha
         return sha
+
+    def _gt_count(self, name: str) -> None:
+        counts = self._gt_counts
+        counts[name] += 1
+        if counts["picks"] + counts["waits"] >= STATS_FLUSH_EVERY:
+            self._gt_flush_counts()
+
+    def _gt_flush_counts(self) -> None:
+        counts, self._gt_counts = self._gt_counts, {"picks": 0, "waits": 0, "dispatched": 0}
+        if any(counts.values()):
+            try:
+                with self._gt_raw.pipeline(transaction=False) as pipe:
+                    for name, n in counts.items():
+                        pipe.hincrby(self._gt_keys.dispatch_stats, name, n)
+                    pipe.execute()
+            except redis.RedisError:  # statistics only: never break dispatch for them
+                logger.debug("could not flush dispatch counters", exc_info=True)
+
+    def close(self) -> None:
+        self._gt_flush_counts()
+        super().close()
 
     def _gt_release(self, delivery_tag: str, pipe: Any) -> None:
         tenant = self._gt_picked.pop(bytes_to_str(delivery_tag), None)
@@ -168,11 +190,12 @@ class Channel(kredis.Channel):
         conn = self.client.connection
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
-        self.gt_round_trips += 1
         if self._gt_mode == "wait":
+            self._gt_count("waits")
             conn.send_command("BLPOP", self._gt_keys.bell, f"{self._gt_wait_s:.3f}")
         else:
             self._gt_mode = "pick"
+            self._gt_count("picks")
             conn.send_command("EVALSHA", self._gt_script_sha("pick"), len(plan.script_keys),
                               *plan.script_keys, *plan.script_args)
 
@@ -199,6 +222,7 @@ class Channel(kredis.Channel):
                 tag = result.payload.get("properties", {}).get("delivery_tag")
                 if tag:
                     self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
+                self._gt_counts["dispatched"] += 1
                 self.connection._deliver(result.payload, result.queue)
                 return True
             wait_ms = result.wait_ms

@@ -12,21 +12,25 @@ from typing import Any
 
 from celery import Celery
 
-from .settings import Settings, get_settings
+from .settings import Settings, get_settings, settings_from_json, settings_to_json
 
 TRANSPORT = "gateway_tasks.transport:Transport"
 TASK_NAME = "gateway.infer"
+# The settings travel as JSON under a name Celery censors in `inspect conf`
+# (it hides keys matching SECRET), so Flower never shows the pools' API keys.
+SETTINGS_KEY = "gateway_settings_secret"
 
 
 def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
     prefix = settings.key_prefix
+    settings_json = settings_to_json(settings)
     return {
         "broker_url": redis_url,
         "broker_transport": TRANSPORT,
         "broker_transport_options": {
             "global_keyprefix": prefix,
             "visibility_timeout": settings.visibility_timeout_s,
-            "gateway_settings": settings,
+            SETTINGS_KEY: settings_json,
         },
         "broker_connection_retry_on_startup": True,
         "result_backend": redis_url,
@@ -48,7 +52,7 @@ def celery_config(settings: Settings, redis_url: str) -> dict[str, Any]:
         "task_create_missing_queues": True,
         "worker_hijack_root_logger": False,
         "beat_scheduler": "beat.scheduler:TenantCronScheduler",
-        "gateway_settings": settings,
+        SETTINGS_KEY: settings_json,
         "imports": ["workers.tasks"],
     }
 
@@ -63,6 +67,12 @@ def make_app(settings: Settings, redis_url: str | None = None, name: str = "gate
     celery.conf.update(celery_config(settings, url))
     import workers.tasks  # noqa: F401  (registers gateway.infer on shared_task apps)
     return celery
+
+
+def settings_of(app: Celery) -> Settings:
+    """The gateway settings an app was built with (else the environment's)."""
+    text = app.conf.get(SETTINGS_KEY)
+    return settings_from_json(text) if text else get_settings()
 
 
 @lru_cache(maxsize=1)

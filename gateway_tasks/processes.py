@@ -81,10 +81,12 @@ def worker(settings: Settings, *, queues: Sequence[str] | None = None, concurren
     return Child(argv, child_env(settings), log_path)
 
 
-def flower(settings: Settings, *, port: int, log_path: str = "") -> Child:
+def flower(settings: Settings, *, port: int, log_path: str = "", open_api: bool = True) -> Child:
+    """Flower on 127.0.0.1 only; open_api lets local tools read its JSON API without auth."""
     argv = [sys.executable, "-m", "celery", "-A", "gateway_tasks.celery_app", "flower",
             f"--port={port}", "--address=127.0.0.1"]
-    return Child(argv, child_env(settings), log_path)
+    extra = {"FLOWER_UNAUTHENTICATED_API": "true"} if open_api else {}
+    return Child(argv, child_env(settings, extra), log_path)
 
 
 def wait_for_workers(app, count: int, timeout_s: float = 30.0) -> int:  # noqa: ANN001

@@ -277,6 +277,12 @@ def settings_to_json(settings: Settings) -> str:
     return json.dumps(asdict(settings))
 
 
+@lru_cache(maxsize=32)
+def settings_from_json(text: str) -> Settings:
+    """Parse settings_to_json() output (cached: workers look this up per task)."""
+    return load_settings(env={"GATEWAY_SETTINGS_JSON": text})
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings (loaded once from the environment)."""

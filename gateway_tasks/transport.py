@@ -32,7 +32,9 @@ from .errors import QueueFull
 from .keys import Keys
 from .router import PickPlan, Picked
 from .scripts import source
-from .settings import Settings, get_settings
+from .settings import Settings, get_settings, settings_from_json
+
+SETTINGS_KEY = "gateway_settings_secret"  # same as celery_app.SETTINGS_KEY (no import cycle)
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +45,8 @@ QUEUE_PREFIX = "gt."
 
 
 def _settings_of(channel: "Channel") -> Settings:
-    opts = channel.connection.client.transport_options
-    settings = opts.get("gateway_settings")
-    return settings if isinstance(settings, Settings) else get_settings()
+    text = channel.connection.client.transport_options.get(SETTINGS_KEY)
+    return settings_from_json(text) if text else get_settings()
 
 
 class QoS(kredis.QoS):

@@ -22,7 +22,8 @@ from celery.exceptions import Reject
 from gateway_tasks.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.errors import GatewayError, UpstreamError
 from gateway_tasks.keys import Keys
-from gateway_tasks.settings import Settings, get_settings
+from gateway_tasks.celery_app import settings_of
+from gateway_tasks.settings import Settings
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,7 @@ def _now_ms(r: redis.Redis) -> int:
 
 
 def _settings(task: Any) -> Settings:
-    s = task.app.conf.get("gateway_settings")
-    return s if isinstance(s, Settings) else get_settings()
+    return settings_of(task.app)
 
 
 def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: dict[str, Any], task_id: str) -> bool:

@@ -72,3 +72,15 @@ def test_unknown_tier_and_model_name_the_choices():
         s.tier("gold")
     with pytest.raises(ConfigError, match="served models"):
         s.pool_for_model("nope")
+
+
+@pytest.mark.parametrize("deadline_s,ttl_s,expected", [
+    (None, 0, (None, "deadline")),
+    (5, 0, (5, "deadline")),
+    (None, 30, (30, "tier queue TTL")),
+    (5, 30, (5, "deadline")),
+    (60, 30, (30, "tier queue TTL")),
+])
+def test_effective_deadline_table(deadline_s, ttl_s, expected):
+    from workers.tasks import effective_deadline_s
+    assert effective_deadline_s(deadline_s, ttl_s) == expected

@@ -64,6 +64,13 @@ def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: dict[str
     return True
 
 
+def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
+    """The tighter of the request's deadline and the tier's queue TTL (0 = none)."""
+    if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
+        return queue_ttl_s, "tier queue TTL"
+    return (deadline_s or None), "deadline"
+
+
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
 def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
     settings = _settings(self)
@@ -77,11 +84,13 @@ def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
     est = int(get("gt_est_tokens") or req["est_tokens"])
     tenant = req["tenant_id"]
 
-    if req.get("deadline_s") and enq_ms and disp_ms and disp_ms > enq_ms + req["deadline_s"] * 1000:
+    limit_s, why = effective_deadline_s(req.get("deadline_s"), settings.tier(req["tier"]).queue_ttl_s)
+    if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
                       model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
-        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its deadline of "
-                               f"{req['deadline_s']} s; the upstream was not called")
+        r.hincrby(keys.stats(pool.name), f"expired:{req['tier']}", 1)
+        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
+                               f"{limit_s} s; the upstream was not called")
 
     started = time.monotonic()
     try:

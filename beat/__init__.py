@@ -1,0 +1,11 @@
+"""Tenant crons: a Celery beat scheduler storing per-tenant cron entries in Redis.
+
+* ``beat.api``: register_cron / list_crons / delete_cron (Python API);
+* ``beat.cli``: ``gateway cron add|list|delete|bench``;
+* ``beat.scheduler.TenantCronScheduler``: ``celery beat --scheduler
+  beat.scheduler:TenantCronScheduler`` -- several replicas, one active;
+* ``beat.engine.CronEngine``: the same loop without Celery (tests, bench);
+* ``beat.jitter`` / ``beat.schedule``: pure jitter and cron-time maths;
+* ``beat.store``: the Redis layout; ``beat.lock``: the leader lock;
+* ``beat.bench``: ``python -m beat.bench`` -- 100k crons across an hour boundary.
+"""

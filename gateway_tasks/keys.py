@@ -95,7 +95,7 @@ class Keys:
 
     def cron_by_tenant(self, tenant_id: str) -> str:
         """Set: entry ids of one tenant."""
-        return f"{self.prefix}cron:tenant:{tenant_id}"
+        return f"{self.prefix}cron-tenant:{tenant_id}"
 
     @property
     def beat_lock(self) -> str:

@@ -1,0 +1,61 @@
+"""Python API of tenant crons: register, list, delete.
+
+    from beat.api import register_cron, list_crons, delete_cron
+    register_cron(settings, client, "acme", "daily-digest", "0 7 * * *",
+                  {"messages": [{"role": "user", "content": "Summarise yesterday"}]})
+
+Unknown tenant -> ``UnknownTenant``; malformed cron, task id or payload ->
+``CronError`` saying what is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from gateway_tasks.errors import CronError
+from gateway_tasks.settings import Settings
+
+from .entry import CronEntry
+from .schedule import iso_utc
+from .store import CronStore
+
+ROW_FIELDS = ("tenant_id", "task_id", "cron", "tier", "jitter_offset_s", "nominal_next",
+              "actual_next", "last_fired", "last_status", "last_task_id")
+
+
+def cron_row(entry: CronEntry) -> dict[str, Any]:
+    """The listing view of one entry (times as ISO 8601 UTC)."""
+    return {
+        "tenant_id": entry.tenant_id,
+        "task_id": entry.task_id,
+        "cron": entry.cron,
+        "tier": entry.tier,
+        "jitter_offset_s": entry.jitter_offset_s,
+        "nominal_next": iso_utc(entry.next_nominal_ms),
+        "actual_next": iso_utc(entry.next_fire_ms),
+        "last_fired": iso_utc(entry.last_fire_ms),
+        "last_status": entry.last_status,
+        "last_task_id": entry.last_task_id,
+    }
+
+
+def register_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id: str,
+                  cron_expr: str, payload: dict[str, Any], now_ms: int | None = None) -> dict[str, Any]:
+    """Create or update a tenant's cron; returns its listing row."""
+    return cron_row(CronStore(client, settings).add(tenant_id, task_id, cron_expr, payload,
+                                                    now=now_ms))
+
+
+def list_crons(settings: Settings, client: redis.Redis,
+               tenant_id: str | None = None) -> list[dict[str, Any]]:
+    """Rows of every cron (or one tenant's), sorted by tenant and task id."""
+    return [cron_row(e) for e in CronStore(client, settings).list(tenant_id)]
+
+
+def delete_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id: str) -> bool:
+    """Delete one cron; CronError if it does not exist."""
+    if not CronStore(client, settings).delete(tenant_id, task_id):
+        raise CronError(f"tenant {tenant_id!r} has no cron {task_id!r}")
+    return True

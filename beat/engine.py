@@ -1,0 +1,341 @@
+"""The tenant-cron loop without Celery: leader election plus due processing.
+
+One ``tick``:
+
+1. not leader: try the lock; still not leader -> sleep one tick interval;
+2. leader: renew the lock (lost -> follower again);
+3. read the due head of the sorted set in chunks (ZRANGEBYSCORE ... LIMIT),
+   plan each entry in Python (cron maths, misfire grace, jitter for the next
+   run), then settle each through ``cron_fire.lua`` in one pipeline: that
+   script atomically checks the idempotency key (SET NX PX), checks and counts
+   the tenant's hourly quota and moves the entry to its next fire time;
+4. call the fire function for the runs the script admitted, record their task
+   ids (or errors) on the entries;
+5. return the seconds until the next due entry, capped at the tick interval
+   (the lock's TTL is two tick intervals, so the leader must come back sooner).
+
+Runs are at most once per (entry, nominal time): they are settled before the
+fire function is called, so a crash between the two loses that run rather
+than repeating it.  The lock makes one process active; the idempotency key and
+the score check keep runs single even if two processes process the same due
+entries (a paused leader whose lock lapsed, tests calling run_due directly).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import redis
+
+from gateway_tasks.errors import ConfigError
+from gateway_tasks.keys import Keys
+from gateway_tasks.scripts import scripts_for
+from gateway_tasks.settings import Settings
+
+from .entry import CronEntry
+from .fire import FireFn, gateway_fire, task_id_of
+from .jitter import jitter_offset_s
+from .lock import BeatLock
+from .schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
+from .store import CronStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TICK_INTERVAL_S = 1.0
+DEFAULT_BATCH_SIZE = 500
+QUOTA_TTL_S = 2 * 3600
+QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
+HOUR_MS = 3_600_000
+
+LOAD_FIELDS = ("tenant_id", "task_id", "cron", "period_s", "jitter_offset_s",
+               "next_nominal_ms", "tier")
+
+
+@dataclass
+class FiredRun:
+    entry_id: str
+    tier: str
+    nominal_ms: int
+    scheduled_ms: int        # the actual (jittered) time it was due at
+    task_id: str | None
+    done_s: float            # seconds after the start of run_due when the fire call returned
+    error: str | None = None
+
+
+@dataclass
+class TickReport:
+    now_ms: int
+    leader: bool
+    statuses: Counter = field(default_factory=Counter)
+    fired: list[FiredRun] = field(default_factory=list)
+    due_seen: int = 0
+    more_due: bool = False
+    lost_leadership: bool = False
+    next_fire_ms: int | None = None
+    delay_s: float = 0.0
+    duration_s: float = 0.0
+
+    @property
+    def fired_count(self) -> int:
+        return self.statuses.get("fired", 0)
+
+
+class CronEngine:
+    def __init__(self, client: redis.Redis, settings: Settings, fire: FireFn | None = None, *,
+                 clock: Callable[[], float] = time.time,
+                 tick_interval_s: float = DEFAULT_TICK_INTERVAL_S,
+                 misfire_grace_s: int = MISFIRE_GRACE_S,
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 idempotency_ttl_s: int | None = None,
+                 quota_ttl_s: int = QUOTA_TTL_S,
+                 token: str | None = None):
+        if tick_interval_s <= 0:
+            raise ConfigError(f"beat tick_interval_s={tick_interval_s!r} is invalid; expected > 0")
+        if batch_size <= 0:
+            raise ConfigError(f"beat batch_size={batch_size!r} is invalid; expected > 0")
+        if misfire_grace_s < 0:
+            raise ConfigError(f"beat misfire_grace_s={misfire_grace_s!r} is invalid; expected >= 0")
+        max_window_s = max(t.jitter_window_s for t in settings.tiers)
+        # A settled (entry, nominal) must stay marked for as long as a stale plan
+        # could still reach it: its actual time is at most max_window_s after the
+        # nominal one, and it is retried for misfire_grace_s after that.
+        floor_s = max_window_s + misfire_grace_s
+        if idempotency_ttl_s is None:
+            idempotency_ttl_s = max(3600, 2 * floor_s)
+        if idempotency_ttl_s <= floor_s:
+            raise ConfigError(f"beat idempotency_ttl_s={idempotency_ttl_s} is too short; expected > "
+                              f"largest jitter window + misfire grace = {floor_s}")
+        self.r = client
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.store = CronStore(client, settings)
+        self.fire = fire if fire is not None else gateway_fire(settings)
+        self.clock = clock
+        self.tick_interval_s = float(tick_interval_s)
+        self.misfire_grace_s = int(misfire_grace_s)
+        self.batch_size = int(batch_size)
+        self.idempotency_ttl_ms = int(idempotency_ttl_s * 1000)
+        self.quota_ttl_ms = int(quota_ttl_s * 1000)
+        self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=int(2000 * self.tick_interval_s),
+                             token=token)
+        self.scripts = scripts_for(client)
+
+    # -- the loop --------------------------------------------------------------
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.lock.held
+
+    def tick(self, now_ms: int | None = None) -> TickReport:
+        """One scheduler iteration; ``report.delay_s`` is how long to sleep."""
+        now = self.now_ms() if now_ms is None else now_ms
+        was_leader = self.lock.held
+        leader = self.lock.renew() if was_leader else self.lock.acquire()
+        if leader != was_leader:
+            log.info("beat: %s the tenant-cron leader lock (%s)",
+                     "took" if leader else "lost", self.lock.token)
+        if not leader:
+            return TickReport(now, leader=False, delay_s=self.tick_interval_s)
+        report = self.run_due(now, budget_s=self.tick_interval_s, keep_leading=self.lock.renew)
+        if report.statuses:
+            log.info("beat: tenant crons %s in %.1f ms", dict(report.statuses),
+                     report.duration_s * 1000)
+        if report.more_due:
+            report.delay_s = 0.0
+        else:
+            report.next_fire_ms = self.store.next_fire_ms()
+            if report.next_fire_ms is None:
+                report.delay_s = self.tick_interval_s
+            else:
+                after = self.now_ms() if now_ms is None else now
+                report.delay_s = min(self.tick_interval_s,
+                                     max(0.0, (report.next_fire_ms - after) / 1000.0))
+        return report
+
+    def run_due(self, now_ms: int, budget_s: float | None = None,
+                keep_leading: Callable[[], bool] | None = None) -> TickReport:
+        """Settle every entry due at ``now_ms`` (chunks of batch_size).
+
+        Stops early when ``budget_s`` of wall time is used (``more_due``) or when
+        ``keep_leading()`` -- called before every chunk after the first -- says
+        the lock was lost.
+        """
+        report = TickReport(now_ms, leader=True)
+        start = time.monotonic()
+        first = True
+        while True:
+            batch = self.store.due(now_ms, self.batch_size)
+            if not batch:
+                break
+            if not first and keep_leading is not None and not keep_leading():
+                report.lost_leadership = True
+                report.leader = False
+                break
+            first = False
+            report.due_seen += len(batch)
+            self._process(batch, now_ms, report, start, keep_leading)
+            if budget_s is not None and time.monotonic() - start >= budget_s:
+                report.more_due = bool(self.store.due(now_ms, 1))
+                break
+        report.duration_s = time.monotonic() - start
+        return report
+
+    def close(self) -> None:
+        """Release the lock if held (a follower takes over at its next tick)."""
+        if self.lock.held:
+            try:
+                self.lock.release()
+            except redis.RedisError:
+                log.warning("beat: could not release the leader lock", exc_info=True)
+
+    # -- one chunk ---------------------------------------------------------------
+    def _process(self, batch: list[tuple[str, int]], now_ms: int, report: TickReport,
+                 start: float, keep_leading: Callable[[], bool] | None = None) -> None:
+        keys = self.keys
+        with self.r.pipeline(transaction=False) as pipe:
+            for eid, _ in batch:
+                pipe.hmget(keys.cron(eid), LOAD_FIELDS)
+            rows = [dict(zip(LOAD_FIELDS, (v.decode() if v is not None else None for v in raw)))
+                    for raw in pipe.execute()]
+        tenant_ids = sorted({row["tenant_id"] for row in rows if row["tenant_id"]})
+        with self.r.pipeline(transaction=False) as pipe:
+            for tenant in tenant_ids:
+                pipe.hget(keys.tenant(tenant), "tier")
+            current_tier = {t: (v.decode() if v is not None else None)
+                            for t, v in zip(tenant_ids, pipe.execute())}
+
+        # (eid, score, row, nominal, tier, position of its cron_fire call in the pipeline)
+        planned: list[tuple[str, int, dict, int, str, int]] = []
+        resyncs: list[int] = []          # positions of cron_resync calls
+        hour = now_ms // HOUR_MS
+        with self.r.pipeline(transaction=False) as pipe:
+            for (eid, score), row in zip(batch, rows):
+                call = self._plan_call(eid, score, row, current_tier, now_ms, hour, pipe, report)
+                if call is None:
+                    continue
+                if call[0] == "resync":
+                    resyncs.append(len(pipe))
+                    self.scripts.cron_resync(keys=[keys.cron_due], args=[eid, score, call[1]],
+                                             client=pipe)
+                    continue
+                script_keys, script_args, nominal, tier_name = call
+                planned.append((eid, score, row, nominal, tier_name, len(pipe)))
+                self.scripts.cron_fire(keys=script_keys, args=script_args, client=pipe)
+            results = pipe.execute()
+        for position in resyncs:
+            report.statuses["resynced" if results[position] else "moved"] += 1
+
+        records: list[tuple[str, list[str]]] = []
+        renewed = time.monotonic()
+        for eid, score, row, nominal, tier_name, position in planned:
+            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
+                # Slow fire calls: keep the lock alive.  The runs of this chunk are
+                # settled already, so they are fired even if the lock was lost.
+                keep_leading()
+                renewed = time.monotonic()
+            status, _count, payload = results[position]
+            status = status.decode() if isinstance(status, bytes) else str(status)
+            report.statuses[status] += 1
+            if status != "fired":
+                continue
+            entry = self._entry(row, score, payload)
+            entry.tier = tier_name
+            entry.window_s = self._window_s(tier_name)
+            task_id, error = None, None
+            try:
+                task_id = task_id_of(self.fire(entry, nominal))
+            except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
+                report.statuses["fire_error"] += 1
+            report.fired.append(FiredRun(eid, entry.tier, nominal, score, task_id,
+                                         time.monotonic() - start, error))
+            if error is None:
+                records.append((eid, ["last_task_id", task_id or "", "last_error", ""]))
+            else:
+                records.append((eid, ["last_status", "fire_error", "last_task_id", "",
+                                      "last_error", error]))
+        if records:
+            with self.r.pipeline(transaction=False) as pipe:
+                for eid, fields in records:
+                    self.scripts.cron_record(keys=[keys.cron(eid)], args=fields, client=pipe)
+                errors = sum(1 for _, f in records if f[0] == "last_status")
+                if errors:
+                    pipe.hincrby(keys.cron_stats, "fire_error", errors)
+                pipe.execute()
+
+    def _plan_call(self, eid: str, score: int, row: dict, current_tier: dict, now_ms: int,
+                   hour: int, pipe: redis.client.Pipeline, report: TickReport):
+        """(KEYS, ARGV, nominal, tier) for cron_fire.lua; ("resync", score) for
+        cron_resync.lua; or None after handling the entry here."""
+        keys = self.keys
+        tenant = row["tenant_id"]
+        if tenant is None or row["cron"] is None or row["next_nominal_ms"] is None:
+            # A sorted-set member without its hash: drop it (the script re-checks).
+            return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, 0),
+                     keys.tenant_hourly("-", hour), keys.cron_stats, keys.cron_payload(eid)],
+                    [eid, score, 0, 0, 0, "orphan", 0, now_ms, 1, 1, "", 0], 0, "")
+        try:
+            stored_offset = int(row["jitter_offset_s"])
+            pending = int(row["next_nominal_ms"])
+            period_s = int(row["period_s"])
+            plan = plan_fire(row["cron"], pending, stored_offset, now_ms, self.misfire_grace_s)
+        except Exception as exc:  # noqa: BLE001 -- a corrupt entry must not block the others
+            log.error("beat: cannot plan cron %s: %s; retrying in %ss", eid, exc, QUARANTINE_S)
+            pipe.zadd(keys.cron_due, {eid: now_ms + QUARANTINE_S * 1000}, xx=True)
+            self.scripts.cron_record(keys=[keys.cron(eid)], client=pipe, args=[
+                "last_status", "error", "last_error", f"{type(exc).__name__}: {exc}"[:500]])
+            report.statuses["error"] += 1
+            return None
+        if plan.action == NOT_DUE:
+            # The hash says later than the score we read: usually another process
+            # settled the entry meanwhile (then the score moved too: "moved");
+            # otherwise the two disagree and the hash wins ("resynced").
+            return ("resync", actual_ms(pending, stored_offset))
+
+        action = "fire" if plan.action == FIRE else "misfire"
+        tier_name = current_tier.get(tenant)
+        max_per_hour = 0
+        next_offset = stored_offset
+        if tier_name is None:
+            action, tier_name = "unknown_tenant", row["tier"] or ""
+        else:
+            try:
+                tier = self.settings.tier(tier_name)
+            except ConfigError:
+                action = "unknown_tier"
+            else:
+                tier_name = tier.name
+                max_per_hour = tier.max_tasks_per_hour
+                # The tenant's tier may have changed since registration: the next
+                # run uses the current tier's window (deterministic either way).
+                next_offset = jitter_offset_s(tenant, row["task_id"], tier.jitter_window_s, period_s)
+        next_actual = actual_ms(plan.next_nominal_ms, next_offset)
+        return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, plan.nominal_ms),
+                 keys.tenant_hourly(tenant, hour), keys.cron_stats, keys.cron_payload(eid)],
+                [eid, score, plan.nominal_ms, plan.next_nominal_ms, next_actual, action,
+                 max_per_hour, now_ms, self.idempotency_ttl_ms, self.quota_ttl_ms, tier_name,
+                 next_offset],
+                plan.nominal_ms, tier_name)
+
+    def _window_s(self, tier_name: str) -> int:
+        try:
+            return self.settings.tier(tier_name).jitter_window_s
+        except ConfigError:
+            return 0
+
+    @staticmethod
+    def _entry(row: dict, score: int, payload: bytes | None) -> CronEntry:
+        return CronEntry(
+            tenant_id=row["tenant_id"], task_id=row["task_id"], cron=row["cron"],
+            payload=json.loads(payload) if payload else {}, tier=row["tier"] or "",
+            window_s=0, period_s=int(row["period_s"]),
+            jitter_offset_s=int(row["jitter_offset_s"]), next_nominal_ms=int(row["next_nominal_ms"]),
+            next_fire_ms=score)

@@ -1,0 +1,51 @@
+"""What firing a cron run does: submit its payload through the gateway.
+
+A fire function is ``fire(entry, nominal_ms) -> task id``.  The scheduler
+calls it only for runs its Lua script admitted (not already fired, within the
+tenant's hourly quota).  Tests and the benchmark pass their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from gateway_tasks.settings import Settings
+
+from .entry import CronEntry
+
+FireFn = Callable[[CronEntry, int], Any]
+
+
+def run_key(entry_id: str, nominal_ms: int) -> str:
+    """The idempotency key a cron run is submitted with (one per entry and nominal time)."""
+    return f"cron:{entry_id}:{nominal_ms}"
+
+
+def task_id_of(result: Any) -> str | None:
+    """A fire function may return a task id, an AsyncResult-like object or None."""
+    if result is None:
+        return None
+    for attr in ("id", "task_id"):
+        value = getattr(result, attr, None)
+        if value:
+            return str(value)
+    return str(result)
+
+
+def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> FireFn:
+    """The default fire function: ``Gateway(settings).submit(...)`` with source="cron"
+    (on the given Celery app and Redis client when the scheduler has them)."""
+    gateway: Any = None
+
+    def fire(entry: CronEntry, nominal_ms: int) -> Any:
+        nonlocal gateway
+        if gateway is None:
+            from gateway_tasks.producer import Gateway   # lazy: the producer is optional here
+            kwargs = {k: v for k, v in (("app", app), ("client", client)) if v is not None}
+            gateway = Gateway(settings, **kwargs)
+        payload = entry.payload
+        return gateway.submit(entry.tenant_id, payload["messages"], model=payload.get("model"),
+                              max_tokens=payload.get("max_tokens"), source="cron",
+                              idempotency_key=run_key(entry.entry_id, nominal_ms))
+
+    return fire

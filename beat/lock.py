@@ -1,0 +1,60 @@
+"""The beat leader lock: several beat processes, one active.
+
+``SET lock token NX PX ttl`` acquires; renewing and releasing compare the
+stored token with ours inside Lua, so a process never extends or deletes a
+lock another process took over after ours expired.  The scheduler renews on
+every tick with ``ttl = 2 x tick interval``: if the leader stops ticking its
+lock lapses within two ticks and a follower (which retries every tick) takes
+over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import redis
+
+from gateway_tasks.scripts import scripts_for
+
+
+def new_token() -> str:
+    """hostname:pid:random -- unique per process, readable in `redis-cli GET`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class BeatLock:
+    def __init__(self, client: redis.Redis, key: str, ttl_ms: int, token: str | None = None):
+        if ttl_ms <= 0:
+            raise ValueError(f"lock ttl_ms must be > 0, got {ttl_ms}")
+        self.r = client
+        self.key = key
+        self.ttl_ms = int(ttl_ms)
+        self.token = token or new_token()
+        self.scripts = scripts_for(client)
+        self.held = False
+
+    def acquire(self) -> bool:
+        """Take the lock if free (or renew it if already ours)."""
+        if self.r.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            self.held = True
+        else:
+            self.held = self.renew()
+        return self.held
+
+    def renew(self) -> bool:
+        """Extend our lock; False (and no longer held) if it is not ours any more."""
+        self.held = bool(self.scripts.beat_lock_renew(keys=[self.key],
+                                                      args=[self.token, self.ttl_ms]))
+        return self.held
+
+    def release(self) -> bool:
+        """Give the lock up (on shutdown) so a follower takes over at once."""
+        released = bool(self.scripts.beat_lock_release(keys=[self.key], args=[self.token]))
+        self.held = False
+        return released
+
+    def owner(self) -> str | None:
+        value = self.r.get(self.key)
+        return value.decode() if value is not None else None

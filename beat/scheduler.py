@@ -1,0 +1,125 @@
+"""Celery beat scheduler for tenant crons stored in Redis.
+
+    celery -A gateway_tasks.celery_app beat --scheduler beat.scheduler:TenantCronScheduler
+
+or ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``.  Run as
+many beat processes as you like: one is active (the Redis lock), the others
+wait and take over within two ticks if it stops.
+
+Configuration (all optional):
+
+* ``app.conf.gateway_settings``: a ``gateway_tasks.settings.Settings``;
+  else the settings the app was built with (``gateway_tasks.celery_app.
+  settings_of``), else ``gateway_tasks.settings.get_settings()`` (needs REDIS_URL);
+* ``app.conf.gateway_beat_tick_interval_s``: the tick interval (default 1 s;
+  the leader lock's TTL is twice this);
+* ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
+* ``app.conf.gateway_beat_fire``: a fire function (or "module:attr") instead
+  of submitting through ``gateway_tasks.producer.Gateway``.
+
+Static ``beat_schedule`` entries still work: they are handled by Celery's own
+in-memory heap (the parent class), but only while this process is the leader,
+so replicas do not send them twice.  Their state is not shared between
+replicas: after a failover the new leader runs them from its own heap (a run
+whose time passed during the failover is not caught up).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import redis
+from celery.beat import Scheduler
+from celery.utils.log import get_logger
+from celery.utils.imports import symbol_by_name
+
+from gateway_tasks.errors import ConfigError
+from gateway_tasks.settings import Settings, get_settings
+
+from .engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
+from .fire import FireFn, gateway_fire
+from .schedule import MISFIRE_GRACE_S
+
+logger = get_logger(__name__)
+
+
+def _conf(app: Any, name: str, default: Any = None) -> Any:
+    try:
+        value = app.conf.get(name)
+    except Exception:  # noqa: BLE001 -- a bare Mapping-less conf
+        value = getattr(app.conf, name, None)
+    return default if value is None else value
+
+
+def _app_settings(app: Any) -> Settings:
+    try:
+        from gateway_tasks.celery_app import settings_of
+    except ImportError:
+        return get_settings()
+    return settings_of(app)
+
+
+class TenantCronScheduler(Scheduler):
+    """``celery.beat.Scheduler`` whose tick settles due tenant crons from Redis."""
+
+    def __init__(self, app: Any, *args: Any, settings: Settings | None = None,
+                 client: redis.Redis | None = None, fire: FireFn | None = None,
+                 clock: Callable[[], float] | None = None, tick_interval_s: float | None = None,
+                 misfire_grace_s: int | None = None, **kwargs: Any):
+        settings = settings or _conf(app, "gateway_settings") or _app_settings(app)
+        if client is None:
+            if not settings.redis_url:
+                raise ConfigError("the tenant cron scheduler needs REDIS_URL (the Redis holding "
+                                  "tenants and crons), e.g. REDIS_URL=redis://127.0.0.1:6379/0")
+            client = redis.Redis.from_url(settings.redis_url)
+        fire = fire or _conf(app, "gateway_beat_fire")
+        if isinstance(fire, str):
+            fire = symbol_by_name(fire)
+        if fire is None:
+            fire = gateway_fire(settings, app=app, client=client)
+        engine_kwargs: dict[str, Any] = {
+            "tick_interval_s": float(tick_interval_s or _conf(app, "gateway_beat_tick_interval_s",
+                                                             DEFAULT_TICK_INTERVAL_S)),
+            "misfire_grace_s": int(misfire_grace_s if misfire_grace_s is not None else
+                                   _conf(app, "gateway_beat_misfire_grace_s", MISFIRE_GRACE_S)),
+        }
+        if clock is not None:
+            engine_kwargs["clock"] = clock
+        self.gateway_settings = settings
+        self.engine = CronEngine(client, settings, fire, **engine_kwargs)
+        self.last_report: TickReport | None = None
+        super().__init__(app, *args, **kwargs)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One iteration: returns the seconds to sleep before the next one."""
+        try:
+            report = self.engine.tick()
+        except redis.RedisError as exc:
+            # Redis unreachable: we cannot know whether we still lead, so act as a
+            # follower (the lock will have lapsed by the time Redis is back).
+            self.engine.lock.held = False
+            logger.error("beat: tenant crons skipped this tick, Redis error: %s", exc)
+            return self.engine.tick_interval_s
+        self.last_report = report
+        if not report.leader:
+            return report.delay_s
+        delay = min(report.delay_s, self.engine.tick_interval_s)
+        if self.schedule:                      # static beat_schedule entries (leader only)
+            delay = min(delay, super().tick(*args, **kwargs))
+        return max(0.0, min(delay, self.max_interval))
+
+    @property
+    def is_leader(self) -> bool:
+        return self.engine.is_leader
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.engine.close()
+
+    @property
+    def info(self) -> str:
+        s = self.gateway_settings
+        return (f"    . tenant crons: redis {s.redis_url or '?'} prefix {s.key_prefix!r}, "
+                f"tick {self.engine.tick_interval_s}s, lock {self.engine.lock.token}")

@@ -1,0 +1,200 @@
+"""Tenant crons in Redis.
+
+* ``keys.cron(entry_id)``: hash, one definition plus its last outcome;
+* ``keys.cron_payload(entry_id)``: string, the JSON payload (apart, so the
+  hash stays a small listpack whatever the prompt's length);
+* ``keys.cron_due``: sorted set, entry id -> next *actual* fire time (ms);
+  every entry is in it, so it is also the index for listing all entries;
+* ``keys.cron_by_tenant(tenant)``: set of one tenant's entry ids.
+
+The scheduler reads only the due head of the sorted set (ZRANGEBYSCORE with
+LIMIT), so a tick costs O(log N + due), never O(N).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import redis
+
+from gateway_tasks.errors import ConfigError, CronError, UnknownTenant
+from gateway_tasks.keys import Keys
+from gateway_tasks.settings import Settings
+from gateway_tasks.tenants import TenantRegistry
+
+from .entry import TIMEZONE, CronEntry, entry_id, validate_ids, validate_payload
+from .jitter import jitter_offset_s
+from .schedule import actual_ms, cron_period_s, first_nominal_ms, validate_cron
+
+LIST_CHUNK = 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class CronSpec:
+    """One cron to register in bulk (``CronStore.add_many``)."""
+
+    tenant_id: str
+    task_id: str
+    cron: str
+    payload: dict[str, Any]
+
+
+class CronStore:
+    def __init__(self, client: redis.Redis, settings: Settings):
+        self.r = client
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.tenants = TenantRegistry(client, settings)
+
+    # -- building ------------------------------------------------------------
+    def build(self, tenant_id: str, task_id: str, cron_expr: str, payload: Any, tier: str,
+              at_ms: int, settled_ms: int | None = None, created_ms: int | None = None,
+              timezone: str = TIMEZONE) -> CronEntry:
+        """A validated entry whose next run is computed for time ``at_ms``."""
+        validate_ids(tenant_id, task_id)
+        if timezone != TIMEZONE:
+            raise CronError(f"cron timezone {timezone!r} is not supported; only {TIMEZONE!r}")
+        cron = validate_cron(cron_expr)
+        clean = validate_payload(payload)
+        try:
+            tier_cfg = self.settings.tier(tier)
+        except ConfigError as exc:
+            raise CronError(f"tenant {tenant_id!r}: {exc}") from None
+        period_s = cron_period_s(cron)
+        offset_s = jitter_offset_s(tenant_id, task_id, tier_cfg.jitter_window_s, period_s)
+        nominal = first_nominal_ms(cron, offset_s, at_ms, settled_ms)
+        return CronEntry(
+            tenant_id=tenant_id, task_id=task_id, cron=cron, payload=clean, tier=tier_cfg.name,
+            window_s=tier_cfg.jitter_window_s, period_s=period_s, jitter_offset_s=offset_s,
+            next_nominal_ms=nominal, next_fire_ms=actual_ms(nominal, offset_s),
+            created_ms=at_ms if created_ms is None else created_ms, updated_ms=at_ms,
+            settled_nominal_ms=settled_ms)
+
+    def _tenant_tier(self, tenant_id: str) -> str:
+        return self.tenants.get(tenant_id).tier        # UnknownTenant if not registered
+
+    # -- writing -------------------------------------------------------------
+    def add(self, tenant_id: str, task_id: str, cron_expr: str, payload: Any,
+            timezone: str = TIMEZONE, now: int | None = None) -> CronEntry:
+        """Register or update (upsert) one cron.  An update keeps the entry's
+        history and never re-fires a nominal time already fired or skipped."""
+        validate_ids(tenant_id, task_id)
+        validate_cron(cron_expr)
+        validate_payload(payload)
+        tier = self._tenant_tier(tenant_id)
+        at_ms = now_ms() if now is None else now
+        eid = entry_id(tenant_id, task_id)
+        key = self.keys.cron(eid)
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    settled, created = pipe.hmget(key, "settled_nominal_ms", "created_ms")
+                    entry = self.build(tenant_id, task_id, cron_expr, payload, tier, at_ms,
+                                       settled_ms=int(settled) if settled else None,
+                                       created_ms=int(created) if created else None,
+                                       timezone=timezone)
+                    pipe.multi()
+                    pipe.hset(key, mapping=entry.definition_fields())
+                    pipe.set(self.keys.cron_payload(eid), entry.payload_json())
+                    pipe.zadd(self.keys.cron_due, {eid: entry.next_fire_ms})
+                    pipe.sadd(self.keys.cron_by_tenant(tenant_id), eid)
+                    pipe.execute()
+                    return entry
+                except redis.WatchError:
+                    continue
+
+    def add_many(self, specs: Iterable[CronSpec], now: int | None = None,
+                 chunk: int = 2000) -> int:
+        """Bulk registration (new entries; no upsert history check), pipelined."""
+        at_ms = now_ms() if now is None else now
+        tiers: dict[str, str] = {}
+        count = 0
+        batch: list[CronSpec] = []
+
+        def flush() -> None:
+            missing = sorted({s.tenant_id for s in batch} - set(tiers))
+            if missing:
+                with self.r.pipeline(transaction=False) as pipe:
+                    for t in missing:
+                        pipe.hget(self.keys.tenant(t), "tier")
+                    for t, tier in zip(missing, pipe.execute()):
+                        if tier is None:
+                            raise UnknownTenant(f"unknown tenant {t!r}; register it first "
+                                                "(gateway tenant add TENANT --tier TIER)")
+                        tiers[t] = tier.decode()
+            with self.r.pipeline(transaction=False) as pipe:
+                for s in batch:
+                    e = self.build(s.tenant_id, s.task_id, s.cron, s.payload, tiers[s.tenant_id], at_ms)
+                    pipe.hset(self.keys.cron(e.entry_id), mapping=e.definition_fields())
+                    pipe.set(self.keys.cron_payload(e.entry_id), e.payload_json())
+                    pipe.zadd(self.keys.cron_due, {e.entry_id: e.next_fire_ms})
+                    pipe.sadd(self.keys.cron_by_tenant(e.tenant_id), e.entry_id)
+                pipe.execute()
+            batch.clear()
+
+        for spec in specs:
+            batch.append(spec)
+            count += 1
+            if len(batch) >= chunk:
+                flush()
+        if batch:
+            flush()
+        return count
+
+    def delete(self, tenant_id: str, task_id: str) -> bool:
+        """Remove one cron; False if it did not exist."""
+        validate_ids(tenant_id, task_id)
+        eid = entry_id(tenant_id, task_id)
+        with self.r.pipeline() as pipe:
+            pipe.delete(self.keys.cron(eid), self.keys.cron_payload(eid))
+            pipe.zrem(self.keys.cron_due, eid)
+            pipe.srem(self.keys.cron_by_tenant(tenant_id), eid)
+            deleted, removed, _ = pipe.execute()
+        return bool(deleted or removed)
+
+    # -- reading -------------------------------------------------------------
+    def get(self, tenant_id: str, task_id: str) -> CronEntry | None:
+        validate_ids(tenant_id, task_id)
+        return self.load([entry_id(tenant_id, task_id)])[0]
+
+    def load(self, entry_ids: Sequence[str]) -> list[CronEntry | None]:
+        out: list[CronEntry | None] = []
+        for start in range(0, len(entry_ids), LIST_CHUNK):
+            with self.r.pipeline(transaction=False) as pipe:
+                for eid in entry_ids[start:start + LIST_CHUNK]:
+                    pipe.hgetall(self.keys.cron(eid))
+                    pipe.get(self.keys.cron_payload(eid))
+                replies = pipe.execute()
+                out.extend(CronEntry.from_hash(raw, payload) if raw else None
+                           for raw, payload in zip(replies[0::2], replies[1::2]))
+        return out
+
+    def entry_ids(self, tenant_id: str | None = None) -> list[str]:
+        if tenant_id is not None:
+            return sorted(m.decode() for m in self.r.smembers(self.keys.cron_by_tenant(tenant_id)))
+        return sorted(m.decode() for m in self.r.zrange(self.keys.cron_due, 0, -1))
+
+    def list(self, tenant_id: str | None = None) -> list[CronEntry]:
+        """Every entry (or one tenant's), sorted by tenant then task id."""
+        entries = [e for e in self.load(self.entry_ids(tenant_id)) if e is not None]
+        return sorted(entries, key=lambda e: (e.tenant_id, e.task_id))
+
+    def due(self, now: int, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` (entry id, actual fire ms) with fire time <= now, earliest first."""
+        rows = self.r.zrangebyscore(self.keys.cron_due, "-inf", now, start=0, num=limit,
+                                    withscores=True)
+        return [(m.decode(), int(score)) for m, score in rows]
+
+    def next_fire_ms(self) -> int | None:
+        head = self.r.zrange(self.keys.cron_due, 0, 0, withscores=True)
+        return int(head[0][1]) if head else None
+
+    def count(self) -> int:
+        return int(self.r.zcard(self.keys.cron_due))

@@ -1,0 +1,309 @@
+"""The scheduler loop against the real Redis, with a virtual clock for cron time.
+
+Cron time is virtual (``tick(now_ms=...)``); only the leader lock's TTL is real
+time, and the HA tests assert on tick counts and ordering, never durations.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import redis
+
+from beat.engine import CronEngine
+from beat.fire import run_key
+from beat.store import CronSpec, CronStore
+from gateway_tasks.keys import Keys
+from gateway_tasks.tenants import TenantRegistry
+
+HOUR = 3_600_000
+B = 1_709_290_800_000            # 2024-03-01T11:00:00Z, an hour boundary
+PAYLOAD = {"messages": [{"role": "user", "content": "ping"}], "model": "gpt-4o-mini"}
+
+
+class Recorder:
+    """A fire function that records (entry id, nominal) and returns a task id."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple[str, int]] = []
+        self.entries = []
+        self.lock = threading.Lock()
+        self.fail = fail
+
+    def __call__(self, entry, nominal_ms):
+        with self.lock:
+            self.calls.append((entry.entry_id, nominal_ms))
+            self.entries.append(entry)
+        if self.fail:
+            raise RuntimeError("upstream down")
+        return f"task-{len(self.calls)}"
+
+
+@pytest.fixture
+def tenants(r, settings):
+    reg = TenantRegistry(r, settings)
+    for tenant, tier in (("ent", "enterprise"), ("pro1", "pro"), ("free1", "free")):
+        reg.register(tenant, tier)
+    return reg
+
+
+def make_engine(r, settings, fire, **kw):
+    kw.setdefault("tick_interval_s", 5.0)
+    return CronEngine(r, settings, fire, **kw)
+
+
+def test_fires_at_the_jittered_time_once_and_reschedules(r, settings, tenants):
+    store = CronStore(r, settings)
+    e = store.add("free1", "digest", "0 * * * *", PAYLOAD, now=B - 10_000)
+    actual = e.next_fire_ms
+    assert e.next_nominal_ms == B and actual == B + e.jitter_offset_s * 1000
+    fire = Recorder()
+    eng = make_engine(r, settings, fire)
+    assert eng.tick(now_ms=actual - 1).fired_count == 0
+    report = eng.tick(now_ms=actual)
+    assert report.leader and dict(report.statuses) == {"fired": 1}
+    assert fire.calls == [("free1:digest", B)]
+    assert fire.entries[0].payload == PAYLOAD and fire.entries[0].tier == "batch"
+    assert eng.tick(now_ms=actual + 1000).fired_count == 0
+    got = store.get("free1", "digest")
+    assert got.next_nominal_ms == B + HOUR and got.next_fire_ms == actual + HOUR
+    assert got.last_status == "fired" and got.last_task_id == "task-1"
+    assert got.last_nominal_ms == B and got.last_fire_ms == actual and got.fired_count == 1
+    k = Keys(settings.key_prefix)
+    assert r.exists(k.cron_fired("free1:digest", B))
+    assert 0 < r.pttl(k.cron_fired("free1:digest", B)) <= eng.idempotency_ttl_ms
+    assert int(r.get(k.tenant_hourly("free1", actual // HOUR))) == 1
+    assert 0 < r.pttl(k.tenant_hourly("free1", actual // HOUR)) <= 2 * HOUR
+    assert r.hget(k.cron_stats, "fired") == b"1"
+
+
+def test_tick_delay_is_time_to_next_due_capped_at_tick_interval(r, settings, tenants):
+    CronStore(r, settings).add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    eng = make_engine(r, settings, Recorder(), tick_interval_s=2.0)
+    assert eng.tick(now_ms=B - 500).delay_s == pytest.approx(0.5)
+    assert eng.tick(now_ms=B - 60_000).delay_s == 2.0
+
+
+def test_chunks_process_every_due_entry(r, settings, tenants):
+    CronStore(r, settings).add_many([CronSpec("ent", f"c{i}", "0 * * * *", PAYLOAD) for i in range(25)],
+                                    now=B - 10_000)
+    fire = Recorder()
+    report = make_engine(r, settings, fire, batch_size=10).tick(now_ms=B)
+    assert report.due_seen == 25 and report.fired_count == 25 and not report.more_due
+    assert sorted(fire.calls) == sorted((f"ent:c{i}", B) for i in range(25))
+
+
+def test_quota_refuses_the_n_plus_first_run_in_the_hour_and_schedule_advances(r, settings):
+    tiers = tuple(replace(t, max_tasks_per_hour=3, jitter_window_s=0) if t.name == "batch" else t
+                  for t in settings.tiers)
+    settings = settings.with_(tiers=tiers)
+    TenantRegistry(r, settings).register("free1", "free")
+    store = CronStore(r, settings)
+    for i in range(5):
+        store.add("free1", f"c{i}", "0 * * * *", PAYLOAD, now=B - 10_000)
+    fire = Recorder()
+    eng = make_engine(r, settings, fire)
+    report = eng.tick(now_ms=B)
+    assert dict(report.statuses) == {"fired": 3, "quota": 2}
+    assert len(fire.calls) == 3
+    entries = store.list("free1")
+    assert all(e.next_nominal_ms == B + HOUR for e in entries)          # all advanced
+    assert Counter(e.last_status for e in entries) == {"fired": 3, "quota": 2}
+    assert sum(e.skipped_count for e in entries) == 2
+    # the refused runs are settled: not retried within the hour
+    assert eng.tick(now_ms=B + 60_000).statuses == Counter()
+    # a new hour, a new count
+    report = eng.tick(now_ms=B + HOUR)
+    assert dict(report.statuses) == {"fired": 3, "quota": 2}
+
+
+def test_missed_runs_beyond_grace_are_skipped_within_grace_fire_once(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "late", "0 * * * *", PAYLOAD, now=B - 10_000)
+    store.add("ent", "outage", "0 * * * *", PAYLOAD, now=B - 10_000)
+    fire = Recorder()
+    eng = make_engine(r, settings, fire, misfire_grace_s=600)
+    # scheduler down from before 11:00 until 11:20: beyond the grace, skipped
+    store.delete("ent", "outage")
+    report = eng.tick(now_ms=B + 20 * 60_000)
+    assert dict(report.statuses) == {"misfire": 1} and fire.calls == []
+    late = store.get("ent", "late")
+    assert late.next_nominal_ms == B + HOUR and late.last_status == "misfire"
+    # down again from 11:59 to 14:05: 12:00, 13:00, 14:00 missed; only 14:00 fires
+    store.add("ent", "outage", "0 * * * *", PAYLOAD, now=B + 20 * 60_000)
+    report = eng.tick(now_ms=B + 3 * HOUR + 5 * 60_000)
+    assert dict(report.statuses) == {"fired": 2}
+    assert sorted(fire.calls) == [("ent:late", B + 3 * HOUR), ("ent:outage", B + 3 * HOUR)]
+    assert store.get("ent", "outage").next_nominal_ms == B + 4 * HOUR
+
+
+def test_idempotency_key_blocks_a_second_run_of_the_same_nominal(r, settings, tenants):
+    CronStore(r, settings).add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    k = Keys(settings.key_prefix)
+    r.set(k.cron_fired("ent:job", B), 1, px=60_000)      # someone already fired 11:00
+    fire = Recorder()
+    report = make_engine(r, settings, fire).tick(now_ms=B)
+    assert dict(report.statuses) == {"duplicate": 1} and fire.calls == []
+    assert CronStore(r, settings).get("ent", "job").next_nominal_ms == B + HOUR   # not stuck
+
+
+def test_two_processes_racing_on_the_same_due_entries_fire_each_once(redis_url, r, settings, tenants):
+    n = 300
+    CronStore(r, settings).add_many([CronSpec("ent", f"c{i}", "0 * * * *", PAYLOAD) for i in range(n)],
+                                    now=B - 10_000)
+    fire = Recorder()
+    engines = [make_engine(redis.Redis.from_url(redis_url), settings, fire, batch_size=16)
+               for _ in range(3)]
+    barrier = threading.Barrier(len(engines))
+    reports = []
+
+    def race(engine):
+        barrier.wait()
+        reports.append(engine.run_due(B))        # bypasses the lock on purpose
+
+    threads = [threading.Thread(target=race, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(fire.calls) == sorted((f"ent:c{i}", B) for i in range(n))
+    total = Counter()
+    for rep in reports:
+        total.update(rep.statuses)
+    assert total["fired"] == n
+    assert set(total) <= {"fired", "moved", "duplicate"}
+
+
+def test_only_the_leader_fires(redis_url, r, settings, tenants):
+    CronStore(r, settings).add_many([CronSpec("ent", f"c{i}", "*/5 * * * *", PAYLOAD) for i in range(4)],
+                                    now=B - 10_000)
+    fire_a, fire_b = Recorder(), Recorder()
+    a = make_engine(redis.Redis.from_url(redis_url), settings, fire_a)
+    b = make_engine(redis.Redis.from_url(redis_url), settings, fire_b)
+    for minute in range(0, 30):
+        now = B + minute * 60_000
+        ra, rb = a.tick(now_ms=now), b.tick(now_ms=now)
+        assert ra.leader and not rb.leader
+    assert len(fire_a.calls) == 4 * 6 and fire_b.calls == []
+    assert len(set(fire_a.calls)) == len(fire_a.calls)
+
+
+def test_failover_within_two_ticks_after_the_leader_stops(redis_url, r, settings, tenants):
+    tick_s = 0.2
+    CronStore(r, settings).add("ent", "job", "*/5 * * * *", PAYLOAD, now=B - 10_000)
+    fire_a, fire_b = Recorder(), Recorder()
+    a = make_engine(redis.Redis.from_url(redis_url), settings, fire_a, tick_interval_s=tick_s)
+    b = make_engine(redis.Redis.from_url(redis_url), settings, fire_b, tick_interval_s=tick_s)
+    assert a.tick(now_ms=B).leader and not b.tick(now_ms=B).leader
+    assert len(fire_a.calls) == 1
+    # the leader stops ticking (killed); the follower keeps its tick rhythm
+    follower_ticks = 0
+    while not b.is_leader:
+        time.sleep(tick_s)
+        follower_ticks += 1
+        b.tick(now_ms=B + 60_000)
+        assert follower_ticks <= 4, "follower did not take over"
+    # The lock's TTL is 2 ticks from the leader's last renewal, so the follower
+    # (ticking every tick) wins at its 2nd or 3rd tick: within two ticks of
+    # the leader's first missed tick.
+    assert follower_ticks <= 3
+    report = b.tick(now_ms=B + 5 * 60_000)
+    assert report.leader and report.fired_count == 1
+    assert fire_b.calls == [("ent:job", B + 5 * 60_000)]
+    # the old leader comes back: it is a follower now and fires nothing
+    back = a.tick(now_ms=B + 10 * 60_000)
+    assert not back.leader and len(fire_a.calls) == 1
+
+
+def test_close_releases_the_lock_so_failover_is_immediate(redis_url, r, settings, tenants):
+    a = make_engine(redis.Redis.from_url(redis_url), settings, Recorder())
+    b = make_engine(redis.Redis.from_url(redis_url), settings, Recorder())
+    assert a.tick(now_ms=B).leader and not b.tick(now_ms=B).leader
+    a.close()
+    assert b.tick(now_ms=B).leader
+
+
+def test_fire_error_is_recorded_and_not_retried(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    fire = Recorder(fail=True)
+    eng = make_engine(r, settings, fire)
+    report = eng.tick(now_ms=B)
+    assert report.statuses["fired"] == 1 and report.statuses["fire_error"] == 1
+    assert report.fired[0].error == "RuntimeError: upstream down"
+    got = store.get("ent", "job")
+    assert got.last_status == "fire_error" and got.last_error == "RuntimeError: upstream down"
+    assert got.next_nominal_ms == B + HOUR
+    assert eng.tick(now_ms=B + 1000).statuses == Counter()          # at most once
+    assert r.hget(Keys(settings.key_prefix).cron_stats, "fire_error") == b"1"
+
+
+def test_a_deleted_tenant_is_skipped_and_tier_changes_apply_to_the_next_run(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("free1", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    store.add("pro1", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    tenants.delete("pro1")
+    tenants.register("free1", "enterprise")                       # upgraded
+    fire = Recorder()
+    eng = make_engine(r, settings, fire)
+    report = eng.tick(now_ms=B + 700_000 - 1)                     # all jittered runs passed
+    assert dict(report.statuses) == {"fired": 1, "unknown_tenant": 1}
+    upgraded = store.get("free1", "job")
+    assert upgraded.tier == "vip" and upgraded.jitter_offset_s == 0
+    assert upgraded.next_fire_ms == B + HOUR
+    assert store.get("pro1", "job").last_status == "unknown_tenant"
+
+
+def test_dangling_sorted_set_member_is_dropped(r, settings, tenants):
+    k = Keys(settings.key_prefix)
+    r.zadd(k.cron_due, {"ent:ghost": B})
+    report = make_engine(r, settings, Recorder()).tick(now_ms=B)
+    assert dict(report.statuses) == {"gone": 1}
+    assert r.zscore(k.cron_due, "ent:ghost") is None
+
+
+def test_corrupt_entry_is_quarantined_not_blocking_others(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "bad", "0 * * * *", PAYLOAD, now=B - 10_000)
+    store.add("ent", "good", "0 * * * *", PAYLOAD, now=B - 10_000)
+    k = Keys(settings.key_prefix)
+    r.hset(k.cron("ent:bad"), "cron", "not a cron")
+    fire = Recorder()
+    report = make_engine(r, settings, fire).tick(now_ms=B)
+    assert dict(report.statuses) == {"fired": 1, "error": 1}
+    assert fire.calls == [("ent:good", B)]
+    assert r.zscore(k.cron_due, "ent:bad") == B + 60_000
+    assert store.get("ent", "bad").last_status == "error"
+
+
+def test_run_key_is_the_submit_idempotency_key():
+    assert run_key("acme:digest", 1234) == "cron:acme:digest:1234"
+
+
+def test_score_disagreeing_with_the_hash_is_resynced(r, settings, tenants):
+    CronStore(r, settings).add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    k = Keys(settings.key_prefix)
+    r.zadd(k.cron_due, {"ent:job": B - 120_000})          # corrupt: earlier than the hash says
+    fire = Recorder()
+    report = make_engine(r, settings, fire).tick(now_ms=B - 60_000)
+    assert dict(report.statuses) == {"resynced": 1} and fire.calls == []
+    assert r.zscore(k.cron_due, "ent:job") == B
+
+
+def test_slow_fire_calls_keep_the_lock_renewed(redis_url, r, settings, tenants):
+    CronStore(r, settings).add_many([CronSpec("ent", f"c{i}", "0 * * * *", PAYLOAD) for i in range(6)],
+                                    now=B - 10_000)
+
+    def slow_fire(entry, nominal_ms):
+        time.sleep(0.06)
+        return "t"
+
+    a = make_engine(redis.Redis.from_url(redis_url), settings, slow_fire, tick_interval_s=0.1)
+    b = make_engine(redis.Redis.from_url(redis_url), settings, Recorder(), tick_interval_s=0.1)
+    report = a.tick(now_ms=B)                   # 6 x 60 ms > the 200 ms lock TTL
+    assert report.fired_count == 6 and a.is_leader
+    assert not b.tick(now_ms=B).leader

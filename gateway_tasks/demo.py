@@ -22,7 +22,7 @@ from . import processes
 from .errors import GatewayError
 from .keys import Keys
 from .producer import Gateway, TaskHandle
-from .redis_server import EmbeddedRedis, free_port
+from .redis_server import EmbeddedRedis, delete_prefix, free_port
 from .settings import Pool, Settings, load_settings
 from .simulator import SimConfig, SimulatorProcess
 
@@ -93,13 +93,7 @@ def run(args: argparse.Namespace) -> int:
                 flower.stop()
                 worker.stop()
                 with contextlib.suppress(redis.RedisError):
-                    cursor = 0
-                    while True:
-                        cursor, keys = client.scan(cursor, match=f"{prefix}*", count=1000)
-                        if keys:
-                            client.delete(*keys)
-                        if cursor == 0:
-                            break
+                    delete_prefix(client, prefix)
     return 0
 
 

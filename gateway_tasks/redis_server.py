@@ -101,3 +101,17 @@ def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
 
 def redis_url_from_env() -> str:
     return os.environ.get("REDIS_URL", "")
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> int:
+    """Delete every key starting with prefix (SCAN, never KEYS); returns how many."""
+    if not prefix:
+        raise ConfigError("refusing to delete keys with an empty prefix")
+    deleted = 0
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=f"{prefix}*", count=1000)
+        if keys:
+            deleted += client.delete(*keys)
+        if cursor == 0:
+            return deleted

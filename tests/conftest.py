@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from gateway_tasks.redis_server import EmbeddedRedis, redis_reachable
+from gateway_tasks.redis_server import EmbeddedRedis, delete_prefix, redis_reachable
 from gateway_tasks.settings import Settings, load_settings
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
@@ -34,13 +34,7 @@ def key_prefix():
 def r(redis_url, key_prefix):
     client = redis.Redis.from_url(redis_url)
     yield client
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=f"{key_prefix}*", count=1000)
-        if keys:
-            client.delete(*keys)
-        if cursor == 0:
-            break
+    delete_prefix(client, key_prefix)
     client.close()
 
 

@@ -14,6 +14,9 @@ COMMAND_MODULES = (
     "gateway_tasks.simulator",   # simulate-upstream
     "beat.cli",                  # cron add/list/delete/bench
     "gateway_tasks.demo",        # demo
+    "gateway_tasks.api",         # api
+    "gateway_tasks.tenant_cli",  # tenant add/list/delete
+    "gateway_tasks.metrics",     # metrics
 )
 
 

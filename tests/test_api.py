@@ -1,0 +1,297 @@
+"""The REST API against a real Redis, no worker: auth, submit (the task lands
+in its tier's list), validation and error mapping, reading results (stored
+with the Celery backend), the OpenAI-compatible endpoint, health and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import uuid
+from dataclasses import replace
+from types import SimpleNamespace
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway_tasks import api as api_module
+from gateway_tasks import tenant_cli
+from gateway_tasks.api import create_app
+from gateway_tasks.keys import Keys
+from gateway_tasks.producer import IDEMPOTENCY_NAMESPACE, Gateway
+from gateway_tasks.tenants import TenantRegistry
+from workers.tasks import DeadlineExceeded
+
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture
+def gateway(r, settings):
+    gw = Gateway(settings)
+    yield gw
+    gw.app.close()
+    gw.r.close()
+
+
+@pytest.fixture
+def client(gateway):
+    with TestClient(create_app(gateway)) as c:
+        yield c
+
+
+@pytest.fixture
+def vip_key(gateway):
+    return gateway.register_tenant("acme", "vip")
+
+
+@pytest.fixture
+def batch_key(gateway):
+    return gateway.register_tenant("tiny", "batch")
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def queue_len(gateway: Gateway, queue: str) -> int:
+    return gateway.r.llen(Keys(gateway.settings.key_prefix).queue(queue))
+
+
+def task_id_for(tenant: str, idempotency_key: str) -> str:
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}:{idempotency_key}"))
+
+
+# -- auth ------------------------------------------------------------------------
+def test_missing_and_invalid_keys_are_401(client, vip_key):
+    for headers in ({}, auth("gt-not-a-key"), {"Authorization": "Basic abc"}):
+        resp = client.post("/v1/tasks", json={"messages": HELLO}, headers=headers)
+        assert resp.status_code == 401, resp.text
+        assert resp.json()["error"]["type"] == "Unauthorized"
+        assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert client.get("/v1/tasks/x", headers=auth("nope")).status_code == 401
+
+
+# -- submit ----------------------------------------------------------------------
+def test_submit_lands_in_the_tenants_tier_queue(client, gateway, vip_key, batch_key):
+    resp = client.post("/v1/tasks", json={"messages": HELLO, "max_tokens": 32}, headers=auth(vip_key))
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["tier"] == "vip" and body["queue"] == "gt.vip.default"
+    assert body["model"] == gateway.settings.pools[0].model
+    assert body["prompt_tokens"] > 0 and body["est_tokens"] == body["prompt_tokens"] + 32
+    assert body["status_url"] == f"/v1/tasks/{body['task_id']}"
+    assert resp.headers["Location"] == body["status_url"]
+    assert queue_len(gateway, "gt.vip.default") == 1
+
+    resp = client.post("/v1/tasks", json={"messages": "a plain prompt"}, headers=auth(batch_key))
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["queue"] == "gt.batch.default"
+    assert queue_len(gateway, "gt.batch.default") == 1
+    assert queue_len(gateway, "gt.vip.default") == 1
+
+
+def test_idempotency_key_enqueues_once(client, gateway, vip_key):
+    req = {"messages": HELLO, "idempotency_key": "order-42"}
+    first = client.post("/v1/tasks", json=req, headers=auth(vip_key)).json()
+    second = client.post("/v1/tasks", json=req, headers=auth(vip_key)).json()
+    assert first["task_id"] == second["task_id"] == task_id_for("acme", "order-42")
+    assert queue_len(gateway, "gt.vip.default") == 1
+
+
+@pytest.mark.parametrize("payload,field", [
+    ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": "12"}, "max_tokens"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
+    ({"messages": HELLO, "temperature": 0.2}, "temperature"),
+    ({"messages": HELLO, "deadline_s": -1}, "deadline_s"),
+])
+def test_schema_errors_are_422_naming_the_field(client, gateway, vip_key, payload, field):
+    resp = client.post("/v1/tasks", json=payload, headers=auth(vip_key))
+    assert resp.status_code == 422, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "ValidationError" and field in err["message"]
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+@pytest.mark.parametrize("payload,status,type_", [
+    ({"messages": HELLO, "model": "no-such-model"}, 400, "InvalidRequest"),
+    ({"messages": [{"role": "user", "content": "   "}]}, 400, "InvalidRequest"),
+    ({"messages": HELLO, "extra_body": {"stream": True}}, 400, "InvalidRequest"),
+    ({"messages": HELLO, "max_tokens": 500_000}, 413, "PromptTooLarge"),
+])
+def test_gateway_errors_map_to_http(client, gateway, vip_key, payload, status, type_):
+    resp = client.post("/v1/tasks", json=payload, headers=auth(vip_key))
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == type_ and err["message"]
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_deleted_tenant_is_401_and_unknown_tenant_on_submit_is_404(client, gateway, vip_key,
+                                                                   monkeypatch):
+    # a tenant deleted between authentication and submit: the producer's UnknownTenant -> 404
+    real_submit = gateway.submit
+    with monkeypatch.context() as m:
+        m.setattr(gateway, "submit", lambda tenant_id, *a, **kw: real_submit("ghost", *a, **kw))
+        resp = client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key))
+    assert resp.status_code == 404 and resp.json()["error"]["type"] == "UnknownTenant"
+    gateway.tenants.delete("acme")
+    assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key)).status_code == 401
+
+
+def test_full_queue_is_429_with_retry_after(r, settings):
+    tiers = tuple(replace(t, queue_max_len=1) for t in settings.tiers)
+    gw = Gateway(settings.with_(tiers=tiers))
+    try:
+        key = gw.register_tenant("acme", "normal")
+        with TestClient(create_app(gw)) as c:
+            assert c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key)).status_code == 202
+            resp = c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key))
+        assert resp.status_code == 429, resp.text
+        assert resp.json()["error"]["type"] == "QueueFull"
+        assert resp.headers["Retry-After"] == "30"  # normal tier's max_wait_ms, in seconds
+        assert queue_len(gw, "gt.normal.default") == 1
+    finally:
+        gw.app.close()
+        gw.r.close()
+
+
+# -- reading results ---------------------------------------------------------------
+def _submit(client, key) -> str:
+    resp = client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key))
+    assert resp.status_code == 202, resp.text
+    return resp.json()["task_id"]
+
+
+def _request_of(tenant: str) -> SimpleNamespace:
+    """What a worker passes to the backend (result_extended stores its args)."""
+    return SimpleNamespace(task="gateway.infer", args=[{"tenant_id": tenant}], kwargs={},
+                           hostname="w1", retries=0, delivery_info={}, children=[])
+
+
+def test_pending_then_success_only_for_the_owner(client, gateway, vip_key, batch_key):
+    task_id = _submit(client, vip_key)
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json() == {
+        "task_id": task_id, "status": "PENDING"}
+
+    gateway.app.backend.store_result(task_id, {"started": True}, "STARTED", request=_request_of("acme"))
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()["status"] == "STARTED"
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
+
+    result = {"task_id": task_id, "tenant_id": "acme", "response": {"id": "chatcmpl-1"},
+              "tokens": {"total": 12}}
+    gateway.app.backend.store_result(task_id, result, "SUCCESS")
+    resp = client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key))
+    assert resp.status_code == 200
+    assert resp.json() == {"task_id": task_id, "status": "SUCCESS", "result": result}
+    other = client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key))
+    assert other.status_code == 404 and other.json()["error"]["type"] == "NotFound"
+
+
+def test_failure_shows_the_error_type_and_message(client, gateway, vip_key, batch_key):
+    task_id = _submit(client, vip_key)
+    gateway.app.backend.store_result(task_id, DeadlineExceeded("waited too long"), "FAILURE",
+                                     request=_request_of("acme"))
+    body = client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()
+    assert body["status"] == "FAILURE" and "result" not in body
+    assert body["error"] == {"type": "DeadlineExceeded", "message": "waited too long"}
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
+
+
+# -- OpenAI-compatible endpoint -----------------------------------------------------
+COMPLETION = {"id": "chatcmpl-abc", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
+              "choices": [{"index": 0, "finish_reason": "stop",
+                           "message": {"role": "assistant", "content": "hi!"}}],
+              "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
+
+
+def _store_success(gateway: Gateway, task_id: str, tenant: str = "acme") -> None:
+    gateway.app.backend.store_result(task_id, {
+        "task_id": task_id, "tenant_id": tenant, "tier": "vip", "response": COMPLETION,
+        "timing": {"queue_wait_ms": 7}}, "SUCCESS")
+
+
+def test_chat_completions_returns_the_upstream_body(client, gateway, vip_key):
+    task_id = task_id_for("acme", "sync-1")
+    _store_success(gateway, task_id)  # as if a worker had already answered
+    resp = client.post("/v1/chat/completions", headers={**auth(vip_key), "Idempotency-Key": "sync-1"},
+                       json={"model": "gpt-4o-mini", "messages": HELLO, "temperature": 0.1})
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == COMPLETION
+    assert resp.headers["X-Gateway-Task-Id"] == task_id
+    assert resp.headers["X-Gateway-Queue-Wait-Ms"] == "7"
+    # the task was enqueued with the unknown OpenAI field forwarded upstream
+    raw = json.loads(gateway.r.lindex(Keys(gateway.settings.key_prefix).queue("gt.vip.default"), 0))
+    assert raw["headers"]["id"] == task_id
+    args, _kwargs, _embed = json.loads(base64.b64decode(raw["body"]))
+    assert args[0]["extra_body"] == {"temperature": 0.1} and args[0]["source"] == "api-sync"
+
+
+def test_openai_sdk_can_point_at_the_gateway(client, gateway, vip_key):
+    _store_success(gateway, task_id_for("acme", "sdk-1"))
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=vip_key, http_client=client,
+                        max_retries=0)
+    out = sdk.chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=16,
+                                      extra_body={"idempotency_key": "sdk-1"})
+    assert out.choices[0].message.content == "hi!" and out.usage.total_tokens == 11
+
+
+def test_chat_completions_times_out_with_the_task_id(client, gateway, vip_key):
+    resp = client.post("/v1/chat/completions", headers=auth(vip_key),
+                       json={"messages": HELLO, "deadline_s": 0.2})
+    assert resp.status_code == 504, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "Timeout" and err["task_id"] in err["message"]
+    assert err["status_url"] == f"/v1/tasks/{err['task_id']}"
+    assert queue_len(gateway, "gt.vip.default") == 1  # still queued: poll it later
+
+
+def test_chat_completions_failure_and_stream(client, gateway, vip_key):
+    task_id = task_id_for("acme", "fail-1")
+    gateway.app.backend.store_result(task_id, DeadlineExceeded("too late"), "FAILURE",
+                                     request=_request_of("acme"))
+    resp = client.post("/v1/chat/completions", headers=auth(vip_key),
+                       json={"messages": HELLO, "idempotency_key": "fail-1"})
+    assert resp.status_code == 504 and resp.json()["error"]["type"] == "DeadlineExceeded"
+    assert resp.json()["error"]["task_id"] == task_id
+    resp = client.post("/v1/chat/completions", headers=auth(vip_key),
+                       json={"messages": HELLO, "stream": True})
+    assert resp.status_code == 400 and "stream" in resp.json()["error"]["message"]
+
+
+# -- health, metrics, CLI -----------------------------------------------------------
+def test_healthz_and_metrics(client, gateway, vip_key):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    _submit(client, vip_key)
+    resp = client.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    assert 'gateway_queue_depth_messages{pool="default",queue="gt.vip.default",tier="vip"} 1.0' \
+        in resp.text
+    assert "gateway_tenants 1.0" in resp.text
+
+
+def test_tenant_and_api_cli(r, settings, monkeypatch, capsys):
+    monkeypatch.setattr(tenant_cli, "get_settings", lambda: settings)
+    parser = argparse.ArgumentParser(prog="gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    tenant_cli.register(sub)
+    api_module.register(sub)
+
+    def run(*argv: str):
+        args = parser.parse_args(argv)
+        assert args.func(args) == 0
+        return json.loads(capsys.readouterr().out)
+
+    added = run("tenant", "add", "acme", "--tier", "enterprise", "--api-key", "gt-secret")
+    assert added["tier"] == "vip" and added["api_key"] == "gt-secret"
+    generated = run("tenant", "add", "bob", "--tier", "batch")["api_key"]
+    registry = TenantRegistry(r, settings)
+    assert registry.authenticate(generated).tenant_id == "bob"
+    assert [t["tenant_id"] for t in run("tenant", "list")] == ["acme", "bob"]
+    assert run("tenant", "delete", "bob") == {"deleted": "bob"}
+    assert [t["tenant_id"] for t in run("tenant", "list")] == ["acme"]
+
+    args = parser.parse_args(["api", "--host", "0.0.0.0", "--port", "9000"])
+    assert (args.host, args.port, args.func) == ("0.0.0.0", 9000, api_module._run)

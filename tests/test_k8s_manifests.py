@@ -1,0 +1,271 @@
+"""deploy/k8s and the Dockerfile stay consistent with the code: every YAML
+parses, commands name real modules, CLI commands and queues, the ConfigMap's
+gateway.toml and the Secret's GATEWAY_POOLS_JSON load with load_settings, and
+every reference (ConfigMap/Secret keys, Services, HPA, PDBs) resolves."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+from gateway_tasks import api as api_module  # noqa: E402
+from gateway_tasks.celery_app import celery_config  # noqa: E402
+from gateway_tasks.cli import build_parser  # noqa: E402
+from gateway_tasks.settings import Settings, load_settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "deploy" / "k8s"
+NAMESPACE = "gateway"
+WORKLOADS = ("Deployment", "StatefulSet")
+
+
+def all_docs() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                out.append((path.name, doc))
+    return out
+
+
+DOCS = all_docs()
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in DOCS if d.get("kind") == kind]
+
+
+def one(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in of_kind(kind) if d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+    return found[0]
+
+
+def containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for kind in WORKLOADS:
+        for workload in of_kind(kind):
+            for c in workload["spec"]["template"]["spec"]["containers"]:
+                yield workload, c
+
+
+def gateway_containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for workload, c in containers():
+        if c.get("command", [""])[0] in ("celery", "gateway"):
+            yield workload, c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def arg_after(argv: list[str], flag: str) -> str:
+    assert flag in argv, f"{flag} missing from {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.fixture(scope="module")
+def configmap() -> dict[str, Any]:
+    return one("ConfigMap", "gateway-config")
+
+
+@pytest.fixture(scope="module")
+def secret() -> dict[str, Any]:
+    return one("Secret", "gateway-upstream")
+
+
+@pytest.fixture(scope="module")
+def toml_path(configmap, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("k8s") / "gateway.toml"
+    path.write_text(configmap["data"]["gateway.toml"])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cm_settings(toml_path) -> Settings:
+    return load_settings(env={"GATEWAY_CONFIG": toml_path})
+
+
+# -- shape ---------------------------------------------------------------------------
+def test_every_yaml_parses_into_named_objects():
+    assert DOCS, "no manifests found"
+    kinds = {d["kind"] for _, d in DOCS}
+    assert {"Namespace", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service",
+            "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+    for filename, doc in DOCS:
+        assert doc.get("apiVersion") and doc.get("kind"), filename
+        if doc["kind"] == "Kustomization":
+            continue
+        assert doc["metadata"]["name"], filename
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == NAMESPACE, (filename, doc["metadata"])
+    assert one("Namespace", NAMESPACE)
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = [d for _, d in DOCS if d["kind"] == "Kustomization"]
+    assert len(kustomization) == 1
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization[0]["resources"]) == files
+
+
+# -- settings ------------------------------------------------------------------------
+def test_configmap_toml_loads_with_load_settings(cm_settings, configmap):
+    default = Settings()
+    assert [t.name for t in cm_settings.tiers] == [t.name for t in default.tiers]
+    assert cm_settings.queue_names() == default.queue_names()
+    # the file mirrors the documented defaults of every tier
+    assert cm_settings.tiers == default.tiers
+    raw = tomllib.loads(configmap["data"]["gateway.toml"])
+    assert {"policy", "key_prefix", "tiers", "pools"} <= set(raw)
+
+
+def test_secret_pools_json_replaces_the_configmap_pools_consistently(toml_path, cm_settings, secret):
+    pools_json = secret["stringData"]["GATEWAY_POOLS_JSON"]
+    json.loads(pools_json)
+    s = load_settings(env={"GATEWAY_CONFIG": toml_path, "GATEWAY_POOLS_JSON": pools_json})
+    assert [(p.name, p.models, p.tpm, p.rpm) for p in s.pools] == \
+        [(p.name, p.models, p.tpm, p.rpm) for p in cm_settings.pools]
+    assert s.queue_names() == cm_settings.queue_names()
+
+
+def test_redis_url_points_at_the_redis_service(configmap):
+    url = urlparse(configmap["data"]["REDIS_URL"])
+    assert url.scheme == "redis" and url.port == 6379
+    service, namespace = url.hostname.split(".")[:2]
+    assert namespace == NAMESPACE
+    svc = one("Service", service)
+    redis_set = one("StatefulSet", "redis")
+    assert redis_set["spec"]["replicas"] == 1 and redis_set["spec"]["serviceName"] == service
+    assert svc["spec"]["clusterIP"] == "None"
+
+
+# -- commands ------------------------------------------------------------------------
+def test_celery_commands_name_real_modules_and_queues(cm_settings):
+    default_queues = set(Settings().queue_names())
+    seen = set()
+    for workload, c in gateway_containers():
+        argv = c["command"]
+        if argv[0] != "celery":
+            continue
+        app_module = arg_after(argv, "-A")
+        assert importlib.util.find_spec(app_module) is not None, app_module
+        assert argv[3] in ("worker", "beat", "flower"), argv
+        seen.add(argv[3])
+        if argv[3] == "worker":
+            queues = arg_after(argv, "-Q").split(",")
+            assert queues and set(queues) <= default_queues, queues
+            assert set(queues) <= set(cm_settings.queue_names())
+            assert arg_after(argv, "-P") == "threads" and "-E" in argv
+            # acks_late: the grace period must cover the longest upstream call
+            grace = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            assert grace > max(p.timeout_s for p in cm_settings.pools)
+            probe = " ".join(c["readinessProbe"]["exec"]["command"])
+            assert "inspect ping" in probe and app_module in probe
+        if argv[3] == "beat":
+            scheduler = arg_after(argv, "--scheduler")
+            assert scheduler == celery_config(cm_settings, "redis://x")["beat_scheduler"]
+            module, _, cls = scheduler.partition(":")
+            assert hasattr(importlib.import_module(module), cls)
+            assert workload["spec"]["replicas"] == 2
+    assert seen == {"worker", "beat", "flower"}
+
+
+def test_gateway_commands_parse_with_the_cli():
+    parser = build_parser()
+    found = 0
+    for _, c in gateway_containers():
+        if c["command"][0] != "gateway":
+            continue
+        found += 1
+        args = parser.parse_args(c["command"][1:])
+        assert args.func is api_module._run and args.host == "0.0.0.0"
+        ports = {p["containerPort"] for p in c["ports"]}
+        assert args.port in ports
+        assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert found == 1
+
+
+def test_every_gateway_container_gets_config_redis_and_keys(configmap, secret):
+    secret_keys = set(secret["stringData"])
+    for workload, c in gateway_containers():
+        env = env_of(c)
+        name = workload["metadata"]["name"]
+        assert {"REDIS_URL", "GATEWAY_CONFIG", "GATEWAY_POOLS_JSON"} <= set(env), name
+        config_path = env["GATEWAY_CONFIG"]["value"]
+        assert config_path == "/etc/gateway/gateway.toml"
+        for e in env.values():
+            ref = e.get("valueFrom", {})
+            if "configMapKeyRef" in ref:
+                assert ref["configMapKeyRef"]["name"] == "gateway-config"
+                assert ref["configMapKeyRef"]["key"] in configmap["data"]
+            if "secretKeyRef" in ref:
+                assert ref["secretKeyRef"]["name"] == "gateway-upstream"
+                assert ref["secretKeyRef"]["key"] in secret_keys
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        config_volumes = [n for n, v in volumes.items() if "configMap" in v]
+        assert len(config_volumes) == 1
+        vol = volumes[config_volumes[0]]["configMap"]
+        assert mounts[config_volumes[0]] == os.path.dirname(config_path)
+        assert vol["name"] == "gateway-config"
+        assert [i["path"] for i in vol["items"]] == [os.path.basename(config_path)]
+        assert vol["items"][0]["key"] in configmap["data"]
+
+
+# -- references ----------------------------------------------------------------------
+def _workload_labels() -> list[dict[str, str]]:
+    return [w["spec"]["template"]["metadata"]["labels"] for k in WORKLOADS for w in of_kind(k)]
+
+
+def _selects(selector: dict[str, str]) -> bool:
+    return any(selector.items() <= labels.items() for labels in _workload_labels())
+
+
+def test_services_hpa_and_pdbs_point_at_workloads():
+    for svc in of_kind("Service"):
+        assert _selects(svc["spec"]["selector"]), svc["metadata"]["name"]
+    for kind in WORKLOADS:
+        for w in of_kind(kind):
+            assert w["spec"]["selector"]["matchLabels"].items() <= \
+                w["spec"]["template"]["metadata"]["labels"].items()
+    for svc_name in ("gateway-api", "flower"):
+        assert one("Service", svc_name)
+    hpa = one("HorizontalPodAutoscaler", "gateway-worker")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert target["kind"] == "Deployment" and one("Deployment", target["name"])
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    pdbs = of_kind("PodDisruptionBudget")
+    assert pdbs
+    for pdb in pdbs:
+        assert _selects(pdb["spec"]["selector"]["matchLabels"]), pdb["metadata"]["name"]
+
+
+# -- Dockerfile ----------------------------------------------------------------------
+def test_dockerfile_installs_the_package_as_non_root():
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert any("pip install ." in ln for ln in lines)
+    users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    copied = {ln.split()[1] for ln in lines if ln.startswith("COPY ")}
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    package_dirs = set(pyproject["tool"]["setuptools"].get("package-dir", {}).values())
+    top_level = {p for p in pyproject["tool"]["setuptools"]["packages"] if "." not in p}
+    assert {"pyproject.toml"} | top_level | package_dirs <= copied
+    for path in copied:
+        assert (ROOT / path).exists(), path
+    # the worker/beat/flower pods run as the image's user
+    for workload, _ in gateway_containers():
+        ctx = workload["spec"]["template"]["spec"]["securityContext"]
+        assert ctx["runAsNonRoot"] is True and str(ctx["runAsUser"]) == users[-1]

@@ -88,3 +88,33 @@ def test_deadline_exceeded_fails_without_calling_upstream(settings, sim, r, tmp_
     finally:
         worker.stop()
     assert sim.stats()["requests_ok"] == 0
+
+
+def test_worker_killed_mid_task_is_redelivered_once_visible(settings, r, tmp_path):
+    import time
+
+    with SimulatorThread(SimConfig(base_latency_ms=4_000)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                    tpm=600_000, rpm=6_000)
+        s = settings.with_(pools=(pool,), visibility_timeout_s=2)
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        keys = Keys(s.key_prefix)
+        first = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w1.log")).start()
+        processes.wait_for_workers(gw.app, 1)
+        h = gw.submit("acme", "survive a crash", max_tokens=5)
+        deadline = time.monotonic() + 20
+        while r.hlen(keys.unacked) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.hlen(keys.unacked) == 1            # picked, recorded as unacked, in flight
+        assert int(r.hget(keys.inflight, "acme")) == 1
+        first.kill()                                 # SIGKILL: no ack, no reject
+        time.sleep(2.5)                              # past the visibility timeout
+        second = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w2.log")).start()
+        try:
+            res = h.get(timeout=60)
+        finally:
+            second.stop()
+    assert res["tenant_id"] == "acme"
+    assert r.hlen(keys.unacked) == 0
+    assert int(r.hget(keys.inflight, "acme")) == 0   # the crashed slot was released on restore

@@ -114,12 +114,33 @@ local function score(qd, pool)
   if policy == 'fifo' then return -c.enq end
   if policy == 'strict' then return qd.weight * 1e15 - c.enq end
   if policy == 'aging' then return qd.weight + qd.alpha * wait end
-  -- wfq: promoted (past the tier's max wait) beats fair order, oldest promoted first
-  if wait > qd.max_wait then return 1e18 + wait end
+  -- wfq
   local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
   qd.start = math.max(pool.v, f)
+  -- promoted (past the tier's max wait) beats fair order, oldest promoted first --
+  -- but only while its tier is not ahead of virtual time (start tag == V): when
+  -- every tier is backlogged all heads are past their max wait, and an
+  -- unconditional promotion would hand the tier with the shortest max wait
+  -- (vip, 2 s) the whole pool instead of its share
+  if wait > qd.max_wait and qd.start <= pool.v then return 1e18 + wait end
   -- smaller start tag wins; ties go to the heavier tier, then the older message
   return -(qd.start - pool.v) * 1e6 + qd.weight - c.enq * 1e-13
+end
+
+-- ms until a pool's bucket admits a queue's candidate (0 = now)
+local function admit_wait(qd, pool)
+  local est = math.min(qd.c.est, pool.tcap)
+  -- non-reserved tiers leave the reserve to vip; a request too big to fit
+  -- beside the reserve waits for a full bucket instead of waiting forever
+  local headroom = 0
+  if not qd.reserved then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
+  local need_t = est + headroom - pool.tokens
+  local need_r = 1 + (qd.reserved and 0 or 0) - pool.requests
+  local w = 0
+  if pool.blocked_until > now then w = pool.blocked_until - now end
+  if need_t > 0 then w = math.max(w, math.ceil(need_t / pool.trate)) end
+  if need_r > 0 then w = math.max(w, math.ceil(need_r / pool.rrate)) end
+  return w
 end
 
 -- the winner of each pool, then whether its bucket admits it now
@@ -130,20 +151,28 @@ for p = 1, P do
   for q = 1, Q do
     local qd = queues[q]
     if qd.pool == p and qd.c then
-      local s = score(qd, pool)
-      if win == nil or s > win_score then win, win_score = q, s end
+      qd.score = score(qd, pool)
+      if win == nil or qd.score > win_score then win, win_score = q, qd.score end
     end
   end
   if win then
-    local qd = queues[win]
-    local est = math.min(qd.c.est, pool.tcap)
-    local headroom = qd.reserved and 0 or pool.reserve
-    local need_t = est + headroom - pool.tokens
-    local need_r = 1 + (qd.reserved and 0 or 0) - pool.requests
-    local w = 0
-    if pool.blocked_until > now then w = pool.blocked_until - now end
-    if need_t > 0 then w = math.max(w, math.ceil(need_t / pool.trate)) end
-    if need_r > 0 then w = math.max(w, math.ceil(need_r / pool.rrate)) end
+    local w = admit_wait(queues[win], pool)
+    if w > 0 and policy == 'wfq' and not queues[win].reserved then
+      -- the winner waits for tokens (its own plus the reserve): a reserved tier
+      -- that fits now goes around it, as long as it is within its reservation
+      -- (at most `reserve` tokens ahead of its fair share).  v does not move
+      -- for such a dispatch, so the waiting winner keeps its place.
+      for q = 1, Q do
+        local qd = queues[q]
+        if qd.pool == p and qd.c and qd.reserved
+           and (qd.start - pool.v) * qd.share <= pool.reserve
+           and admit_wait(qd, pool) == 0
+           and (qd.bypass == nil or qd.score > queues[win].score) then
+          if not queues[win].reserved then win, win_score, w = q, qd.score, 0 end
+          qd.bypass = true
+        end
+      end
+    end
     if w == 0 then
       if best == nil or win_score > best_score then best, best_score = win, win_score end
     elseif wait_ms == nil or w < wait_ms then
@@ -172,7 +201,11 @@ redis.call('HSET', pool.bucket, 'tokens', pool.tokens - est, 'requests', pool.re
 if policy == 'wfq' then
   local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
   local start = math.max(pool.v, f)
-  redis.call('HSET', pool.fair, 'v', start, 'f:' .. qd.tier, start + est / qd.share)
+  if qd.bypass then
+    redis.call('HSET', pool.fair, 'f:' .. qd.tier, start + est / qd.share)
+  else
+    redis.call('HSET', pool.fair, 'v', start, 'f:' .. qd.tier, start + est / qd.share)
+  end
 end
 if c.tenant ~= '' then redis.call('HINCRBY', inflight_key, c.tenant, 1) end
 redis.call('HINCRBY', pool.stats, 'dispatched:' .. qd.tier, 1)

@@ -145,6 +145,19 @@ def test_wfq_promotes_past_max_wait(r, settings):
     assert drain_order(r, plan, 1) == ["batch"]
 
 
+def test_wfq_shares_hold_when_every_head_is_past_its_max_wait(r, settings):
+    # a long backlog: every head has waited past its tier's max_wait_ms (vip: 2 s);
+    # promotion must not hand the tier with the shortest max wait the whole pool
+    s, plan = make(settings, "wfq")
+    old = redis_now_ms(r) - 400_000
+    for tier in ("vip", "normal", "batch"):
+        for _ in range(400):
+            push(r, s, tier, est=100, enq_ms=old)
+    shares = Counter(drain_order(r, plan, 500))
+    assert abs(shares["vip"] / 500 - 0.70) <= 0.03
+    assert abs(shares["normal"] / 500 - 0.20) <= 0.03
+    assert abs(shares["batch"] / 500 - 0.10) <= 0.03
+
 def test_starvation_bound_under_vip_flood(r, settings):
     # a continuous VIP backlog cannot starve batch under wfq: batch gets its share
     s, plan = make(settings, "wfq")
@@ -178,10 +191,12 @@ def test_reserve_is_for_vip_only(r, settings):
     small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                  tpm=1_000, rpm=10_000)   # capacity 1000, vip reserves 20% = 200
     s, plan = make(settings, "wfq", pools=(small,))
-    push(r, s, "batch", est=850)
+    push(r, s, "batch", est=450)
+    push(r, s, "batch", est=450)
+    assert isinstance(pick(r, plan), Picked)   # 1000 -> 550
     got = pick(r, plan)
-    assert isinstance(got, Wait)     # 1000 - 850 < 200 reserve
-    push(r, s, "vip", est=900)
+    assert isinstance(got, Wait)     # 550 - 450 < 200 reserve
+    push(r, s, "vip", est=500)
     got = pick(r, plan)
     assert isinstance(got, Picked) and got.queue == "gt.vip.default"
 
@@ -286,3 +301,12 @@ def test_drain_blocks_the_pool_until_retry_after(r, settings):
     assert isinstance(got, Wait) and 4_000 <= got.wait_ms <= 5_000
     stats = r.hgetall(Keys(s.key_prefix).stats("default"))
     assert stats[b"upstream_429"] == b"1"
+
+
+def test_request_bigger_than_bucket_minus_reserve_is_admitted_on_a_full_bucket(r, settings):
+    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                 tpm=1_000, rpm=10_000)   # capacity 1000, vip reserve 200
+    s, plan = make(settings, "wfq", pools=(small,))
+    push(r, s, "batch", est=950)      # 950 + 200 > 1000: never fits beside the reserve
+    got = pick(r, plan)
+    assert isinstance(got, Picked) and got.est_tokens == 950

@@ -139,3 +139,11 @@ def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
             "total": reply.total_tokens,
         },
     }
+
+
+@shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True)
+def noop(tag: Any = None) -> dict[str, Any]:
+    """No upstream call: measures the queue itself (`gateway bench` compares the
+    gateway transport with plain Celery on this task).  ``started`` is the
+    worker's wall clock when the task began."""
+    return {"tag": tag, "started": time.time()}

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "gateway_tasks.api",         # api
     "gateway_tasks.tenant_cli",  # tenant add/list/delete
     "gateway_tasks.metrics",     # metrics
+    "gateway_tasks.bench",       # bench
 )
 
 

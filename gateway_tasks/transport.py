@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import redis
@@ -41,6 +42,18 @@ logger = logging.getLogger(__name__)
 BELL_MAX = 1024
 STATS_FLUSH_EVERY = 50  # round trips between flushes of the dispatch counters
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
+
+
+def bell_timeout(wait_s: float) -> str:
+    """BLPOP's timeout argument for a wait of wait_s seconds (at least 1 ms).
+
+    Whole milliseconds plus half a millisecond: Redis before 7.0 turns the
+    seconds into milliseconds by truncating seconds * 1000, so "0.001" became
+    0.999... -> 0, which BLPOP reads as *block forever* -- a dispatcher waiting
+    for 1 ms of bucket refill then hung until the next bell ring.
+    """
+    ms = max(1, math.ceil(wait_s * 1000.0 - 1e-9))
+    return f"{(ms + 0.5) / 1000.0:.4f}"
 QUEUE_PREFIX = "gt."
 
 
@@ -193,7 +206,7 @@ class Channel(kredis.Channel):
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
             self._gt_count("waits")
-            conn.send_command("BLPOP", self._gt_keys.bell, f"{self._gt_wait_s:.3f}")
+            conn.send_command("BLPOP", self._gt_keys.bell, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"
             self._gt_count("picks")

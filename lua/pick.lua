@@ -162,15 +162,19 @@ for p = 1, P do
       -- that fits now goes around it, as long as it is within its reservation
       -- (at most `reserve` tokens ahead of its fair share).  v does not move
       -- for such a dispatch, so the waiting winner keeps its place.
+      local alt = nil
       for q = 1, Q do
         local qd = queues[q]
         if qd.pool == p and qd.c and qd.reserved
            and (qd.start - pool.v) * qd.share <= pool.reserve
            and admit_wait(qd, pool) == 0
-           and (qd.bypass == nil or qd.score > queues[win].score) then
-          if not queues[win].reserved then win, win_score, w = q, qd.score, 0 end
-          qd.bypass = true
+           and (alt == nil or qd.score > queues[alt].score) then
+          alt = q
         end
+      end
+      if alt then
+        queues[alt].bypass = true
+        win, win_score, w = alt, queues[alt].score, 0
       end
     end
     if w == 0 then

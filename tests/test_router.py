@@ -310,3 +310,31 @@ def test_request_bigger_than_bucket_minus_reserve_is_admitted_on_a_full_bucket(r
     push(r, s, "batch", est=950)      # 950 + 200 > 1000: never fits beside the reserve
     got = pick(r, plan)
     assert isinstance(got, Picked) and got.est_tokens == 950
+
+
+def test_wfq_vip_goes_around_a_winner_waiting_for_tokens_within_its_reservation(r, settings):
+    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                 tpm=6_000, rpm=10_000)   # 100 tokens/s, capacity 6000, vip reserve 1200
+    s, plan = make(settings, "wfq", pools=(small,))
+    keys = Keys(s.key_prefix)
+    push(r, s, "vip", est=100)
+    assert pick(r, plan).queue == "gt.vip.default"    # vip is now 100 tokens ahead (v = 0)
+    push(r, s, "batch", est=5_000)                    # fair order: batch next, but 5900 < 5000 + 1200
+    push(r, s, "vip", est=100)
+    got = pick(r, plan)
+    assert isinstance(got, Picked) and got.queue == "gt.vip.default"
+    assert float(r.hget(keys.fair("default"), "v")) == 0.0   # batch keeps its place
+    assert isinstance(pick(r, plan), Wait)
+
+
+def test_wfq_vip_past_its_reservation_waits_in_fair_order(r, settings):
+    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                 tpm=6_000, rpm=10_000)
+    s, plan = make(settings, "wfq", pools=(small,))
+    keys = Keys(s.key_prefix)
+    r.hset(keys.fair("default"), mapping={"v": 0, "f:vip": 1_300 / 70})  # 1300 tokens ahead > 1200
+    push(r, s, "batch", est=5_000)
+    push(r, s, "vip", est=100)
+    r.hset(keys.bucket("default"), mapping={"tokens": 5_900, "requests": 100,
+                                            "ts_ms": redis_now_ms(r)})
+    assert isinstance(pick(r, plan), Wait)

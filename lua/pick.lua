@@ -135,7 +135,7 @@ local function admit_wait(qd, pool)
   local headroom = 0
   if not qd.reserved then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
   local need_t = est + headroom - pool.tokens
-  local need_r = 1 + (qd.reserved and 0 or 0) - pool.requests
+  local need_r = 1 - pool.requests
   local w = 0
   if pool.blocked_until > now then w = pool.blocked_until - now end
   if need_t > 0 then w = math.max(w, math.ceil(need_t / pool.trate)) end

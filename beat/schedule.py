@@ -15,7 +15,6 @@ scheduler applies its own deterministic jitter instead).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache

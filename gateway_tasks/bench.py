@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 import redis
 
 from . import bench_load, bench_plain, bench_report
-from .errors import ConfigError, GatewayError
+from .errors import ConfigError
 from .redis_server import EmbeddedRedis
 from .settings import POLICIES, Settings, load_settings
 from .simulator import SimulatorProcess
@@ -177,14 +177,9 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_tasks.bench",
-                                     description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except GatewayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    from .cli import run_standalone
+    return run_standalone("python -m gateway_tasks.bench", __doc__.split("\n\n")[0],
+                          add_arguments, run, argv)
 
 
 if __name__ == "__main__":

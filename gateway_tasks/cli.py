@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Callable, Sequence
 
 from .errors import GatewayError
 
@@ -28,6 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         module.register(sub)
     return parser
+
+
+def run_standalone(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                   run: Callable[[argparse.Namespace], int],
+                   argv: Sequence[str] | None = None) -> int:
+    """`python -m <module>` entry for a command module: parse, run, GatewayError -> exit 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return int(run(args) or 0)
+    except GatewayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ from typing import Any, Iterator
 import redis
 
 from . import processes
-from .errors import GatewayError
 from .keys import Keys
 from .producer import Gateway, TaskHandle
 from .redis_server import EmbeddedRedis, delete_prefix, free_port
@@ -147,13 +146,8 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_tasks.demo", description=__doc__)
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except GatewayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    from .cli import run_standalone
+    return run_standalone("python -m gateway_tasks.demo", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -97,11 +97,16 @@ class Pool:
 
     @property
     def token_capacity(self) -> float:
-        return self.tpm * self.burst_s / 60.0
+        return bucket_capacity(self.tpm, self.burst_s)
 
     @property
     def request_capacity(self) -> float:
-        return max(1.0, self.rpm * self.burst_s / 60.0)
+        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+
+
+def bucket_capacity(per_minute: float, burst_s: float) -> float:
+    """A per-minute quota's bucket size when it may burst for burst_s seconds."""
+    return per_minute * burst_s / 60.0
 
 
 def default_tiers() -> tuple[Tier, ...]:

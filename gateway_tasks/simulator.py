@@ -65,7 +65,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .errors import ConfigError, GatewayError, InvalidRequest, UpstreamError
-from .settings import CHARGE_MODES, Pool
+from .settings import CHARGE_MODES, Pool, bucket_capacity
 from .sim_bucket import Clock, TokenBucket, ceil_ms, format_duration, format_seconds
 from .tokens import count_prompt_tokens, validate_messages
 
@@ -118,11 +118,11 @@ class SimConfig:
 
     @property
     def token_capacity(self) -> float:
-        return self.tpm * self.burst_s / 60.0
+        return bucket_capacity(self.tpm, self.burst_s)
 
     @property
     def request_capacity(self) -> float:
-        return max(1.0, self.rpm * self.burst_s / 60.0)
+        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
 
     @classmethod
     def for_pool(cls, pool: Pool, **overrides: Any) -> "SimConfig":
@@ -752,15 +752,8 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_tasks.simulator",
-                                     description=_SUMMARY)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except GatewayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    from .cli import run_standalone
+    return run_standalone("python -m gateway_tasks.simulator", _SUMMARY, add_arguments, _run, argv)
 
 
 if __name__ == "__main__":

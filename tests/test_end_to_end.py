@@ -118,3 +118,35 @@ def test_worker_killed_mid_task_is_redelivered_once_visible(settings, r, tmp_pat
     assert res["tenant_id"] == "acme"
     assert r.hlen(keys.unacked) == 0
     assert int(r.hget(keys.inflight, "acme")) == 0   # the crashed slot was released on restore
+
+
+def test_three_worker_processes_share_one_bucket(settings, r, tmp_path):
+    # 3 worker processes x 4 threads against an upstream whose bucket holds 2000 tokens
+    # and refills 1000/s: all must go through without the upstream refusing them
+    tpm, burst_s = 60_000, 2
+    with SimulatorThread(SimConfig(tpm=tpm, rpm=6_000, burst_s=burst_s, base_latency_ms=5)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                    tpm=tpm, rpm=6_000, burst_s=burst_s)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        gw.register_tenant("bulk", "batch")
+        workers = [processes.worker(s, concurrency=4, name=f"w{i}",
+                                    log_path=str(tmp_path / f"w{i}.log")).start() for i in range(3)]
+        try:
+            processes.wait_for_workers(gw.app, 3)
+            handles = [gw.submit("bulk" if i % 3 else "acme", f"item {i}", max_tokens=150)
+                       for i in range(60)]
+            results = [h.get(timeout=120) for h in handles]
+            upstream = sim.stats()
+        finally:
+            for w in workers:
+                w.stop()
+    assert len(results) == 60
+    assert upstream["requests_ok"] == 60
+    # the shared Lua bucket admits no more than the upstream's own: at most a stray 429
+    # from the two clocks' sub-millisecond skew, never a burst of them
+    assert upstream["requests_429"] <= 1
+    keys = Keys(s.key_prefix)
+    assert r.hlen(keys.unacked) == 0
+    assert all(int(v) == 0 for v in r.hvals(keys.inflight))

@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m gateway_tasks.demo
+	$(PY) -m gateway_tasks.devtools.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -7,5 +7,5 @@
 * ``beat.engine.CronEngine``: the same loop without Celery (tests, bench);
 * ``beat.jitter`` / ``beat.schedule``: pure jitter and cron-time maths;
 * ``beat.store``: the Redis layout; ``beat.lock``: the leader lock;
-* ``beat.bench``: ``python -m beat.bench`` -- 100k crons across an hour boundary.
+* ``gateway_tasks.devtools.bench.beat``: ``python -m gateway_tasks.devtools.bench.beat`` -- 100k crons across an hour boundary.
 """

@@ -14,12 +14,12 @@ from typing import Any
 
 import redis
 
-from gateway_tasks.errors import CronError
-from gateway_tasks.settings import Settings
+from gateway_tasks.core.errors import CronError
+from gateway_tasks.core.settings import Settings
 
-from .entry import CronEntry
-from .schedule import iso_utc
-from .store import CronStore
+from beat.entry import CronEntry
+from beat.schedule import iso_utc
+from beat.store import CronStore
 
 ROW_FIELDS = ("tenant_id", "task_id", "cron", "tier", "jitter_offset_s", "nominal_next",
               "actual_next", "last_fired", "last_status", "last_task_id")

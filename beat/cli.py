@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 
-from gateway_tasks.errors import ConfigError
-from gateway_tasks.settings import Settings, load_settings
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import Settings, load_settings
 
-from . import bench
-from .api import ROW_FIELDS, delete_cron, list_crons, register_cron
+from gateway_tasks.devtools.bench import beat as bench
+from beat.api import ROW_FIELDS, delete_cron, list_crons, register_cron
 
 TABLE_COLUMNS = (("tenant_id", "TENANT"), ("task_id", "TASK_ID"), ("cron", "CRON"),
                  ("tier", "TIER"), ("jitter_offset_s", "JITTER_S"),

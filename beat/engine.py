@@ -32,17 +32,17 @@ from typing import Callable
 
 import redis
 
-from gateway_tasks.errors import ConfigError
-from gateway_tasks.keys import Keys
-from gateway_tasks.scripts import scripts_for
-from gateway_tasks.settings import Settings
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.settings import Settings
 
-from .entry import CronEntry
-from .fire import FireFn, gateway_fire, task_id_of
-from .jitter import jitter_offset_s
-from .lock import BeatLock
-from .schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
-from .store import CronStore
+from beat.entry import CronEntry
+from beat.fire import FireFn, gateway_fire, task_id_of
+from beat.jitter import jitter_offset_s
+from beat.lock import BeatLock
+from beat.schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
+from beat.store import CronStore
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class CronEngine:
         if tenant is None or row["cron"] is None or row["next_nominal_ms"] is None:
             # A sorted-set member without its hash: drop it (the script re-checks).
             return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, 0),
-                     keys.tenant_hourly("-", hour), keys.cron_stats, keys.cron_payload(eid)],
+                     keys.quota("-", hour), keys.cron_stats, keys.cron_payload(eid)],
                     [eid, score, 0, 0, 0, "orphan", 0, now_ms, 1, 1, "", 0], 0, "")
         try:
             stored_offset = int(row["jitter_offset_s"])
@@ -319,7 +319,7 @@ class CronEngine:
                 next_offset = jitter_offset_s(tenant, row["task_id"], tier.jitter_window_s, period_s)
         next_actual = actual_ms(plan.next_nominal_ms, next_offset)
         return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, plan.nominal_ms),
-                 keys.tenant_hourly(tenant, hour), keys.cron_stats, keys.cron_payload(eid)],
+                 keys.quota(tenant, hour), keys.cron_stats, keys.cron_payload(eid)],
                 [eid, score, plan.nominal_ms, plan.next_nominal_ms, next_actual, action,
                  max_per_hour, now_ms, self.idempotency_ttl_ms, self.quota_ttl_ms, tier_name,
                  next_offset],

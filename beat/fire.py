@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gateway_tasks.settings import Settings
+from gateway_tasks.core.settings import Settings
 
-from .entry import CronEntry
+from beat.entry import CronEntry
 
 FireFn = Callable[[CronEntry, int], Any]
 
@@ -40,7 +40,7 @@ def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> Fir
     def fire(entry: CronEntry, nominal_ms: int) -> Any:
         nonlocal gateway
         if gateway is None:
-            from gateway_tasks.producer import Gateway   # lazy: the producer is optional here
+            from gateway_tasks.producer.gateway import Gateway   # lazy: the producer is optional here
             kwargs = {k: v for k, v in (("app", app), ("client", client)) if v is not None}
             gateway = Gateway(settings, **kwargs)
         payload = entry.payload

@@ -16,7 +16,7 @@ import uuid
 
 import redis
 
-from gateway_tasks.scripts import scripts_for
+from gateway_tasks.core.scripts import scripts_for
 
 
 def new_token() -> str:

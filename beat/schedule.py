@@ -22,7 +22,7 @@ from functools import lru_cache
 from croniter import croniter
 from croniter import CroniterError
 
-from gateway_tasks.errors import CronError
+from gateway_tasks.core.errors import CronError
 
 MISFIRE_GRACE_S = 600
 

@@ -1,21 +1,21 @@
 """Celery beat scheduler for tenant crons stored in Redis.
 
-    celery -A gateway_tasks.celery_app beat --scheduler beat.scheduler:TenantCronScheduler
+    celery -A beat.app beat
 
-or ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``.  Run as
+(``beat.app`` sets ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``).  Run as
 many beat processes as you like: one is active (the Redis lock), the others
 wait and take over within two ticks if it stops.
 
 Configuration (all optional):
 
-* ``app.conf.gateway_settings``: a ``gateway_tasks.settings.Settings``;
-  else the settings the app was built with (``gateway_tasks.celery_app.
-  settings_of``), else ``gateway_tasks.settings.get_settings()`` (needs REDIS_URL);
+* ``app.conf.gateway_settings``: a ``gateway_tasks.core.settings.Settings``;
+  else the settings the app was built with (``gateway_tasks.core.celery_app.
+  settings_of``), else ``gateway_tasks.core.settings.get_settings()`` (needs REDIS_URL);
 * ``app.conf.gateway_beat_tick_interval_s``: the tick interval (default 1 s;
   the leader lock's TTL is twice this);
 * ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
 * ``app.conf.gateway_beat_fire``: a fire function (or "module:attr") instead
-  of submitting through ``gateway_tasks.producer.Gateway``.
+  of submitting through ``gateway_tasks.producer.gateway.Gateway``.
 
 Static ``beat_schedule`` entries still work: they are handled by Celery's own
 in-memory heap (the parent class), but only while this process is the leader,
@@ -33,12 +33,12 @@ from celery.beat import Scheduler
 from celery.utils.log import get_logger
 from celery.utils.imports import symbol_by_name
 
-from gateway_tasks.errors import ConfigError
-from gateway_tasks.settings import Settings, get_settings
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import Settings, get_settings
 
-from .engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
-from .fire import FireFn, gateway_fire
-from .schedule import MISFIRE_GRACE_S
+from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
+from beat.fire import FireFn, gateway_fire
+from beat.schedule import MISFIRE_GRACE_S
 
 logger = get_logger(__name__)
 
@@ -53,7 +53,7 @@ def _conf(app: Any, name: str, default: Any = None) -> Any:
 
 def _app_settings(app: Any) -> Settings:
     try:
-        from gateway_tasks.celery_app import settings_of
+        from gateway_tasks.core.celery_app import settings_of
     except ImportError:
         return get_settings()
     return settings_of(app)

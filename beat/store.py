@@ -5,7 +5,7 @@
   hash stays a small listpack whatever the prompt's length);
 * ``keys.cron_due``: sorted set, entry id -> next *actual* fire time (ms);
   every entry is in it, so it is also the index for listing all entries;
-* ``keys.cron_by_tenant(tenant)``: set of one tenant's entry ids.
+* ``keys.cron_tenant(tenant)``: set of one tenant's entry ids.
 
 The scheduler reads only the due head of the sorted set (ZRANGEBYSCORE with
 LIMIT), so a tick costs O(log N + due), never O(N).
@@ -19,14 +19,14 @@ from typing import Any, Iterable, Sequence
 
 import redis
 
-from gateway_tasks.errors import ConfigError, CronError, UnknownTenant
-from gateway_tasks.keys import Keys
-from gateway_tasks.settings import Settings
-from gateway_tasks.tenants import TenantRegistry
+from gateway_tasks.core.errors import ConfigError, CronError, UnknownTenant
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.tenants import TenantRegistry
 
-from .entry import TIMEZONE, CronEntry, entry_id, validate_ids, validate_payload
-from .jitter import jitter_offset_s
-from .schedule import actual_ms, cron_period_s, first_nominal_ms, validate_cron
+from beat.entry import TIMEZONE, CronEntry, entry_id, validate_ids, validate_payload
+from beat.jitter import jitter_offset_s
+from beat.schedule import actual_ms, cron_period_s, first_nominal_ms, validate_cron
 
 LIST_CHUNK = 1000
 
@@ -104,7 +104,7 @@ class CronStore:
                     pipe.hset(key, mapping=entry.definition_fields())
                     pipe.set(self.keys.cron_payload(eid), entry.payload_json())
                     pipe.zadd(self.keys.cron_due, {eid: entry.next_fire_ms})
-                    pipe.sadd(self.keys.cron_by_tenant(tenant_id), eid)
+                    pipe.sadd(self.keys.cron_tenant(tenant_id), eid)
                     pipe.execute()
                     return entry
                 except redis.WatchError:
@@ -135,7 +135,7 @@ class CronStore:
                     pipe.hset(self.keys.cron(e.entry_id), mapping=e.definition_fields())
                     pipe.set(self.keys.cron_payload(e.entry_id), e.payload_json())
                     pipe.zadd(self.keys.cron_due, {e.entry_id: e.next_fire_ms})
-                    pipe.sadd(self.keys.cron_by_tenant(e.tenant_id), e.entry_id)
+                    pipe.sadd(self.keys.cron_tenant(e.tenant_id), e.entry_id)
                 pipe.execute()
             batch.clear()
 
@@ -155,7 +155,7 @@ class CronStore:
         with self.r.pipeline() as pipe:
             pipe.delete(self.keys.cron(eid), self.keys.cron_payload(eid))
             pipe.zrem(self.keys.cron_due, eid)
-            pipe.srem(self.keys.cron_by_tenant(tenant_id), eid)
+            pipe.srem(self.keys.cron_tenant(tenant_id), eid)
             deleted, removed, _ = pipe.execute()
         return bool(deleted or removed)
 
@@ -178,7 +178,7 @@ class CronStore:
 
     def entry_ids(self, tenant_id: str | None = None) -> list[str]:
         if tenant_id is not None:
-            return sorted(m.decode() for m in self.r.smembers(self.keys.cron_by_tenant(tenant_id)))
+            return sorted(m.decode() for m in self.r.smembers(self.keys.cron_tenant(tenant_id)))
         return sorted(m.decode() for m in self.r.zrange(self.keys.cron_due, 0, -1))
 
     def list(self, tenant_id: str | None = None) -> list[CronEntry]:

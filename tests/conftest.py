@@ -9,8 +9,8 @@ import uuid
 import pytest
 import redis
 
-from gateway_tasks.redis_server import EmbeddedRedis, delete_prefix, redis_reachable
-from gateway_tasks.settings import Settings, load_settings
+from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix, redis_reachable
+from gateway_tasks.core.settings import Settings, load_settings
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
 

@@ -15,13 +15,13 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway_tasks import api as api_module
-from gateway_tasks import tenant_cli
-from gateway_tasks.api import create_app
-from gateway_tasks.keys import Keys
-from gateway_tasks.producer import IDEMPOTENCY_NAMESPACE, Gateway
-from gateway_tasks.tenants import TenantRegistry
-from workers.tasks import DeadlineExceeded
+from gateway_tasks.rest import app as api_module
+from gateway_tasks.cli import tenant as tenant_cli
+from gateway_tasks.rest.app import create_app
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
+from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.core.errors import DeadlineExceeded
 
 HELLO = [{"role": "user", "content": "hello there"}]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from beat.bench import format_report, percentile, run_bench, window_stats
+from gateway_tasks.devtools.bench.beat import format_report, percentile, run_bench, window_stats
 
 
 def test_small_bench(r, settings):

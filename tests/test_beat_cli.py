@@ -9,8 +9,8 @@ import json
 import pytest
 
 from beat import cli
-from gateway_tasks.errors import ConfigError, CronError
-from gateway_tasks.tenants import TenantRegistry
+from gateway_tasks.core.errors import ConfigError, CronError
+from gateway_tasks.core.tenants import TenantRegistry
 
 
 def parse(argv):
@@ -81,10 +81,10 @@ def test_bench_arguments():
     assert args.entries == 500 and args.json and args.func is cli.cmd_bench
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gateway_tasks.simulator") is None,
-                    reason="gateway_tasks.cli also needs gateway_tasks.simulator")
+@pytest.mark.skipif(importlib.util.find_spec("gateway_tasks.devtools.simulator.app") is None,
+                    reason="gateway_tasks.cli.main also needs gateway_tasks.devtools.simulator.app")
 def test_gateway_main_prints_the_error_and_exits_2(env, capsys):
-    from gateway_tasks.cli import main
+    from gateway_tasks.cli.main import main
 
     assert main(["cron", "add", "acme", "bad", "61 * * * *", "--prompt", "x"]) == 2
     assert "malformed cron expression '61 * * * *'" in capsys.readouterr().err

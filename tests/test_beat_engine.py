@@ -17,8 +17,8 @@ import redis
 from beat.engine import CronEngine
 from beat.fire import run_key
 from beat.store import CronSpec, CronStore
-from gateway_tasks.keys import Keys
-from gateway_tasks.tenants import TenantRegistry
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.tenants import TenantRegistry
 
 HOUR = 3_600_000
 B = 1_709_290_800_000            # 2024-03-01T11:00:00Z, an hour boundary
@@ -76,8 +76,8 @@ def test_fires_at_the_jittered_time_once_and_reschedules(r, settings, tenants):
     k = Keys(settings.key_prefix)
     assert r.exists(k.cron_fired("free1:digest", B))
     assert 0 < r.pttl(k.cron_fired("free1:digest", B)) <= eng.idempotency_ttl_ms
-    assert int(r.get(k.tenant_hourly("free1", actual // HOUR))) == 1
-    assert 0 < r.pttl(k.tenant_hourly("free1", actual // HOUR)) <= 2 * HOUR
+    assert int(r.get(k.quota("free1", actual // HOUR))) == 1
+    assert 0 < r.pttl(k.quota("free1", actual // HOUR)) <= 2 * HOUR
     assert r.hget(k.cron_stats, "fired") == b"1"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from beat.lock import BeatLock
-from gateway_tasks.keys import Keys
+from gateway_tasks.core.keys import Keys
 
 
 def test_one_holder_at_a_time(r, settings):

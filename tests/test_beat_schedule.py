@@ -8,7 +8,7 @@ import pytest
 
 from beat.schedule import (FIRE, MISFIRE, NOT_DUE, actual_ms, cron_period_s, first_nominal_ms,
                            iso_utc, latest_nominal_ms, next_nominal_ms, plan_fire, validate_cron)
-from gateway_tasks.errors import CronError
+from gateway_tasks.core.errors import CronError
 
 
 def ms(text: str) -> int:

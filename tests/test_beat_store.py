@@ -10,9 +10,9 @@ import pytest
 from beat.api import delete_cron, list_crons, register_cron
 from beat.schedule import iso_utc
 from beat.store import CronSpec, CronStore
-from gateway_tasks.errors import CronError, UnknownTenant
-from gateway_tasks.keys import Keys
-from gateway_tasks.tenants import TenantRegistry
+from gateway_tasks.core.errors import CronError, UnknownTenant
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.tenants import TenantRegistry
 
 T0 = 1_709_287_380_000          # 2024-03-01T10:03:00Z
 HOUR = 3_600_000
@@ -41,7 +41,7 @@ def test_add_writes_hash_payload_sorted_set_and_tenant_set(r, settings, store):
     assert e.jitter_offset_s == offset("acme", "digest", 600)
     assert r.zscore(k.cron_due, "acme:digest") == e.next_fire_ms
     assert e.next_fire_ms == e.next_nominal_ms + e.jitter_offset_s * 1000
-    assert r.smembers(k.cron_by_tenant("acme")) == {b"acme:digest"}
+    assert r.smembers(k.cron_tenant("acme")) == {b"acme:digest"}
     assert json.loads(r.get(k.cron_payload("acme:digest"))) == PAYLOAD
     raw = {k.decode(): v.decode() for k, v in r.hgetall(k.cron("acme:digest")).items()}
     assert raw["cron"] == "0 * * * *" and raw["timezone"] == "UTC" and "payload" not in raw
@@ -128,7 +128,7 @@ def test_delete(r, settings, store):
     k = Keys(settings.key_prefix)
     assert not r.exists(k.cron("acme:a"), k.cron_payload("acme:a"))
     assert r.zscore(k.cron_due, "acme:a") is None
-    assert r.smembers(k.cron_by_tenant("acme")) == {b"acme:b"}
+    assert r.smembers(k.cron_tenant("acme")) == {b"acme:b"}
 
 
 def test_due_is_earliest_first_and_limited(store):

@@ -9,7 +9,11 @@ import math
 
 import pytest
 
-from gateway_tasks import bench, bench_load, bench_report
+from gateway_tasks.devtools.bench import main as bench
+
+from gateway_tasks.devtools.bench import load as bench_load
+
+from gateway_tasks.devtools.bench import report as bench_report
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import time
 import httpx
 import pytest
 
-from gateway_tasks import processes
-from gateway_tasks.producer import Gateway
-from gateway_tasks.redis_server import free_port
-from gateway_tasks.settings import Pool
-from gateway_tasks.simulator import SimConfig, SimulatorThread
+from gateway_tasks.devtools import processes
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.devtools.redis_server import free_port
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from gateway_tasks import api as api_module  # noqa: E402
-from gateway_tasks.celery_app import celery_config  # noqa: E402
-from gateway_tasks.cli import build_parser  # noqa: E402
-from gateway_tasks.settings import Settings, load_settings  # noqa: E402
+from gateway_tasks.rest import app as api_module  # noqa: E402
+from beat.app import make_beat_app  # noqa: E402
+from gateway_tasks.cli.main import build_parser  # noqa: E402
+from gateway_tasks.core.settings import Settings, load_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -172,8 +172,9 @@ def test_celery_commands_name_real_modules_and_queues(cm_settings):
             probe = " ".join(c["readinessProbe"]["exec"]["command"])
             assert "inspect ping" in probe and app_module in probe
         if argv[3] == "beat":
-            scheduler = arg_after(argv, "--scheduler")
-            assert scheduler == celery_config(cm_settings, "redis://x")["beat_scheduler"]
+            # the beat app names the tenant cron scheduler itself
+            assert app_module == "beat.app"
+            scheduler = make_beat_app(cm_settings, "redis://x").conf.beat_scheduler
             module, _, cls = scheduler.partition(":")
             assert hasattr(importlib.import_module(module), cls)
             assert workload["spec"]["replicas"] == 2

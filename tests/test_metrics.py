@@ -1,4 +1,4 @@
-"""gateway_tasks.metrics: known values written into the Redis hashes and lists
+"""gateway_tasks.metrics.exporter: known values written into the Redis hashes and lists
 come out of the Prometheus text exposition."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import argparse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_tasks import metrics
-from gateway_tasks.keys import Keys
-from gateway_tasks.metrics import render
-from gateway_tasks.settings import Pool
-from gateway_tasks.tenants import TenantRegistry
+from gateway_tasks.metrics import exporter as metrics
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.metrics.exporter import render
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.core.tenants import TenantRegistry
 
 
 def samples(text: bytes | str) -> dict[tuple[str, frozenset], float]:
@@ -126,7 +126,7 @@ def test_metrics_cli_prints_once(r, settings, monkeypatch, capsys):
 
 
 def test_cli_needs_redis_url(settings, monkeypatch):
-    from gateway_tasks.errors import ConfigError
+    from gateway_tasks.core.errors import ConfigError
     monkeypatch.setattr(metrics, "get_settings", lambda: settings.with_(redis_url=""))
     with pytest.raises(ConfigError, match="REDIS_URL"):
         metrics._print_once(argparse.Namespace())

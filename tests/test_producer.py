@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from gateway_tasks.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
-from gateway_tasks.keys import Keys
-from gateway_tasks.producer import Gateway
-from gateway_tasks.settings import default_tiers
-from gateway_tasks.tokens import count_prompt_tokens
+from gateway_tasks.core.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.core.settings import default_tiers
+from gateway_tasks.core.tokens import count_prompt_tokens
 
 
 @pytest.fixture

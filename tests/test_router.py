@@ -11,10 +11,10 @@ from collections import Counter
 
 import pytest
 
-from gateway_tasks.keys import Keys
-from gateway_tasks.router import PickPlan, Picked, Wait
-from gateway_tasks.scripts import scripts_for
-from gateway_tasks.settings import Pool, Settings, default_tiers
+from gateway_tasks.core.keys import Keys
+from workers.router import PickPlan, Picked, Wait
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.settings import Pool, Settings, default_tiers
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
            tpm=10**9, rpm=10**9)
@@ -272,7 +272,7 @@ def test_concurrent_dispatchers_never_overshoot_the_bucket(r, settings):
 
 
 def test_settle_refunds_and_sync_only_lowers(r, settings):
-    from gateway_tasks.bucket import PoolBucket
+    from workers.bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -292,7 +292,7 @@ def test_settle_refunds_and_sync_only_lowers(r, settings):
 
 
 def test_drain_blocks_the_pool_until_retry_after(r, settings):
-    from gateway_tasks.bucket import PoolBucket
+    from workers.bucket import PoolBucket
     s, plan = make(settings, "wfq")
     bucket = PoolBucket(r, Keys(s.key_prefix), s.pools[0])
     bucket.drain(5_000)

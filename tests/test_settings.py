@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_tasks.errors import ConfigError
-from gateway_tasks.settings import load_settings, settings_to_json
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import load_settings, settings_to_json
 
 
 def test_defaults_follow_the_seeds():

@@ -15,12 +15,12 @@ import httpx
 import openai
 import pytest
 
-from gateway_tasks.errors import ConfigError
-from gateway_tasks.settings import Pool
-from gateway_tasks.sim_bucket import TokenBucket, ceil_ms, format_duration, format_seconds
-from gateway_tasks.simulator import (SimConfig, Simulator, SimulatorProcess, SimulatorThread,
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.devtools.simulator.bucket import TokenBucket, ceil_ms, format_duration, format_seconds
+from gateway_tasks.devtools.simulator.app import (SimConfig, Simulator, SimulatorProcess, SimulatorThread,
                                      config_from_args, config_to_argv, register)
-from gateway_tasks.tokens import count_prompt_tokens
+from gateway_tasks.core.tokens import count_prompt_tokens
 
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Name three prime numbers."}]
@@ -411,7 +411,7 @@ def test_register_and_flags_round_trip():
 
 
 def test_module_help():
-    out = subprocess.run([sys.executable, "-m", "gateway_tasks.simulator", "--help"],
+    out = subprocess.run([sys.executable, "-m", "gateway_tasks.devtools.simulator.app", "--help"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "--ms-per-output-token" in out.stdout
 

@@ -6,8 +6,8 @@ import time
 
 import redis
 
-from gateway_tasks.redis_server import EmbeddedRedis
-from gateway_tasks.transport import MAX_WAIT_S, bell_timeout
+from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from workers.transport import MAX_WAIT_S, bell_timeout
 
 
 def test_bell_timeout_never_truncates_to_block_forever():

@@ -19,20 +19,16 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject
 
-from gateway_tasks.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.errors import GatewayError, UpstreamError
-from gateway_tasks.keys import Keys
-from gateway_tasks.celery_app import settings_of
-from gateway_tasks.settings import Settings
+from workers.bucket import PoolBucket, retry_after_ms
+from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.settings import Settings
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
-
-
-class DeadlineExceeded(GatewayError):
-    """The task waited in the queue past its deadline; the upstream was not called."""
 
 
 @lru_cache(maxsize=8)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from gateway_tasks.settings import Pool
+from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
 _lock = threading.Lock()

@@ -1,0 +1,31 @@
+"""The beat process's Celery app: the producer's app with the tenant cron scheduler.
+
+    celery -A beat.app beat
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+
+from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.settings import Settings, get_settings
+
+SCHEDULER = "beat.scheduler:TenantCronScheduler"
+
+
+def make_beat_app(settings: Settings, redis_url: str | None = None, **conf: Any) -> Celery:
+    return make_app(settings, redis_url, "gateway-beat", beat_scheduler=SCHEDULER, **conf)
+
+
+@lru_cache(maxsize=1)
+def default_app() -> Celery:
+    return make_beat_app(get_settings())
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("app", "celery"):
+        return default_app()
+    raise AttributeError(name)

@@ -1,0 +1,74 @@
+"""`gateway tenant add|list|delete`: manage tenants and their API keys.
+
+Output is JSON.  The API key is printed once, by ``add``; Redis keeps only its
+SHA-256.  Running ``add`` again for an existing tenant changes its tier and
+rotates its key (the old key stops working).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import redis
+
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.tenants import Tenant, TenantRegistry
+
+
+def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
+    settings = settings or get_settings()
+    if not settings.redis_url:
+        raise ConfigError("REDIS_URL is not set; point it at the deployment's Redis, "
+                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0")
+    return TenantRegistry(redis.Redis.from_url(settings.redis_url), settings)
+
+
+def tenant_json(tenant: Tenant) -> dict[str, Any]:
+    return {"tenant_id": tenant.tenant_id, "tier": tenant.tier, "created_ms": tenant.created_ms}
+
+
+def _print(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _add(args: argparse.Namespace) -> int:
+    tenant, api_key = registry_from_env().register(args.tenant, args.tier, args.api_key)
+    _print({**tenant_json(tenant), "api_key": api_key})
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    _print([tenant_json(t) for t in registry_from_env().list()])
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    registry_from_env().delete(args.tenant)
+    _print({"deleted": args.tenant})
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``tenant`` command (add / list / delete) to the ``gateway`` CLI."""
+    parser = subparsers.add_parser("tenant", help="manage tenants and their API keys",
+                                   description=__doc__)
+    sub = parser.add_subparsers(dest="tenant_command", required=True)
+
+    add = sub.add_parser("add", help="register a tenant (or change its tier and rotate its key)")
+    add.add_argument("tenant", metavar="TENANT", help="tenant id (A-Z a-z 0-9 _ . -)")
+    add.add_argument("--tier", required=True, help="tier name or alias, e.g. vip, normal, batch")
+    add.add_argument("--api-key", default=None,
+                     help="use this API key instead of generating one")
+    add.set_defaults(func=_add)
+
+    lst = sub.add_parser("list", help="list tenants (JSON)")
+    lst.set_defaults(func=_list)
+
+    delete = sub.add_parser("delete", help="delete a tenant; its API key stops working")
+    delete.add_argument("tenant", metavar="TENANT")
+    delete.set_defaults(func=_delete)

@@ -1,0 +1,93 @@
+"""The producer side of the gateway's kombu transport (Redis).
+
+For gateway queues (gt.<tier>.<pool>) publishing runs lua/enqueue.lua, which
+stamps the Redis clock on the message and applies the tier's tail drop.  Every
+other queue (Celery's own, pidbox, events) behaves as on kombu's Redis
+transport.  ``workers.transport`` extends this channel with the dispatching
+consumer (pick.lua).
+
+A channel reads the deployment's settings from the broker's transport options
+(their public view, without API keys: see ``gateway_tasks.core.celery_app``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from kombu.exceptions import InconsistencyError
+from kombu.transport import redis as kredis
+
+from gateway_tasks.core.errors import QueueFull
+from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
+from gateway_tasks.core.scripts import source
+from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
+
+# transport option holding the settings' public view (no API keys)
+PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
+BELL_MAX = 1024  # wake-up tokens kept on the bell list
+
+
+def channel_settings(transport_options: dict[str, Any]) -> Settings:
+    """The settings a channel works with: the app's public view, else the environment's."""
+    text = transport_options.get(PUBLIC_SETTINGS_OPTION)
+    return settings_from_json(text) if text else get_settings()
+
+
+def is_gateway_queue(name: str) -> bool:
+    return split_queue_name(name) is not None
+
+
+class Channel(kredis.Channel):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._gt_settings = channel_settings(self.connection.client.transport_options)
+        self._gt_keys = Keys(self._gt_settings.key_prefix)
+        if (self.global_keyprefix or "") != self._gt_settings.key_prefix:
+            raise InconsistencyError(
+                f"broker global_keyprefix {self.global_keyprefix!r} must equal the gateway "
+                f"key_prefix {self._gt_settings.key_prefix!r} (use gateway_tasks.core.celery_app.make_app)")
+        self._gt_sha: dict[str, str] = {}
+
+    # -- raw client: our scripts take full key names, unlike kombu's prefixing client
+    @property
+    def _gt_raw(self) -> redis.Redis:
+        raw = getattr(self, "_gt_raw_client", None)
+        if raw is None:
+            raw = redis.Redis(connection_pool=self.pool)
+            self._gt_raw_client = raw
+        return raw
+
+    def _gt_script_sha(self, name: str) -> str:
+        sha = self._gt_sha.get(name)
+        if sha is None:
+            sha = self._gt_raw.script_load(source(name))
+            self._gt_sha[name] = sha
+        return sha
+
+    def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
+        headers = message.get("headers") or {}
+        parts = split_queue_name(queue)
+        if parts is None or "gt_est_tokens" not in headers:
+            return super()._put(queue, message, **kwargs)
+        kwargs.pop("_publish_batch", None)
+        tier = self._gt_settings.tier(parts[0])
+        args = (self._gt_keys.queue(queue), self._gt_keys.bell, json.dumps(message),
+                tier.queue_max_len, BELL_MAX)
+        try:
+            reply = self._gt_raw.evalsha(self._gt_script_sha("enqueue"), 2, *args)
+        except redis.exceptions.NoScriptError:
+            self._gt_sha.clear()  # the server lost its scripts (restart): load again
+            reply = self._gt_raw.evalsha(self._gt_script_sha("enqueue"), 2, *args)
+        if int(reply[0]) == 0:
+            raise QueueFull(f"queue {queue} is full ({int(reply[1])} messages, limit "
+                            f"{tier.queue_max_len}); the request was not enqueued")
+
+
+class Transport(kredis.Transport):
+    Channel = Channel
+    driver_name = "gateway-redis"
+
+
+__all__ = ["BELL_MAX", "Channel", "QUEUE_PREFIX", "Transport", "channel_settings", "is_gateway_queue"]

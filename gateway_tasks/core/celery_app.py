@@ -1,0 +1,92 @@
+"""The Celery application: JSON only, late acks, prefetch 1, events on for Flower.
+
+``make_app(settings)`` builds an app bound to one deployment (its Redis URL and
+key prefix) on the producer-side transport; ``workers.app`` builds the
+consumer's app on the dispatching transport and ``beat.app`` the scheduler's.
+``app`` is the process-wide producer app built from the environment, used by
+``celery -A gateway_tasks.core.celery_app flower``.
+
+Secrets never travel in the Celery configuration: the app keeps its Settings
+as a Python attribute (``app.gateway_settings``), and the broker's transport
+options -- which ``inspect stats`` and Flower's worker page print -- carry only
+the settings' public view (API keys removed).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Sequence
+
+from celery import Celery
+
+from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION
+from gateway_tasks.core.errors import StartupError
+from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
+
+PRODUCER_TRANSPORT = "gateway_tasks.core.broker:Transport"
+TASK_NAME = "gateway.infer"
+
+
+def celery_config(settings: Settings, redis_url: str, *,
+                  transport: str = PRODUCER_TRANSPORT) -> dict[str, Any]:
+    prefix = settings.key_prefix
+    return {
+        "broker_url": redis_url,
+        "broker_transport": transport,
+        "broker_transport_options": {
+            "global_keyprefix": prefix,
+            "visibility_timeout": settings.visibility_timeout_s,
+            PUBLIC_SETTINGS_OPTION: settings_to_json(settings.public()),
+        },
+        "broker_connection_retry_on_startup": True,
+        "result_backend": redis_url,
+        "result_backend_transport_options": {"global_keyprefix": prefix},
+        "result_expires": settings.result_ttl_s,
+        "result_extended": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "task_default_queue": settings.queue_names()[0],
+        "task_create_missing_queues": True,
+        "worker_hijack_root_logger": False,
+    }
+
+
+def make_app(settings: Settings, redis_url: str | None = None, name: str = "gateway", *,
+             transport: str = PRODUCER_TRANSPORT, imports: Sequence[str] = (),
+             **conf: Any) -> Celery:
+    url = redis_url or settings.redis_url
+    if not url:
+        raise StartupError("REDIS_URL is not set: point it at the deployment's Redis, e.g. "
+                           "REDIS_URL=redis://127.0.0.1:6379/0 (`make demo` starts one for you)")
+    celery = Celery(name)
+    celery.conf.update(celery_config(settings, url, transport=transport), imports=list(imports), **conf)
+    celery.gateway_settings = settings  # type: ignore[attr-defined]
+    return celery
+
+
+def settings_of(app: Celery) -> Settings:
+    """The gateway settings an app was built with (else the environment's)."""
+    found = getattr(app, "gateway_settings", None)
+    return found if isinstance(found, Settings) else get_settings()
+
+
+@lru_cache(maxsize=1)
+def default_app() -> Celery:
+    return make_app(get_settings())
+
+
+def __getattr__(name: str) -> Any:
+    # `celery -A gateway_tasks.core.celery_app` looks up `app` / `celery` lazily, so
+    # importing this module never needs REDIS_URL.
+    if name in ("app", "celery"):
+        return default_app()
+    raise AttributeError(name)

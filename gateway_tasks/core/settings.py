@@ -1,0 +1,316 @@
+"""Typed settings: defaults, then a TOML file (GATEWAY_CONFIG), then env vars.
+
+Every value is validated when loaded; a bad value raises ConfigError naming the
+setting, the value and what is expected, so a misconfigured worker fails at
+start instead of mis-scheduling traffic later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import lru_cache
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.keys import queue_name
+
+POLICIES = ("fifo", "strict", "aging", "wfq")
+CHARGE_MODES = ("reserve", "actual")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A class of tenants and how the router treats its traffic."""
+
+    name: str
+    base_weight: float
+    aging_alpha_per_ms: float
+    share: float
+    jitter_window_s: int
+    max_wait_ms: int
+    max_concurrency_per_tenant: int
+    max_tasks_per_hour: int
+    retry_budget_ratio: float
+    can_degrade: bool
+    reserved_share: float = 0.0
+    queue_max_len: int = 100_000
+    queue_ttl_s: float = 0.0
+    aliases: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        where = f"tier {self.name!r}"
+        _require(bool(self.name) and self.name.isidentifier(), where, "name", self.name,
+                 "a non-empty identifier (letters, digits, _)")
+        _require(self.base_weight >= 0, where, "base_weight", self.base_weight, ">= 0")
+        _require(self.aging_alpha_per_ms >= 0, where, "aging_alpha_per_ms",
+                 self.aging_alpha_per_ms, ">= 0")
+        _require(0 < self.share <= 100, where, "share", self.share, "in (0, 100]")
+        _require(self.jitter_window_s >= 0, where, "jitter_window_s", self.jitter_window_s, ">= 0")
+        _require(self.max_wait_ms > 0, where, "max_wait_ms", self.max_wait_ms, "> 0")
+        _require(self.max_concurrency_per_tenant > 0, where, "max_concurrency_per_tenant",
+                 self.max_concurrency_per_tenant, "> 0")
+        _require(self.max_tasks_per_hour > 0, where, "max_tasks_per_hour",
+                 self.max_tasks_per_hour, "> 0")
+        _require(0 <= self.retry_budget_ratio <= 1, where, "retry_budget_ratio",
+                 self.retry_budget_ratio, "in [0, 1]")
+        _require(0 <= self.reserved_share < 1, where, "reserved_share", self.reserved_share,
+                 "in [0, 1)")
+        _require(self.queue_max_len > 0, where, "queue_max_len", self.queue_max_len, "> 0")
+        _require(self.queue_ttl_s >= 0, where, "queue_ttl_s", self.queue_ttl_s, ">= 0")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """An upstream (OpenAI-compatible endpoint) with its own TPM/RPM quota."""
+
+    name: str
+    base_url: str
+    api_key: str = field(repr=False)
+    models: tuple[str, ...]
+    tpm: int
+    rpm: int
+    burst_s: float = 60.0
+    charge: str = "reserve"
+    timeout_s: float = 60.0
+    fallback_model: str = ""
+
+    @property
+    def model(self) -> str:
+        return self.models[0]
+
+    def validate(self) -> None:
+        where = f"pool {self.name!r}"
+        _require(bool(self.name) and self.name.replace("-", "_").isidentifier(), where, "name",
+                 self.name, "a non-empty name of letters, digits, '_' or '-'")
+        _require(self.base_url.startswith(("http://", "https://")), where, "base_url",
+                 self.base_url, "an http(s) URL such as http://127.0.0.1:8099/v1")
+        _require(len(self.models) > 0 and all(self.models), where, "models", self.models,
+                 "at least one model name")
+        _require(self.tpm > 0, where, "tpm", self.tpm, "> 0 tokens per minute")
+        _require(self.rpm > 0, where, "rpm", self.rpm, "> 0 requests per minute")
+        _require(0 < self.burst_s <= 60, where, "burst_s", self.burst_s, "in (0, 60]")
+        _require(self.charge in CHARGE_MODES, where, "charge", self.charge,
+                 f"one of {CHARGE_MODES}")
+        _require(self.timeout_s > 0, where, "timeout_s", self.timeout_s, "> 0")
+
+    @property
+    def token_capacity(self) -> float:
+        return bucket_capacity(self.tpm, self.burst_s)
+
+    @property
+    def request_capacity(self) -> float:
+        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+
+    def rates(self) -> tuple[float, float, float, float]:
+        """(token capacity, tokens per ms, request capacity, requests per ms) of its bucket."""
+        return (self.token_capacity, self.tpm / 60_000.0, self.request_capacity, self.rpm / 60_000.0)
+
+    def public(self) -> "Pool":
+        """This pool without its secret: no API key, no credentials in the URL."""
+        return replace(self, api_key="", base_url=_without_userinfo(self.base_url))
+
+
+def bucket_capacity(per_minute: float, burst_s: float) -> float:
+    """A per-minute quota's bucket size when it may burst for burst_s seconds."""
+    return per_minute * burst_s / 60.0
+
+
+def default_tiers() -> tuple[Tier, ...]:
+    return (
+        Tier("vip", base_weight=100, aging_alpha_per_ms=0.05, share=70, jitter_window_s=0,
+             max_wait_ms=2_000, max_concurrency_per_tenant=64, max_tasks_per_hour=1_000_000,
+             retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2,
+             aliases=("enterprise",)),
+        Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
+             max_wait_ms=30_000, max_concurrency_per_tenant=16, max_tasks_per_hour=100_000,
+             retry_budget_ratio=0.1, can_degrade=True, aliases=("pro",)),
+        Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
+             max_wait_ms=300_000, max_concurrency_per_tenant=8, max_tasks_per_hour=10_000,
+             retry_budget_ratio=0.05, can_degrade=True, aliases=("free",)),
+    )
+
+
+def default_pools() -> tuple[Pool, ...]:
+    return (
+        Pool("default", base_url="http://127.0.0.1:8099/v1", api_key="sk-local-simulator",
+             models=("gpt-4o-mini", "gpt-4o"), tpm=600_000, rpm=6_000),
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = ""
+    key_prefix: str = "gt:"
+    policy: str = "wfq"
+    tiers: tuple[Tier, ...] = field(default_factory=default_tiers)
+    pools: tuple[Pool, ...] = field(default_factory=default_pools)
+    max_prompt_tokens: int = 128_000
+    default_max_tokens: int = 256
+    result_ttl_s: int = 86_400
+    visibility_timeout_s: int = 3_600
+
+    def validate(self) -> "Settings":
+        _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
+        _require(bool(self.key_prefix) and ":" in self.key_prefix and " " not in self.key_prefix,
+                 "settings", "key_prefix", self.key_prefix, "a prefix ending in ':', e.g. 'gt:'")
+        _require(len(self.tiers) > 0, "settings", "tiers", self.tiers, "at least one tier")
+        _require(len(self.pools) > 0, "settings", "pools", self.pools, "at least one pool")
+        _require(self.max_prompt_tokens > 0, "settings", "max_prompt_tokens",
+                 self.max_prompt_tokens, "> 0")
+        _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
+                 self.default_max_tokens, "> 0")
+        names: set[str] = set()
+        for tier in self.tiers:
+            tier.validate()
+            for n in (tier.name, *tier.aliases):
+                if n in names:
+                    raise ConfigError(f"tier name or alias {n!r} is used twice")
+                names.add(n)
+        pool_names = [p.name for p in self.pools]
+        if len(set(pool_names)) != len(pool_names):
+            raise ConfigError(f"pool names must be unique, got {pool_names}")
+        for pool in self.pools:
+            pool.validate()
+        return self
+
+    # -- look-ups -----------------------------------------------------------
+    def tier(self, name: str) -> Tier:
+        for tier in self.tiers:
+            if name == tier.name or name in tier.aliases:
+                return tier
+        known = ", ".join(t.name for t in self.tiers)
+        raise ConfigError(f"unknown tier {name!r}; known tiers: {known}")
+
+    def pool(self, name: str) -> Pool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise ConfigError(f"unknown pool {name!r}; known pools: {[p.name for p in self.pools]}")
+
+    def pool_for_model(self, model: str | None) -> Pool:
+        if not model:
+            return self.pools[0]
+        for pool in self.pools:
+            if model in pool.models:
+                return pool
+        served = sorted({m for p in self.pools for m in p.models})
+        raise ConfigError(f"no pool serves model {model!r}; served models: {served}")
+
+    def queue_name(self, tier: str, pool: str) -> str:
+        """The Celery queue (a Redis list) of one tier's traffic to one pool."""
+        return queue_name(self.tier(tier).name, pool)
+
+    def queue_names(self) -> list[str]:
+        return [self.queue_name(t.name, p.name) for p in self.pools for t in self.tiers]
+
+    def with_(self, **changes: Any) -> "Settings":
+        return replace(self, **changes).validate()
+
+    def public(self) -> "Settings":
+        """These settings without secrets (the pools' API keys): safe to show, log or
+        pass in the broker's transport options."""
+        return replace(self, pools=tuple(p.public() for p in self.pools))
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {name}={value!r} is invalid; expected {expected}")
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+    kwargs = dict(data)
+    for key in ("aliases", "models"):
+        if key in kwargs:
+            value = kwargs[key]
+            if isinstance(value, str):
+                value = [value]
+            kwargs[key] = tuple(value)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Defaults, then the TOML file named by GATEWAY_CONFIG, then env vars, then overrides."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    path = env.get("GATEWAY_CONFIG", "")
+    if env.get("GATEWAY_SETTINGS_JSON"):
+        try:
+            data = json.loads(env["GATEWAY_SETTINGS_JSON"])
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"GATEWAY_SETTINGS_JSON is not valid JSON: {exc}") from None
+    elif path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"GATEWAY_CONFIG={path!r}: file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"GATEWAY_CONFIG={path!r}: invalid TOML: {exc}") from None
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "tiers":
+            kwargs["tiers"] = tuple(_build(Tier, t, f"[[tiers]] #{i}") for i, t in enumerate(value))
+        elif key == "pools":
+            kwargs["pools"] = tuple(_build(Pool, p, f"[[pools]] #{i}") for i, p in enumerate(value))
+        else:
+            kwargs[key] = value
+    env_map = {
+        "REDIS_URL": ("redis_url", str),
+        "GATEWAY_KEY_PREFIX": ("key_prefix", str),
+        "GATEWAY_POLICY": ("policy", str),
+        "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
+    }
+    for var, (name, conv) in env_map.items():
+        if env.get(var):
+            try:
+                kwargs[name] = conv(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {conv.__name__}") from None
+    pools_json = env.get("GATEWAY_POOLS_JSON")
+    if pools_json:
+        try:
+            raw = json.loads(pools_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"GATEWAY_POOLS_JSON is not valid JSON: {exc}") from None
+        kwargs["pools"] = tuple(_build(Pool, p, f"GATEWAY_POOLS_JSON[{i}]") for i, p in enumerate(raw))
+    kwargs.update(overrides)
+    allowed = {f.name for f in fields(Settings)}
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise ConfigError(f"unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return Settings(**kwargs).validate()
+
+
+def settings_to_json(settings: Settings) -> str:
+    """The settings as JSON (same shape as the TOML file); load with GATEWAY_SETTINGS_JSON."""
+    return json.dumps(asdict(settings))
+
+
+@lru_cache(maxsize=32)
+def settings_from_json(text: str) -> Settings:
+    """Parse settings_to_json() output (cached: workers look this up per task)."""
+    return load_settings(env={"GATEWAY_SETTINGS_JSON": text})
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (loaded once from the environment)."""
+    return load_settings()

@@ -1,0 +1,83 @@
+"""Tenant registry in Redis: tenant id -> tier, hashed API key."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis
+
+from gateway_tasks.core.errors import InvalidRequest, UnknownTenant
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Settings
+
+TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def hash_api_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    tier: str
+    api_key_sha256: str = ""
+    created_ms: int = 0
+
+
+class TenantRegistry:
+    def __init__(self, client: redis.Redis, settings: Settings):
+        self.r = client
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+
+    def register(self, tenant_id: str, tier: str, api_key: str | None = None) -> tuple[Tenant, str]:
+        """Create or update a tenant; returns it and its API key (generated if not given)."""
+        if not isinstance(tenant_id, str) or not TENANT_ID_RE.match(tenant_id):
+            raise InvalidRequest(f"tenant id {tenant_id!r} is invalid: use 1-128 of A-Z a-z 0-9 _ . - "
+                                 "starting with a letter or digit")
+        tier_name = self.settings.tier(tier).name
+        api_key = api_key or f"gt-{secrets.token_urlsafe(24)}"
+        digest = hash_api_key(api_key)
+        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000))
+        old = self.r.hget(self.keys.tenant(tenant_id), "api_key_sha256")
+        with self.r.pipeline() as pipe:
+            if old and old.decode() != digest:
+                pipe.hdel(self.keys.api_keys, old)
+            pipe.hset(self.keys.tenant(tenant_id), mapping={
+                "tier": tier_name, "api_key_sha256": digest, "created_ms": tenant.created_ms})
+            pipe.hset(self.keys.api_keys, digest, tenant_id)
+            pipe.sadd(self.keys.tenants, tenant_id)
+            pipe.execute()
+        return tenant, api_key
+
+    def get(self, tenant_id: str) -> Tenant:
+        raw = self.r.hgetall(self.keys.tenant(tenant_id)) if isinstance(tenant_id, str) else {}
+        if not raw:
+            raise UnknownTenant(f"unknown tenant {tenant_id!r}; register it first "
+                                "(gateway tenant add TENANT --tier TIER)")
+        d = {k.decode(): v.decode() for k, v in raw.items()}
+        return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)))
+
+    def authenticate(self, api_key: str) -> Tenant:
+        tenant_id = self.r.hget(self.keys.api_keys, hash_api_key(api_key or ""))
+        if not tenant_id:
+            raise UnknownTenant("invalid API key")
+        return self.get(tenant_id.decode())
+
+    def delete(self, tenant_id: str) -> bool:
+        tenant = self.get(tenant_id)
+        with self.r.pipeline() as pipe:
+            pipe.delete(self.keys.tenant(tenant_id))
+            pipe.hdel(self.keys.api_keys, tenant.api_key_sha256)
+            pipe.srem(self.keys.tenants, tenant_id)
+            pipe.execute()
+        return True
+
+    def list(self) -> list[Tenant]:
+        ids = sorted(m.decode() for m in self.r.smembers(self.keys.tenants))
+        return [self.get(t) for t in ids]

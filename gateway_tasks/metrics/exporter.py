@@ -1,0 +1,268 @@
+"""Prometheus metrics read from Redis at scrape time.
+
+Every counter the router, the workers and beat keep lives in Redis (the stats
+and bucket hashes of each pool, the queue lists, the in-flight hash), so one
+scrape of any API replica -- or one ``gateway metrics`` -- sees the whole
+deployment, every worker on every node, without a push gateway.
+
+A scrape costs two Redis round trips: one pipeline for every hash and list,
+one more for the tiers of the tenants that have tasks in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import redis
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Settings, get_settings
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNKNOWN_TIER = "unknown"
+
+# stats hash field prefix -> (metric name, help); values are per-tier counters
+_TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("dispatched", "gateway_dispatched_tasks",
+     "Tasks pick.lua dispatched (admitted through the pool bucket), per tier and pool."),
+    ("est_tokens", "gateway_estimated_tokens",
+     "Estimated tokens debited from the pool bucket at dispatch."),
+    ("actual_tokens", "gateway_actual_tokens",
+     "Tokens the upstream reported (prompt + completion) for completed calls."),
+    ("completed", "gateway_completed_tasks",
+     "Upstream calls that completed with a usage report."),
+    ("retries", "gateway_retries",
+     "Transient upstream failures requeued against the tier's retry budget."),
+)
+
+
+@dataclass
+class Snapshot:
+    """Everything one scrape reads from Redis, decoded."""
+
+    now_ms: int
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)      # pool -> field -> value
+    buckets: dict[str, dict[str, float]] = field(default_factory=dict)    # pool -> field -> value
+    depth: dict[str, int] = field(default_factory=dict)                   # queue name -> LLEN
+    inflight_by_tier: dict[str, int] = field(default_factory=dict)
+    tenants: int = 0
+    unacked: int = 0
+    cron: dict[str, float] = field(default_factory=dict)                  # outcome -> count
+
+
+def _num_hash(raw: dict[bytes, bytes]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        try:
+            out[k.decode()] = float(v)
+        except ValueError:
+            continue
+    return out
+
+
+def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
+    """Read every metric source in one pipeline (plus one for in-flight tenants' tiers)."""
+    keys = Keys(settings.key_prefix)
+    pools = [p.name for p in settings.pools]
+    queues = settings.queue_names()
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for pool in pools:
+            pipe.hgetall(keys.stats(pool))
+            pipe.hgetall(keys.bucket(pool))
+        for queue in queues:
+            pipe.llen(keys.queue(queue))
+        pipe.hgetall(keys.inflight)
+        pipe.scard(keys.tenants)
+        pipe.hlen(keys.unacked)
+        pipe.hgetall(keys.cron_stats)
+        replies = pipe.execute()
+    sec, usec = replies[0]
+    snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
+    i = 1
+    for pool in pools:
+        snap.stats[pool] = _num_hash(replies[i])
+        snap.buckets[pool] = _num_hash(replies[i + 1])
+        i += 2
+    for queue in queues:
+        snap.depth[queue] = int(replies[i])
+        i += 1
+    inflight = {k.decode(): int(float(v)) for k, v in replies[i].items()}
+    snap.tenants, snap.unacked = int(replies[i + 1]), int(replies[i + 2])
+    snap.cron = _num_hash(replies[i + 3])
+    snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
+    return snap
+
+
+def _inflight_by_tier(client: redis.Redis, keys: Keys, settings: Settings,
+                      inflight: dict[str, int]) -> dict[str, int]:
+    out = {t.name: 0 for t in settings.tiers}
+    busy = [(tenant, n) for tenant, n in inflight.items() if n > 0]
+    if not busy:
+        return out
+    with client.pipeline(transaction=False) as pipe:
+        for tenant, _ in busy:
+            pipe.hget(keys.tenant(tenant), "tier")
+        tiers = pipe.execute()
+    for (_, n), tier in zip(busy, tiers):
+        name = tier.decode() if tier else UNKNOWN_TIER
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
+    """The metric families of one snapshot (pure: no I/O)."""
+    tiers = [t.name for t in settings.tiers]
+
+    depth = GaugeMetricFamily("gateway_queue_depth_messages",
+                              "Messages waiting in a tier's queue to a pool (LLEN of the list).",
+                              labels=["queue", "tier", "pool"])
+    for pool in settings.pools:
+        for tier in tiers:
+            queue = settings.queue_name(tier, pool.name)
+            depth.add_metric([queue, tier, pool.name], snap.depth.get(queue, 0))
+    yield depth
+
+    for prefix, name, help_text in _TIER_COUNTERS:
+        fam = CounterMetricFamily(name, help_text, labels=["tier", "pool"])
+        for pool, stats in snap.stats.items():
+            for tier in tiers:
+                fam.add_metric([tier, pool], stats.get(f"{prefix}:{tier}", 0.0))
+        yield fam
+
+    wait_total = CounterMetricFamily("gateway_queue_wait_seconds",
+                                     "Total time dispatched tasks waited in their queue.",
+                                     labels=["tier", "pool"])
+    wait_mean = GaugeMetricFamily("gateway_queue_wait_mean_seconds",
+                                  "Mean queue wait since the stats began (total wait / dispatched; "
+                                  "0 before the first dispatch).", labels=["tier", "pool"])
+    for pool, stats in snap.stats.items():
+        for tier in tiers:
+            wait_s = stats.get(f"wait_ms:{tier}", 0.0) / 1000.0
+            dispatched = stats.get(f"dispatched:{tier}", 0.0)
+            wait_total.add_metric([tier, pool], wait_s)
+            wait_mean.add_metric([tier, pool], wait_s / dispatched if dispatched else 0.0)
+    yield wait_total
+    yield wait_mean
+
+    http_429 = CounterMetricFamily("gateway_upstream_429_responses",
+                                   "Upstream 429 responses (each drains the pool until Retry-After).",
+                                   labels=["pool"])
+    for pool, stats in snap.stats.items():
+        http_429.add_metric([pool], stats.get("upstream_429", 0.0))
+    yield http_429
+
+    yield from _bucket_families(snap, settings)
+
+    inflight = GaugeMetricFamily("gateway_inflight_tasks",
+                                 "Tasks dispatched and not yet acknowledged, per tenant tier.",
+                                 labels=["tier"])
+    for tier, n in sorted(snap.inflight_by_tier.items()):
+        inflight.add_metric([tier], n)
+    yield inflight
+
+    yield GaugeMetricFamily("gateway_tenants", "Registered tenants.", value=snap.tenants)
+    yield GaugeMetricFamily("gateway_unacked_messages",
+                            "Messages delivered to workers and not yet acknowledged.",
+                            value=snap.unacked)
+    cron = CounterMetricFamily("gateway_cron_events",
+                               "Tenant cron outcomes counted by beat (fired, quota, misfire, ...).",
+                               labels=["outcome"])
+    for outcome, n in sorted(snap.cron.items()):
+        cron.add_metric([outcome], n)
+    yield cron
+
+
+def _bucket_families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
+    stored_t = GaugeMetricFamily("gateway_bucket_tokens",
+                                 "Pool bucket token level as stored, i.e. at "
+                                 "gateway_bucket_updated_timestamp_seconds (capacity if never used).",
+                                 labels=["pool"])
+    stored_r = GaugeMetricFamily("gateway_bucket_requests",
+                                 "Pool bucket request level as stored (see gateway_bucket_tokens).",
+                                 labels=["pool"])
+    updated = GaugeMetricFamily("gateway_bucket_updated_timestamp_seconds",
+                                "When the stored bucket levels were computed (Redis clock).",
+                                labels=["pool"])
+    avail_t = GaugeMetricFamily("gateway_bucket_available_tokens",
+                                "Token level refilled to scrape time: what the next dispatch sees.",
+                                labels=["pool"])
+    avail_r = GaugeMetricFamily("gateway_bucket_available_requests",
+                                "Request level refilled to scrape time.", labels=["pool"])
+    cap_t = GaugeMetricFamily("gateway_bucket_capacity_tokens",
+                              "Pool bucket token capacity (TPM * burst_s / 60).", labels=["pool"])
+    cap_r = GaugeMetricFamily("gateway_bucket_capacity_requests",
+                              "Pool bucket request capacity (RPM * burst_s / 60).", labels=["pool"])
+    blocked = GaugeMetricFamily("gateway_pool_blocked_remaining_seconds",
+                                "Seconds the pool stays drained after an upstream 429 (0: open).",
+                                labels=["pool"])
+    for pool in settings.pools:
+        tcap, trate, rcap, rrate = pool.rates()
+        b = snap.buckets.get(pool.name, {})
+        tokens, requests = b.get("tokens", tcap), b.get("requests", rcap)
+        ts_ms = b.get("ts_ms", float(snap.now_ms))
+        dt_ms = max(0.0, snap.now_ms - ts_ms)
+        stored_t.add_metric([pool.name], tokens)
+        stored_r.add_metric([pool.name], requests)
+        updated.add_metric([pool.name], ts_ms / 1000.0)
+        avail_t.add_metric([pool.name], min(tcap, tokens + dt_ms * trate))
+        avail_r.add_metric([pool.name], min(rcap, requests + dt_ms * rrate))
+        cap_t.add_metric([pool.name], tcap)
+        cap_r.add_metric([pool.name], rcap)
+        blocked.add_metric([pool.name], max(0.0, b.get("blocked_until_ms", 0.0) - snap.now_ms) / 1000.0)
+    yield from (stored_t, stored_r, updated, avail_t, avail_r, cap_t, cap_r, blocked)
+
+
+class GatewayCollector(Collector):
+    """A prometheus_client collector that reads Redis on every scrape."""
+
+    def __init__(self, client: redis.Redis, settings: Settings):
+        self.r = client
+        self.settings = settings
+
+    def describe(self) -> list[Metric]:
+        return []  # no Redis access when registering
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(read_snapshot(self.r, self.settings), self.settings)
+
+
+def render(gateway_or_client: Any, settings: Settings | None = None) -> bytes:
+    """Prometheus text exposition of the deployment; accepts a Gateway or a redis client."""
+    client = getattr(gateway_or_client, "r", gateway_or_client)
+    settings = settings or getattr(gateway_or_client, "settings", None) or get_settings()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GatewayCollector(client, settings))
+    return generate_latest(registry)
+
+
+# -- CLI ----------------------------------------------------------------------
+def _print_once(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    if not settings.redis_url:
+        raise ConfigError("REDIS_URL is not set; point it at the deployment's Redis, "
+                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0")
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        sys.stdout.write(render(client, settings).decode())
+    except redis.RedisError as exc:
+        raise ConfigError(f"cannot read metrics from {settings.redis_url}: {exc}") from None
+    finally:
+        client.close()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``metrics`` command to the ``gateway`` CLI."""
+    parser = subparsers.add_parser(
+        "metrics", help="print the Prometheus metrics of the deployment once",
+        description="Read queue depths, dispatch/token counters, bucket levels and in-flight "
+                    "tasks from Redis and print them in Prometheus text format.")
+    parser.set_defaults(func=_print_once)

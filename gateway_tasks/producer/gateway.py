@@ -1,0 +1,168 @@
+"""The producer API: validate, estimate tokens, route to the tier's queue.
+
+    gw = Gateway(settings)
+    handle = gw.submit("acme", [{"role": "user", "content": "hi"}], max_tokens=64)
+    handle.get(timeout=30)   # {'response': ..., 'timing': ..., 'tokens': ..., 'tier': ...}
+
+Nothing is enqueued unless every check passes; each failure is a subclass of
+GatewayError saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import redis
+from celery import Celery
+from celery.result import AsyncResult
+
+from gateway_tasks.core.celery_app import TASK_NAME, make_app
+from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+
+IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
+LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+
+
+@dataclass(frozen=True)
+class TaskHandle:
+    id: str
+    tenant_id: str
+    tier: str
+    queue: str
+    model: str
+    prompt_tokens: int
+    est_tokens: int
+    app: Celery
+
+    @property
+    def async_result(self) -> AsyncResult:
+        return AsyncResult(self.id, app=self.app)
+
+    @property
+    def status(self) -> str:
+        return self.async_result.status
+
+    def get(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait for the result; re-raises the task's error if it failed."""
+        return self.async_result.get(timeout=timeout, interval=0.05)
+
+
+class Gateway:
+    """Producer side of one deployment (one Redis, one key prefix)."""
+
+    def __init__(self, settings: Settings | None = None, *, app: Celery | None = None,
+                 client: redis.Redis | None = None):
+        self.settings = settings or get_settings()
+        self.app = app or make_app(self.settings)
+        self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
+        self.keys = Keys(self.settings.key_prefix)
+        self.tenants = TenantRegistry(self.r, self.settings)
+
+    def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None) -> str:
+        """Register (or update) a tenant; returns its API key."""
+        return self.tenants.register(tenant_id, tier, api_key)[1]
+
+    def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
+                 max_tokens: int | None = None) -> dict[str, Any]:
+        """Validate a request and compute its routing and token estimate (enqueues nothing)."""
+        tenant = self.tenants.get(tenant_id)
+        tier = self.settings.tier(tenant.tier)
+        msgs = validate_messages(messages)
+        if max_tokens is None:
+            max_tokens = self.settings.default_max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        try:
+            pool = self.settings.pool_for_model(model)
+        except Exception as exc:  # ConfigError -> the caller's mistake here
+            raise InvalidRequest(str(exc)) from None
+        model = model or pool.model
+        prompt_tokens = count_prompt_tokens(msgs)
+        total = prompt_tokens + max_tokens
+        if total > self.settings.max_prompt_tokens:
+            raise PromptTooLarge(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"the limit of {self.settings.max_prompt_tokens} tokens")
+        if total > pool.token_capacity:
+            raise PromptTooLarge(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
+                f"(TPM {pool.tpm}); it could never be admitted")
+        completion_est = max_tokens
+        if pool.charge == "actual":
+            learned = self.r.hget(self.keys.learned(tenant_id), model)
+            if learned is not None:
+                completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
+        return {"tenant_id": tenant_id, "tier": tier.name, "pool": pool.name, "model": model,
+                "messages": msgs, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
+                "est_tokens": prompt_tokens + completion_est,
+                "queue": self.settings.queue_name(tier.name, pool.name)}
+
+    def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
+               model: str | None = None, max_tokens: int | None = None,
+               deadline_s: float | None = None, source: str = "api",
+               idempotency_key: str | None = None,
+               extra_body: dict[str, Any] | None = None) -> TaskHandle:
+        """Validate, estimate and enqueue one inference task on its tier's queue."""
+        if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
+                                       or not deadline_s > 0):
+            raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+        if extra_body is not None:
+            if not isinstance(extra_body, dict):
+                raise InvalidRequest("extra_body must be an object of upstream parameters")
+            clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
+            if clash:
+                raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
+        req = self.estimate(tenant_id, messages, model, max_tokens)
+        task_id = str(uuid.uuid4())
+        if idempotency_key is not None:
+            task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
+            first = self.r.set(self.keys.meta(task_id), "submitted", nx=True,
+                               ex=self.settings.result_ttl_s)
+            if not first:
+                return self._handle(task_id, req)
+        body = {k: req[k] for k in ("tenant_id", "tier", "pool", "model", "messages", "max_tokens",
+                                    "prompt_tokens", "est_tokens")}
+        body["deadline_s"] = deadline_s
+        body["source"] = source
+        body["extra_body"] = extra_body or {}
+        headers = {"gt_tenant": tenant_id, "gt_tier": req["tier"], "gt_est_tokens": req["est_tokens"],
+                   "gt_source": source}
+        try:
+            self.app.send_task(
+                TASK_NAME, args=[body], task_id=task_id, queue=req["queue"], headers=headers,
+                argsrepr=f"tenant={tenant_id} tier={req['tier']} model={req['model']} "
+                         f"est_tokens={req['est_tokens']}",
+                kwargsrepr="{}")
+        except Exception:
+            if idempotency_key is not None:
+                self.r.delete(self.keys.meta(task_id))
+            raise
+        return self._handle(task_id, req)
+
+    def _handle(self, task_id: str, req: dict[str, Any]) -> TaskHandle:
+        return TaskHandle(task_id, req["tenant_id"], req["tier"], req["queue"], req["model"],
+                          req["prompt_tokens"], req["est_tokens"], self.app)
+
+    def result(self, task_id: str) -> AsyncResult:
+        return AsyncResult(task_id, app=self.app)
+
+
+@lru_cache(maxsize=1)
+def default_gateway() -> Gateway:
+    return Gateway(get_settings())
+
+
+def submit(tenant_id: str, messages: Sequence[dict[str, Any]] | str, *, model: str | None = None,
+           max_tokens: int | None = None, deadline_s: float | None = None) -> TaskHandle:
+    """Submit through the process-wide gateway configured from the environment."""
+    return default_gateway().submit(tenant_id, messages, model=model, max_tokens=max_tokens,
+                                    deadline_s=deadline_s)

@@ -1,0 +1,1 @@
+"""The REST trigger (FastAPI): ``gateway api``."""

@@ -1,0 +1,36 @@
+"""The workers' Celery app: the producer's configuration on the dispatching
+transport (``workers.transport``), with the inference task registered.
+
+    celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -E
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+
+from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.settings import Settings, get_settings
+
+WORKER_TRANSPORT = "workers.transport:Transport"
+TASK_MODULES = ("workers.tasks",)
+
+
+def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",
+                    **conf: Any) -> Celery:
+    app = make_app(settings, redis_url, name, transport=WORKER_TRANSPORT, imports=TASK_MODULES, **conf)
+    import workers.tasks  # noqa: F401  (registers gateway.infer / gateway.noop on shared_task apps)
+    return app
+
+
+@lru_cache(maxsize=1)
+def default_app() -> Celery:
+    return make_worker_app(get_settings())
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("app", "celery"):
+        return default_app()
+    raise AttributeError(name)

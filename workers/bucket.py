@@ -1,0 +1,116 @@
+"""The upstream side of a pool's TPM/RPM bucket: settle actual usage, follow
+the upstream's x-ratelimit headers, and drain on 429 (see lua/settle.lua,
+lua/sync_limits.lua, lua/drain.lua; lua/pick.lua debits at dispatch)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import redis
+
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.settings import Pool
+
+BELL_MAX = 1024
+LEARN_EWMA_WEIGHT = 0.2
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1_000.0, "ms": 1.0}
+
+
+def parse_duration_ms(text: str | None) -> float | None:
+    """OpenAI's reset durations ('1s', '6m0s', '120ms', '1h2m3.5s') or plain seconds -> ms."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return float(text) * 1000.0
+    except ValueError:
+        pass
+    parts = _DURATION_RE.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_MS[u] for n, u in parts)
+
+
+def retry_after_ms(headers: Mapping[str, str], default_ms: float = 1_000.0) -> float:
+    """Retry-After from a 429: retry-after-ms, then Retry-After seconds, then the token reset."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    for key, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
+        if key in lower:
+            try:
+                return max(0.0, float(lower[key]) * scale)
+            except ValueError:
+                pass
+    for key in ("x-ratelimit-reset-tokens", "x-ratelimit-reset-requests"):
+        ms = parse_duration_ms(lower.get(key))
+        if ms is not None:
+            return ms
+    return default_ms
+
+
+@dataclass(frozen=True)
+class Remaining:
+    tokens: float | None
+    requests: float | None
+
+
+def remaining_from_headers(headers: Mapping[str, str]) -> Remaining:
+    lower = {k.lower(): v for k, v in headers.items()}
+
+    def num(key: str) -> float | None:
+        try:
+            return float(lower[key])
+        except (KeyError, ValueError):
+            return None
+
+    return Remaining(num("x-ratelimit-remaining-tokens"), num("x-ratelimit-remaining-requests"))
+
+
+class PoolBucket:
+    """Python handle on one pool's bucket in Redis."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, pool: Pool):
+        self.r = client
+        self.keys = keys
+        self.pool = pool
+        self.scripts = scripts_for(client)
+
+    def settle(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
+               model: str, completion_tokens: int, learn: bool = True,
+               reached_upstream: bool = True) -> float:
+        level = self.scripts.settle(
+            keys=[self.keys.bucket(self.pool.name), self.keys.stats(self.pool.name),
+                  self.keys.learned(tenant_id), self.keys.bell],
+            args=[*self.pool.rates(), est_tokens, actual_tokens, tier, model,
+                  completion_tokens, LEARN_EWMA_WEIGHT if learn else 0, BELL_MAX,
+                  0 if reached_upstream else 1])
+        return float(level)
+
+    def sync(self, headers: Mapping[str, str]) -> tuple[float, float] | None:
+        rem = remaining_from_headers(headers)
+        if rem.tokens is None and rem.requests is None:
+            return None
+        out = self.scripts.sync_limits(
+            keys=[self.keys.bucket(self.pool.name)],
+            args=[*self.pool.rates(), -1 if rem.tokens is None else rem.tokens,
+                  -1 if rem.requests is None else rem.requests])
+        return float(out[0]), float(out[1])
+
+    def drain(self, retry_after: float) -> int:
+        return int(self.scripts.drain(keys=[self.keys.bucket(self.pool.name),
+                                            self.keys.stats(self.pool.name)],
+                                      args=[int(retry_after)]))
+
+    def level(self) -> dict[str, float]:
+        raw = self.r.hgetall(self.keys.bucket(self.pool.name))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    def learned_completion(self, tenant_id: str, model: str) -> float | None:
+        v = self.r.hget(self.keys.learned(tenant_id), model)
+        return float(v) if v is not None else None

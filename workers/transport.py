@@ -1,0 +1,215 @@
+"""The workers' kombu transport: the producer's (``gateway_tasks.core.broker``)
+plus a consumer that dispatches through lua/pick.lua.
+
+Consumers do not BRPOP: a channel whose active queues are all gateway queues
+(gt.<tier>.<pool>) alternates between
+
+  PICK  EVALSHA pick.lua: choose by policy, admit through the pool bucket, RPOP,
+        record in kombu's unacked hash/index -- one atomic call; and
+  WAIT  BLPOP on the bell list (rung by every enqueue and every token refund)
+        for as long as pick.lua said the buckets need, or until work arrives.
+
+Both are single non-blocking-to-the-worker socket commands, so they plug into
+kombu's event loop exactly where BRPOP did.  Channels that also consume other
+queues fall back to plain BRPOP.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import redis
+from kombu.transport import redis as kredis
+from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from gateway_tasks.core import broker
+from workers.router import PickPlan, Picked
+
+logger = logging.getLogger(__name__)
+
+STATS_FLUSH_EVERY = 50  # round trips between flushes of the dispatch counters
+MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
+
+
+def bell_timeout(wait_s: float) -> str:
+    """BLPOP's timeout argument for a wait of wait_s seconds (at least 1 ms).
+
+    Whole milliseconds plus half a millisecond: Redis before 7.0 turns the
+    seconds into milliseconds by truncating seconds * 1000, so "0.001" became
+    0.999... -> 0, which BLPOP reads as *block forever* -- a dispatcher waiting
+    for 1 ms of bucket refill then hung until the next bell ring.
+    """
+    ms = max(1, math.ceil(wait_s * 1000.0 - 1e-9))
+    return f"{(ms + 0.5) / 1000.0:.4f}"
+
+
+class QoS(kredis.QoS):
+    """kombu's ack emulation, aware that pick.lua already recorded the unacked entry."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag in self.channel._gt_picked:
+            virtual.QoS.append(self, message, delivery_tag)  # Redis side done by pick.lua
+        else:
+            super().append(message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        with self.pipe_or_acquire() as pipe:
+            self._remove_from_indices(delivery_tag, pipe)
+            self.channel._gt_release(delivery_tag, pipe)
+            pipe.execute()
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            # front of the line (RPUSH: consumers take the tail), keeping its enqueue time
+            self.restore_by_tag(delivery_tag, leftmost=False)
+        else:
+            with self.pipe_or_acquire() as pipe:
+                self._remove_from_indices(delivery_tag, pipe)
+                self.channel._gt_release(delivery_tag, pipe)
+                pipe.execute()
+        virtual.QoS.ack(self, delivery_tag)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        channel = self.channel
+        keys = channel._gt_keys
+
+        def restore_transaction(pipe: Any) -> None:
+            p = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if p:
+                message, exchange, routing_key = loads(bytes_to_str(p))
+                tenant = (message.get("headers") or {}).get("gt_tenant")
+                if tenant:
+                    pipe.execute_command("HINCRBY", keys.inflight, tenant, -1)
+                channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+                # the pipeline prefixes LPUSH's key itself
+                pipe.lpush(keys.bell[len(channel.global_keyprefix or ""):], "1")
+        tag_str = bytes_to_str(tag)
+        channel._gt_picked.pop(tag_str, None)
+        with channel.conn_or_acquire(client) as client:
+            client.transaction(restore_transaction, self.unacked_key)
+
+
+class Channel(broker.Channel):
+    QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._gt_picked: dict[str, str] = {}  # delivery tag -> tenant (in-flight slot to release)
+        self._gt_plan: PickPlan | None = None
+        self._gt_plan_for: tuple[str, ...] = ()
+        self._gt_mode = "pick"
+        self._gt_wait_s = 0.0
+        self._gt_counts = {"picks": 0, "waits": 0, "dispatched": 0}
+
+    def _gt_count(self, name: str) -> None:
+        counts = self._gt_counts
+        counts[name] += 1
+        if counts["picks"] + counts["waits"] >= STATS_FLUSH_EVERY:
+            self._gt_flush_counts()
+
+    def _gt_flush_counts(self) -> None:
+        counts, self._gt_counts = self._gt_counts, {"picks": 0, "waits": 0, "dispatched": 0}
+        if any(counts.values()):
+            try:
+                with self._gt_raw.pipeline(transaction=False) as pipe:
+                    for name, n in counts.items():
+                        pipe.hincrby(self._gt_keys.dispatch_stats, name, n)
+                    pipe.execute()
+            except redis.RedisError:  # statistics only: never break dispatch for them
+                logger.debug("could not flush dispatch counters", exc_info=True)
+
+    def close(self) -> None:
+        self._gt_flush_counts()
+        super().close()
+
+    def _gt_release(self, delivery_tag: str, pipe: Any) -> None:
+        tenant = self._gt_picked.pop(bytes_to_str(delivery_tag), None)
+        if tenant:
+            pipe.execute_command("HINCRBY", self._gt_keys.inflight, tenant, -1)
+
+    # -- consuming ------------------------------------------------------------
+    def _gt_plan_now(self) -> PickPlan | None:
+        queues = tuple(self.active_queues)
+        if not queues or not all(broker.is_gateway_queue(q) for q in queues):
+            return None
+        if queues != self._gt_plan_for:
+            self._gt_plan = PickPlan(self._gt_settings, sorted(queues))
+            self._gt_plan_for = queues
+        return self._gt_plan
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        plan = self._gt_plan_now()
+        if plan is None:
+            self._gt_mode = "brpop"
+            return super()._brpop_start(timeout)
+        conn = self.client.connection
+        self._in_poll = conn
+        self._brpop_sent_at = kredis.monotonic()
+        if self._gt_mode == "wait":
+            self._gt_count("waits")
+            conn.send_command("BLPOP", self._gt_keys.bell, bell_timeout(self._gt_wait_s))
+        else:
+            self._gt_mode = "pick"
+            self._gt_count("picks")
+            conn.send_command("EVALSHA", self._gt_script_sha("pick"), len(plan.script_keys),
+                              *plan.script_keys, *plan.script_args)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        if self._gt_mode == "brpop":
+            return super()._brpop_read(**options)
+        conn = self.client.connection
+        mode = self._gt_mode
+        try:
+            try:
+                reply = redis.Redis.parse_response(self.client, conn,
+                                                   "EVALSHA" if mode == "pick" else "BLPOP", **options)
+            except redis.exceptions.NoScriptError:
+                self._gt_sha.clear()  # the server lost its scripts (restart): load again
+                raise virtual.Empty() from None
+            except self.connection_errors:
+                conn.disconnect()
+                raise
+            if mode == "wait":
+                self._gt_mode = "pick"
+                raise virtual.Empty()
+            result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
+            if isinstance(result, Picked):
+                tag = result.payload.get("properties", {}).get("delivery_tag")
+                if tag:
+                    self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
+                self._gt_counts["dispatched"] += 1
+                self.connection._deliver(result.payload, result.queue)
+                return True
+            wait_ms = result.wait_ms
+            self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
+            self._gt_mode = "wait"
+            raise virtual.Empty()
+        finally:
+            self._in_poll = None
+
+    def _get(self, queue: str) -> Any:
+        """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""
+        if not broker.is_gateway_queue(queue):
+            return super()._get(queue)
+        plan = PickPlan(self._gt_settings, [queue])
+        reply = self._gt_raw.evalsha(self._gt_script_sha("pick"), len(plan.script_keys),
+                                     *plan.script_keys, *plan.script_args)
+        result = plan.parse(reply)
+        if not isinstance(result, Picked):
+            raise virtual.Empty()
+        tag = result.payload.get("properties", {}).get("delivery_tag")
+        if tag:
+            self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
+        return result.payload
+
+
+class Transport(broker.Transport):
+    Channel = Channel
+    driver_name = "gateway-redis"

@@ -20,13 +20,20 @@ import redis
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, load_settings
 
-from gateway_tasks.devtools.bench import beat as bench
 from beat.api import ROW_FIELDS, delete_cron, list_crons, register_cron
 
 TABLE_COLUMNS = (("tenant_id", "TENANT"), ("task_id", "TASK_ID"), ("cron", "CRON"),
                  ("tier", "TIER"), ("jitter_offset_s", "JITTER_S"),
                  ("nominal_next", "NOMINAL_NEXT"), ("actual_next", "ACTUAL_NEXT"),
                  ("last_fired", "LAST_FIRED"), ("last_status", "LAST_STATUS"))
+
+
+TABLE_LEGEND = """\
+NOMINAL_NEXT is when the cron expression next matches (UTC). JITTER_S is how many
+seconds after it the run actually fires (ACTUAL_NEXT): sha256("<tenant>:<task_id>")
+modulo the tier's jitter window (vip/enterprise 0 s, normal/pro 120 s, batch/free
+600 s by default; capped below the cron's period). It is the same on every beat
+replica and restart, and spreads crons that share a schedule over the window."""
 
 
 def register(subparsers: Any) -> None:
@@ -45,7 +52,8 @@ def register(subparsers: Any) -> None:
     add.add_argument("--json", action="store_true", help="print the entry as JSON")
     add.set_defaults(func=cmd_add)
 
-    ls = sub.add_parser("list", help="list crons with their next nominal and actual fire times")
+    ls = sub.add_parser("list", help="list crons with their next nominal and actual fire times",
+                        description=TABLE_LEGEND, formatter_class=argparse.RawDescriptionHelpFormatter)
     ls.add_argument("--tenant", default=None, help="only this tenant's crons")
     ls.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     ls.set_defaults(func=cmd_list)
@@ -55,6 +63,7 @@ def register(subparsers: Any) -> None:
     rm.add_argument("task_id")
     rm.set_defaults(func=cmd_delete)
 
+    from gateway_tasks.devtools.bench import beat as bench  # dev tooling: only the CLI pulls it in
     bn = sub.add_parser("bench", help="100k crons across an hour boundary, jitter off vs on")
     bench.add_arguments(bn)
     bn.set_defaults(func=cmd_bench)
@@ -103,6 +112,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([{k: row[k] for k in ROW_FIELDS} for row in rows], indent=2))
     else:
         print(format_table(rows))
+        if rows:
+            print("\n" + TABLE_LEGEND)
     return 0
 
 
@@ -114,4 +125,5 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from gateway_tasks.devtools.bench import beat as bench
     return bench.run_from_args(args)

@@ -46,7 +46,9 @@ def test_add_list_delete(env, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["TENANT", "TASK_ID", "CRON", "TIER", "JITTER_S", "NOMINAL_NEXT",
                                 "ACTUAL_NEXT", "LAST_FIRED", "LAST_STATUS"]
-    assert len(table) == 3 and "0 7 * * *" in table[1] and "@hourly" in table[2]
+    assert "0 7 * * *" in table[1] and "@hourly" in table[2]
+    legend = "\n".join(table[3:])   # the table explains its columns
+    assert table[3] == "" and "JITTER_S is how many" in legend and "sha256" in legend
 
     assert run(["cron", "list", "--tenant", "acme", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

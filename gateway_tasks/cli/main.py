@@ -10,12 +10,36 @@ from typing import Callable, Sequence
 
 from gateway_tasks.core.errors import GatewayError
 
+DESCRIPTION = """\
+gateway-tasks: a task queue in front of rate-limited OpenAI-compatible LLM APIs.
+
+Every command reads the deployment from the environment: REDIS_URL (the Redis
+holding queues, tenants and buckets), GATEWAY_CONFIG (a TOML settings file, see
+gateway.example.toml) or GATEWAY_SETTINGS_JSON, and GATEWAY_POOLS_JSON (the
+upstreams with their API keys)."""
+
+EPILOG = """\
+examples:
+  gateway tenant add acme --tier vip          register a tenant, print its API key
+  gateway api --port 8080                     serve the REST API
+  gateway flower                              Flower on 127.0.0.1, basic auth on
+  gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
+  gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream
+  gateway demo                                the whole system on an embedded Redis
+
+workers and beat run under Celery:
+  celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
+  celery -A beat.app beat
+
+run `gateway COMMAND --help` for a command's options."""
+
 # module path -> it defines register(subparsers) adding one or more commands
 COMMAND_MODULES = (
     "gateway_tasks.devtools.simulator.app",   # simulate-upstream
     "beat.cli",                  # cron add/list/delete/bench
     "gateway_tasks.devtools.demo",        # demo
     "gateway_tasks.rest.app",         # api
+    "gateway_tasks.cli.flower",       # flower
     "gateway_tasks.cli.tenant",  # tenant add/list/delete
     "gateway_tasks.metrics.exporter",     # metrics
     "gateway_tasks.devtools.bench.main",       # bench
@@ -23,7 +47,9 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gateway", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:
         module = importlib.import_module(module_name)

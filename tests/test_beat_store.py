@@ -45,7 +45,8 @@ def test_add_writes_hash_payload_sorted_set_and_tenant_set(r, settings, store):
     assert json.loads(r.get(k.cron_payload("acme:digest"))) == PAYLOAD
     raw = {k.decode(): v.decode() for k, v in r.hgetall(k.cron("acme:digest")).items()}
     assert raw["cron"] == "0 * * * *" and raw["timezone"] == "UTC" and "payload" not in raw
-    assert r.object("encoding", k.cron("acme:digest")) == b"listpack"   # compact
+    # compact: Redis 7 calls its small-hash encoding listpack, Redis 6 ziplist
+    assert r.object("encoding", k.cron("acme:digest")) in (b"listpack", b"ziplist")
     assert store.get("acme", "digest").payload == PAYLOAD
 
 

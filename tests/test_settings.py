@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.settings import load_settings, settings_to_json
+from gateway_tasks.core.settings import Pool, load_settings, settings_to_json
 
 
 def test_defaults_follow_the_seeds():
@@ -84,3 +84,23 @@ def test_unknown_tier_and_model_name_the_choices():
 def test_effective_deadline_table(deadline_s, ttl_s, expected):
     from workers.tasks import effective_deadline_s
     assert effective_deadline_s(deadline_s, ttl_s) == expected
+
+
+def test_api_key_env_reads_the_key_from_the_environment_and_never_shows_it():
+    pools = '[{"name": "p", "base_url": "https://api.openai.com/v1", "api_key_env": "MY_UPSTREAM_KEY", ' \
+            '"models": ["gpt-4o-mini"], "tpm": 1000, "rpm": 10}]'
+    s = load_settings(env={"GATEWAY_POOLS_JSON": pools, "MY_UPSTREAM_KEY": "sk-from-env-123"})
+    assert s.pools[0].api_key == "sk-from-env-123"
+    assert "sk-from-env-123" not in repr(s)                   # reprs (logs) never show a key
+    assert s.public().pools[0].api_key == "" and "sk-from-env" not in settings_to_json(s.public())
+    with pytest.raises(ConfigError, match="MY_UPSTREAM_KEY is not set; export MY_UPSTREAM_KEY="):
+        load_settings(env={"GATEWAY_POOLS_JSON": pools})
+    no_key = pools.replace('"api_key_env": "MY_UPSTREAM_KEY", ', "")
+    with pytest.raises(ConfigError, match="set api_key_env"):
+        load_settings(env={"GATEWAY_POOLS_JSON": no_key})
+
+
+def test_public_view_drops_credentials_from_urls():
+    s = load_settings(env={}).with_(pools=(Pool("p", base_url="https://user:pw@llm.example/v1",
+                                                api_key="k", models=("m",), tpm=1, rpm=1),))
+    assert s.public().pools[0].base_url == "https://llm.example/v1"

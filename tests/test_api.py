@@ -15,7 +15,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway_tasks.rest import app as api_module
+from gateway_tasks.rest import cli as api_module
 from gateway_tasks.cli import tenant as tenant_cli
 from gateway_tasks.rest.app import create_app
 from gateway_tasks.core.keys import Keys

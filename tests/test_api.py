@@ -107,11 +107,22 @@ def test_idempotency_key_enqueues_once(client, gateway, vip_key):
     ({"messages": HELLO, "temperature": 0.2}, "temperature"),
     ({"messages": HELLO, "deadline_s": -1}, "deadline_s"),
 ])
-def test_schema_errors_are_422_naming_the_field(client, gateway, vip_key, payload, field):
+def test_schema_errors_are_400_naming_the_field(client, gateway, vip_key, payload, field):
     resp = client.post("/v1/tasks", json=payload, headers=auth(vip_key))
-    assert resp.status_code == 422, resp.text
+    assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["type"] == "ValidationError" and field in err["message"]
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/chat/completions"])
+@pytest.mark.parametrize("raw", [b'{"messages": [', b"not json", b'{"messages": "hi",}'])
+def test_malformed_json_is_400(client, gateway, vip_key, path, raw):
+    resp = client.post(path, content=raw,
+                       headers={**auth(vip_key), "Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "ValidationError" and err["details"][0]["type"] == "json_invalid"
     assert queue_len(gateway, "gt.vip.default") == 0
 
 

@@ -65,10 +65,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """Schema errors and malformed JSON: 400, like every other invalid request."""
         details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
                     "type": str(e.get("type", ""))} for e in exc.errors()]
         message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details) or "invalid request"
-        return JSONResponse(error_body("ValidationError", message, details=details), status_code=422)
+        return JSONResponse(error_body("ValidationError", message, details=details), status_code=400)
 
     @app.exception_handler(redis.RedisError)
     async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import uuid
 from dataclasses import replace
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import openai
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from gateway_tasks.rest import cli as api_module
@@ -70,6 +72,44 @@ def test_missing_and_invalid_keys_are_401(client, vip_key):
         assert resp.json()["error"]["type"] == "Unauthorized"
         assert resp.headers["WWW-Authenticate"] == "Bearer"
     assert client.get("/v1/tasks/x", headers=auth("nope")).status_code == 401
+
+
+@pytest.mark.parametrize("headers", [{}, auth("gt-not-a-key"), {"Authorization": "Basic abc"}])
+@pytest.mark.parametrize("method,path,body", [
+    ("POST", "/v1/tasks", {"json": {"messages": []}}),                      # schema error
+    ("POST", "/v1/tasks", {"json": {"messages": HELLO, "max_tokens": 500_000}}),  # too large prompt
+    ("POST", "/v1/tasks", {"content": b'{"messages": [', "headers": {"Content-Type": "application/json"}}),
+    ("POST", "/v1/chat/completions", {"json": {"messages": HELLO, "stream": True}}),
+    ("POST", "/v1/chat/completions", {"content": b"not json", "headers": {"Content-Type": "application/json"}}),
+    ("GET", "/v1/tasks/no-such-task", {}),
+    ("GET", "/v1/no-such-route", {}),
+])
+def test_authentication_comes_first(client, gateway, vip_key, headers, method, path, body):
+    """A caller without a valid key gets 401 whatever is wrong with its request."""
+    body = dict(body)
+    resp = client.request(method, path, headers={**body.pop("headers", {}), **headers}, **body)
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"]["type"] == "Unauthorized"
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_redis_down_while_authenticating_is_503(client, gateway, vip_key, monkeypatch):
+    def down(api_key):
+        raise redis.ConnectionError("connection refused")
+    monkeypatch.setattr(gateway.tenants, "authenticate", down)
+    resp = client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key))
+    assert resp.status_code == 503 and resp.json()["error"]["type"] == "ServiceUnavailable"
+    assert resp.headers["Retry-After"] == "1"
+    assert vip_key not in resp.text
+
+
+def test_a_stale_api_key_index_entry_does_not_authenticate(client, gateway, vip_key):
+    """The stored digest is compared (in constant time), not just the index looked up."""
+    gateway.r.hset(Keys(gateway.settings.key_prefix).api_keys,
+                   hashlib.sha256(b"gt-old-key").hexdigest(), "acme")
+    assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth("gt-old-key")).status_code == 401
+    assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key)).status_code == 202
 
 
 # -- submit ----------------------------------------------------------------------

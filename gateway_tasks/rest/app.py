@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway_tasks.core.errors import ApiError, InvalidRequest
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
-from gateway_tasks.rest.auth import TenantDep
+from gateway_tasks.rest.auth import AuthMiddleware, TenantDep
 from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
@@ -47,6 +47,7 @@ def create_app(gateway: Gateway) -> FastAPI:
                   description="Task queue in front of rate-limited OpenAI-compatible LLM APIs.")
     app.state.gateway = gateway
     install_error_handlers(app)
+    app.add_middleware(AuthMiddleware, tenants=gateway.tenants)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
     def submit_task(body: TaskRequest, request: Request, response: Response,

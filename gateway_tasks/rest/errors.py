@@ -40,6 +40,16 @@ def error_body(type_: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"type": type_, "message": message, **extra}}
 
 
+def api_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.type, exc.message, **exc.extra), status_code=exc.status,
+                        headers=exc.headers)
+
+
+def redis_error_response(exc: redis.RedisError) -> JSONResponse:
+    return JSONResponse(error_body("ServiceUnavailable", f"Redis is unavailable: {exc}"),
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)})
+
+
 def _retry_after_s(request: Request) -> int:
     """Retry-After for a full queue: the tenant tier's max wait, clamped to [1, 60] s."""
     tenant: Tenant | None = getattr(request.state, "tenant", None)
@@ -56,8 +66,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         if isinstance(exc, ApiError):
-            return JSONResponse(error_body(exc.type, exc.message, **exc.extra),
-                                status_code=exc.status, headers=exc.headers)
+            return api_error_response(exc)
         status = status_for(exc)
         headers = {"Retry-After": str(_retry_after_s(request))} if status == 429 else None
         return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status,
@@ -73,5 +82,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(redis.RedisError)
     async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        return JSONResponse(error_body("ServiceUnavailable", f"Redis is unavailable: {exc}"),
-                            status_code=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)})
+        return redis_error_response(exc)

@@ -200,10 +200,15 @@ def test_full_queue_is_429_with_retry_after(r, settings):
         with TestClient(create_app(gw)) as c:
             assert c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key)).status_code == 202
             resp = c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key))
-        assert resp.status_code == 429, resp.text
-        assert resp.json()["error"]["type"] == "QueueFull"
-        assert resp.headers["Retry-After"] == "30"  # normal tier's max_wait_ms, in seconds
-        assert queue_len(gw, "gt.normal.default") == 1
+            assert resp.status_code == 429, resp.text
+            assert resp.json()["error"]["type"] == "QueueFull"
+            assert resp.headers["Retry-After"] == "30"  # normal tier's max_wait_ms, in seconds
+            assert queue_len(gw, "gt.normal.default") == 1
+            # a task the queue refused was never submitted: its id is unknown
+            resp = c.post("/v1/tasks", json={"messages": HELLO, "idempotency_key": "k1"},
+                          headers=auth(key))
+            assert resp.status_code == 429
+            assert c.get(f"/v1/tasks/{task_id_for('acme', 'k1')}", headers=auth(key)).status_code == 404
     finally:
         gw.app.close()
         gw.r.close()
@@ -226,6 +231,7 @@ def test_pending_then_success_only_for_the_owner(client, gateway, vip_key, batch
     task_id = _submit(client, vip_key)
     assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json() == {
         "task_id": task_id, "status": "PENDING"}
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
 
     gateway.app.backend.store_result(task_id, {"started": True}, "STARTED", request=_request_of("acme"))
     assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()["status"] == "STARTED"
@@ -239,6 +245,26 @@ def test_pending_then_success_only_for_the_owner(client, gateway, vip_key, batch
     assert resp.json() == {"task_id": task_id, "status": "SUCCESS", "result": result}
     other = client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key))
     assert other.status_code == 404 and other.json()["error"]["type"] == "NotFound"
+
+
+def test_unknown_and_other_tenants_task_ids_are_404_alike(client, gateway, vip_key, batch_key):
+    queued = _submit(client, vip_key)
+    unknown = str(uuid.uuid4())
+    for task_id, key in ((unknown, vip_key), (unknown, batch_key), (queued, batch_key)):
+        resp = client.get(f"/v1/tasks/{task_id}", headers=auth(key))
+        assert resp.status_code == 404, resp.text
+        assert resp.json() == {"error": {"type": "NotFound",
+                                         "message": f"no task {task_id!r} for this tenant"}}
+    assert client.get(f"/v1/tasks/{queued}", headers=auth(vip_key)).json()["status"] == "PENDING"
+
+
+def test_a_result_that_outlived_its_owner_record_is_still_the_owners(client, gateway, vip_key,
+                                                                     batch_key):
+    task_id = _submit(client, vip_key)
+    gateway.r.delete(Keys(gateway.settings.key_prefix).task_owner(task_id))
+    gateway.app.backend.store_result(task_id, {"tenant_id": "acme", "response": {}}, "SUCCESS")
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()["status"] == "SUCCESS"
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
 
 
 def test_failure_shows_the_error_type_and_message(client, gateway, vip_key, batch_key):

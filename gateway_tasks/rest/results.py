@@ -47,18 +47,19 @@ def error_of(meta: dict[str, Any]) -> dict[str, str]:
 
 
 def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
-    """The public view of a task, or ApiError 404 if it is another tenant's.
+    """The public view of one of the tenant's tasks; ApiError 404 for an id it never
+    submitted, another tenant's included (the same answer, so task ids do not leak).
 
-    A task with no stored state yet is PENDING (queued, or unknown: Celery
-    cannot tell them apart); its view reveals nothing, so it needs no owner check.
+    The owner is the record every submit writes (Keys.task_owner); a stored result
+    that outlived that record is owned by the tenant id stored with it.  A queued
+    task of the tenant has no stored state yet: PENDING.
     """
+    owner = gateway.r.get(gateway.keys.task_owner(task_id))
     meta = gateway.app.backend.get_task_meta(task_id)
+    if (owner.decode() if owner else _owner_of(meta)) != tenant.tenant_id:
+        raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant")
     status = str(meta.get("status") or states.PENDING)
     view: dict[str, Any] = {"task_id": task_id, "status": status}
-    if status == states.PENDING:
-        return view
-    if _owner_of(meta) != tenant.tenant_id:
-        raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant")
     if status == states.SUCCESS:
         view["result"] = meta.get("result")
     elif status in states.EXCEPTION_STATES:

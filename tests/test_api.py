@@ -5,6 +5,7 @@ with the Celery backend), the OpenAI-compatible endpoint, health and metrics."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import hashlib
 import json
@@ -24,6 +25,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.errors import DeadlineExceeded
+from gateway_tasks.rest.limits import BodySizeLimit
 
 HELLO = [{"role": "user", "content": "hello there"}]
 
@@ -178,6 +180,91 @@ def test_gateway_errors_map_to_http(client, gateway, vip_key, payload, status, t
     err = resp.json()["error"]
     assert err["type"] == type_ and err["message"]
     assert queue_len(gateway, "gt.vip.default") == 0
+
+
+# -- body size limit ----------------------------------------------------------------
+BIG = 20 * 1024 * 1024  # 20 MB
+
+
+def padded(payload: dict, size: int) -> bytes:
+    """payload as JSON of exactly size bytes (trailing whitespace is valid JSON)."""
+    raw = json.dumps(payload).encode()
+    assert len(raw) <= size
+    return raw + b" " * (size - len(raw))
+
+
+def json_headers(key: str) -> dict[str, str]:
+    return {**auth(key), "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/chat/completions"])
+def test_a_20_mb_body_is_rejected_with_413_before_parsing(client, gateway, vip_key, path):
+    resp = client.post(path, content=padded({"messages": HELLO}, BIG), headers=json_headers(vip_key))
+    assert resp.status_code == 413, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "RequestTooLarge" and "max_request_bytes" in err["message"]
+    assert err["max_request_bytes"] == gateway.settings.max_request_bytes
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_a_chunked_20_mb_body_without_content_length_is_413(client, gateway, vip_key):
+    chunks = (b" " * 1024 * 1024 for _ in range(20))
+    resp = client.post("/v1/tasks", content=chunks, headers=json_headers(vip_key))
+    assert "content-length" not in {k.lower() for k in resp.request.headers}
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["error"]["type"] == "RequestTooLarge"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+@pytest.mark.parametrize("headers", [{}, auth("gt-not-a-key")])
+def test_an_unauthenticated_20_mb_body_is_401(client, gateway, vip_key, headers):
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, BIG),
+                       headers={**headers, "Content-Type": "application/json"})
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "Unauthorized"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_a_body_of_exactly_the_limit_is_accepted_one_byte_more_is_not(client, gateway, vip_key):
+    limit = gateway.settings.max_request_bytes
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, limit),
+                       headers=json_headers(vip_key))
+    assert resp.status_code == 202, resp.text
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, limit + 1),
+                       headers=json_headers(vip_key))
+    assert resp.status_code == 413 and resp.json()["error"]["type"] == "RequestTooLarge"
+    assert queue_len(gateway, "gt.vip.default") == 1
+
+
+def run_asgi(app, chunks: list[bytes], headers: list[tuple[bytes, bytes]] = ()) -> list[dict]:
+    """Drive an ASGI app with a body sent in chunks; returns what it sent."""
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": list(headers)}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_body_limit_counts_streamed_chunks():
+    seen: list[bytes] = []
+
+    async def echo(scope, receive, send):
+        seen.append((await receive())["body"])
+
+    limited = BodySizeLimit(echo, max_bytes=10)
+    sent = run_asgi(limited, [b"1234", b"5678", b"901"])   # 11 bytes, no Content-Length
+    assert sent[0]["status"] == 413 and seen == []
+    assert json.loads(sent[1]["body"])["error"]["type"] == "RequestTooLarge"
+    assert run_asgi(limited, [b"1234", b"5678", b"90"]) == [] and seen == [b"1234567890"]
+    sent = run_asgi(limited, [b"1"], [(b"content-length", b"11")])   # declared over: not read
+    assert sent[0]["status"] == 413 and seen == [b"1234567890"]
 
 
 def test_deleted_tenant_is_401_and_unknown_tenant_on_submit_is_404(client, gateway, vip_key,

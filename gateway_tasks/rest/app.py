@@ -27,6 +27,7 @@ from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.auth import AuthMiddleware, TenantDep
 from gateway_tasks.rest.errors import error_body, install_error_handlers
+from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
 
@@ -47,6 +48,8 @@ def create_app(gateway: Gateway) -> FastAPI:
                   description="Task queue in front of rate-limited OpenAI-compatible LLM APIs.")
     app.state.gateway = gateway
     install_error_handlers(app)
+    # the last added runs first: authenticate, then limit the body, then parse it
+    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")

@@ -7,8 +7,10 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     GET  /healthz               Redis ping
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter)
 
-Every request authenticates with ``Authorization: Bearer <tenant api key>``
-(except /healthz and /metrics).  Errors are JSON ``{"error": {"type", "message"}}``
+Every /v1 request authenticates first with ``Authorization: Bearer <tenant api
+key>`` (gateway_tasks.rest.auth), then its body is limited to
+settings.max_request_bytes (gateway_tasks.rest.limits), then it is parsed
+(gateway_tasks.rest.models).  Errors are JSON ``{"error": {"type", "message"}}``
 (gateway_tasks.rest.errors).  ``gateway api`` serves it (gateway_tasks.rest.cli).
 """
 

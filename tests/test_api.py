@@ -5,7 +5,9 @@ with the Celery backend), the OpenAI-compatible endpoint, health and metrics."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
+import hashlib
 import json
 import uuid
 from dataclasses import replace
@@ -13,15 +15,17 @@ from types import SimpleNamespace
 
 import openai
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
-from gateway_tasks.rest import app as api_module
+from gateway_tasks.rest import cli as api_module
 from gateway_tasks.cli import tenant as tenant_cli
 from gateway_tasks.rest.app import create_app
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.errors import DeadlineExceeded
+from gateway_tasks.rest.limits import BodySizeLimit
 
 HELLO = [{"role": "user", "content": "hello there"}]
 
@@ -72,6 +76,44 @@ def test_missing_and_invalid_keys_are_401(client, vip_key):
     assert client.get("/v1/tasks/x", headers=auth("nope")).status_code == 401
 
 
+@pytest.mark.parametrize("headers", [{}, auth("gt-not-a-key"), {"Authorization": "Basic abc"}])
+@pytest.mark.parametrize("method,path,body", [
+    ("POST", "/v1/tasks", {"json": {"messages": []}}),                      # schema error
+    ("POST", "/v1/tasks", {"json": {"messages": HELLO, "max_tokens": 500_000}}),  # too large prompt
+    ("POST", "/v1/tasks", {"content": b'{"messages": [', "headers": {"Content-Type": "application/json"}}),
+    ("POST", "/v1/chat/completions", {"json": {"messages": HELLO, "stream": True}}),
+    ("POST", "/v1/chat/completions", {"content": b"not json", "headers": {"Content-Type": "application/json"}}),
+    ("GET", "/v1/tasks/no-such-task", {}),
+    ("GET", "/v1/no-such-route", {}),
+])
+def test_authentication_comes_first(client, gateway, vip_key, headers, method, path, body):
+    """A caller without a valid key gets 401 whatever is wrong with its request."""
+    body = dict(body)
+    resp = client.request(method, path, headers={**body.pop("headers", {}), **headers}, **body)
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"]["type"] == "Unauthorized"
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_redis_down_while_authenticating_is_503(client, gateway, vip_key, monkeypatch):
+    def down(api_key):
+        raise redis.ConnectionError("connection refused")
+    monkeypatch.setattr(gateway.tenants, "authenticate", down)
+    resp = client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key))
+    assert resp.status_code == 503 and resp.json()["error"]["type"] == "ServiceUnavailable"
+    assert resp.headers["Retry-After"] == "1"
+    assert vip_key not in resp.text
+
+
+def test_a_stale_api_key_index_entry_does_not_authenticate(client, gateway, vip_key):
+    """The stored digest is compared (in constant time), not just the index looked up."""
+    gateway.r.hset(Keys(gateway.settings.key_prefix).api_keys,
+                   hashlib.sha256(b"gt-old-key").hexdigest(), "acme")
+    assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth("gt-old-key")).status_code == 401
+    assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(vip_key)).status_code == 202
+
+
 # -- submit ----------------------------------------------------------------------
 def test_submit_lands_in_the_tenants_tier_queue(client, gateway, vip_key, batch_key):
     resp = client.post("/v1/tasks", json={"messages": HELLO, "max_tokens": 32}, headers=auth(vip_key))
@@ -107,11 +149,22 @@ def test_idempotency_key_enqueues_once(client, gateway, vip_key):
     ({"messages": HELLO, "temperature": 0.2}, "temperature"),
     ({"messages": HELLO, "deadline_s": -1}, "deadline_s"),
 ])
-def test_schema_errors_are_422_naming_the_field(client, gateway, vip_key, payload, field):
+def test_schema_errors_are_400_naming_the_field(client, gateway, vip_key, payload, field):
     resp = client.post("/v1/tasks", json=payload, headers=auth(vip_key))
-    assert resp.status_code == 422, resp.text
+    assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["type"] == "ValidationError" and field in err["message"]
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/chat/completions"])
+@pytest.mark.parametrize("raw", [b'{"messages": [', b"not json", b'{"messages": "hi",}'])
+def test_malformed_json_is_400(client, gateway, vip_key, path, raw):
+    resp = client.post(path, content=raw,
+                       headers={**auth(vip_key), "Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "ValidationError" and err["details"][0]["type"] == "json_invalid"
     assert queue_len(gateway, "gt.vip.default") == 0
 
 
@@ -127,6 +180,91 @@ def test_gateway_errors_map_to_http(client, gateway, vip_key, payload, status, t
     err = resp.json()["error"]
     assert err["type"] == type_ and err["message"]
     assert queue_len(gateway, "gt.vip.default") == 0
+
+
+# -- body size limit ----------------------------------------------------------------
+BIG = 20 * 1024 * 1024  # 20 MB
+
+
+def padded(payload: dict, size: int) -> bytes:
+    """payload as JSON of exactly size bytes (trailing whitespace is valid JSON)."""
+    raw = json.dumps(payload).encode()
+    assert len(raw) <= size
+    return raw + b" " * (size - len(raw))
+
+
+def json_headers(key: str) -> dict[str, str]:
+    return {**auth(key), "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/chat/completions"])
+def test_a_20_mb_body_is_rejected_with_413_before_parsing(client, gateway, vip_key, path):
+    resp = client.post(path, content=padded({"messages": HELLO}, BIG), headers=json_headers(vip_key))
+    assert resp.status_code == 413, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "RequestTooLarge" and "max_request_bytes" in err["message"]
+    assert err["max_request_bytes"] == gateway.settings.max_request_bytes
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_a_chunked_20_mb_body_without_content_length_is_413(client, gateway, vip_key):
+    chunks = (b" " * 1024 * 1024 for _ in range(20))
+    resp = client.post("/v1/tasks", content=chunks, headers=json_headers(vip_key))
+    assert "content-length" not in {k.lower() for k in resp.request.headers}
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["error"]["type"] == "RequestTooLarge"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+@pytest.mark.parametrize("headers", [{}, auth("gt-not-a-key")])
+def test_an_unauthenticated_20_mb_body_is_401(client, gateway, vip_key, headers):
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, BIG),
+                       headers={**headers, "Content-Type": "application/json"})
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "Unauthorized"
+    assert queue_len(gateway, "gt.vip.default") == 0
+
+
+def test_a_body_of_exactly_the_limit_is_accepted_one_byte_more_is_not(client, gateway, vip_key):
+    limit = gateway.settings.max_request_bytes
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, limit),
+                       headers=json_headers(vip_key))
+    assert resp.status_code == 202, resp.text
+    resp = client.post("/v1/tasks", content=padded({"messages": HELLO}, limit + 1),
+                       headers=json_headers(vip_key))
+    assert resp.status_code == 413 and resp.json()["error"]["type"] == "RequestTooLarge"
+    assert queue_len(gateway, "gt.vip.default") == 1
+
+
+def run_asgi(app, chunks: list[bytes], headers: list[tuple[bytes, bytes]] = ()) -> list[dict]:
+    """Drive an ASGI app with a body sent in chunks; returns what it sent."""
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": list(headers)}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_body_limit_counts_streamed_chunks():
+    seen: list[bytes] = []
+
+    async def echo(scope, receive, send):
+        seen.append((await receive())["body"])
+
+    limited = BodySizeLimit(echo, max_bytes=10)
+    sent = run_asgi(limited, [b"1234", b"5678", b"901"])   # 11 bytes, no Content-Length
+    assert sent[0]["status"] == 413 and seen == []
+    assert json.loads(sent[1]["body"])["error"]["type"] == "RequestTooLarge"
+    assert run_asgi(limited, [b"1234", b"5678", b"90"]) == [] and seen == [b"1234567890"]
+    sent = run_asgi(limited, [b"1"], [(b"content-length", b"11")])   # declared over: not read
+    assert sent[0]["status"] == 413 and seen == [b"1234567890"]
 
 
 def test_deleted_tenant_is_401_and_unknown_tenant_on_submit_is_404(client, gateway, vip_key,
@@ -149,10 +287,15 @@ def test_full_queue_is_429_with_retry_after(r, settings):
         with TestClient(create_app(gw)) as c:
             assert c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key)).status_code == 202
             resp = c.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key))
-        assert resp.status_code == 429, resp.text
-        assert resp.json()["error"]["type"] == "QueueFull"
-        assert resp.headers["Retry-After"] == "30"  # normal tier's max_wait_ms, in seconds
-        assert queue_len(gw, "gt.normal.default") == 1
+            assert resp.status_code == 429, resp.text
+            assert resp.json()["error"]["type"] == "QueueFull"
+            assert resp.headers["Retry-After"] == "30"  # normal tier's max_wait_ms, in seconds
+            assert queue_len(gw, "gt.normal.default") == 1
+            # a task the queue refused was never submitted: its id is unknown
+            resp = c.post("/v1/tasks", json={"messages": HELLO, "idempotency_key": "k1"},
+                          headers=auth(key))
+            assert resp.status_code == 429
+            assert c.get(f"/v1/tasks/{task_id_for('acme', 'k1')}", headers=auth(key)).status_code == 404
     finally:
         gw.app.close()
         gw.r.close()
@@ -175,6 +318,7 @@ def test_pending_then_success_only_for_the_owner(client, gateway, vip_key, batch
     task_id = _submit(client, vip_key)
     assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json() == {
         "task_id": task_id, "status": "PENDING"}
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
 
     gateway.app.backend.store_result(task_id, {"started": True}, "STARTED", request=_request_of("acme"))
     assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()["status"] == "STARTED"
@@ -188,6 +332,26 @@ def test_pending_then_success_only_for_the_owner(client, gateway, vip_key, batch
     assert resp.json() == {"task_id": task_id, "status": "SUCCESS", "result": result}
     other = client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key))
     assert other.status_code == 404 and other.json()["error"]["type"] == "NotFound"
+
+
+def test_unknown_and_other_tenants_task_ids_are_404_alike(client, gateway, vip_key, batch_key):
+    queued = _submit(client, vip_key)
+    unknown = str(uuid.uuid4())
+    for task_id, key in ((unknown, vip_key), (unknown, batch_key), (queued, batch_key)):
+        resp = client.get(f"/v1/tasks/{task_id}", headers=auth(key))
+        assert resp.status_code == 404, resp.text
+        assert resp.json() == {"error": {"type": "NotFound",
+                                         "message": f"no task {task_id!r} for this tenant"}}
+    assert client.get(f"/v1/tasks/{queued}", headers=auth(vip_key)).json()["status"] == "PENDING"
+
+
+def test_a_result_that_outlived_its_owner_record_is_still_the_owners(client, gateway, vip_key,
+                                                                     batch_key):
+    task_id = _submit(client, vip_key)
+    gateway.r.delete(Keys(gateway.settings.key_prefix).task_owner(task_id))
+    gateway.app.backend.store_result(task_id, {"tenant_id": "acme", "response": {}}, "SUCCESS")
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(vip_key)).json()["status"] == "SUCCESS"
+    assert client.get(f"/v1/tasks/{task_id}", headers=auth(batch_key)).status_code == 404
 
 
 def test_failure_shows_the_error_type_and_message(client, gateway, vip_key, batch_key):

@@ -18,7 +18,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from gateway_tasks.rest import app as api_module  # noqa: E402
+from gateway_tasks.rest import cli as api_module  # noqa: E402
 from beat.app import make_beat_app  # noqa: E402
 from gateway_tasks.cli.main import build_parser  # noqa: E402
 from gateway_tasks.core.settings import Settings, load_settings  # noqa: E402

@@ -4,12 +4,15 @@ their tier's queue with the estimate the router needs."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
 from gateway_tasks.core.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.producer.gateway import Gateway
+from beat.entry import CronEntry
+from beat.fire import gateway_fire, task_id_of
+from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.core.settings import default_tiers
 from gateway_tasks.core.tokens import count_prompt_tokens
 
@@ -99,6 +102,41 @@ def test_idempotency_key_enqueues_once(gw):
     a = gw.submit("acme", "hi", max_tokens=5, idempotency_key="cron:1")
     b = gw.submit("acme", "hi", max_tokens=5, idempotency_key="cron:1")
     assert a.id == b.id and len(queued(gw, "vip")) == 1
+
+
+def owner_of(gw: Gateway, task_id: str) -> tuple[str | None, int]:
+    """The recorded owner of a task id and the record's remaining TTL."""
+    key = Keys(gw.settings.key_prefix).task_owner(task_id)
+    owner = gw.r.get(key)
+    return (owner.decode() if owner else None), gw.r.ttl(key)
+
+
+def test_every_submit_path_records_the_owner_with_the_result_ttl(gw):
+    ttl = gw.settings.result_ttl_s
+    plain = gw.submit("acme", "hi", max_tokens=5)
+    owner, left = owner_of(gw, plain.id)
+    assert owner == "acme" and 0 < left <= ttl
+    first = gw.submit("freebie", "hi", max_tokens=5, idempotency_key="k")
+    again = gw.submit("freebie", "hi", max_tokens=5, idempotency_key="k")
+    assert again.id == first.id and owner_of(gw, first.id)[0] == "freebie"
+    entry = CronEntry("acme", "nightly", "* * * * *", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 5},
+                      "vip", window_s=0, period_s=60, jitter_offset_s=0, next_nominal_ms=60_000,
+                      next_fire_ms=60_000)
+    cron_id = task_id_of(gateway_fire(gw.settings, app=gw.app, client=gw.r)(entry, 60_000))
+    owner, left = owner_of(gw, cron_id)
+    assert owner == "acme" and 0 < left <= ttl
+    assert owner_of(gw, "never-submitted") == (None, -2)
+
+
+def test_a_refused_task_leaves_no_owner_record(gw):
+    tiers = tuple(t.__class__(**{**t.__dict__, "queue_max_len": 1}) if t.name == "batch" else t
+                  for t in default_tiers())
+    g = Gateway(gw.settings.with_(tiers=tiers), client=gw.r)
+    g.submit("freebie", "one", max_tokens=5)
+    with pytest.raises(QueueFull):
+        g.submit("freebie", "two", max_tokens=5, idempotency_key="k")
+    assert owner_of(g, str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, "freebie:k")))[0] is None
 
 
 def test_tenant_registry_api_keys(gw):

@@ -66,6 +66,14 @@ def test_bad_settings_fail_fast_with_reason(env, text):
         load_settings(env=env)
 
 
+def test_max_request_bytes_defaults_to_4_mib_and_must_be_positive():
+    assert load_settings(env={}).max_request_bytes == 4_194_304
+    assert load_settings(env={}, max_request_bytes=1_000).max_request_bytes == 1_000
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match="max_request_bytes"):
+            load_settings(env={}, max_request_bytes=bad)
+
+
 def test_unknown_tier_and_model_name_the_choices():
     s = load_settings(env={})
     with pytest.raises(ConfigError, match="known tiers: vip, normal, batch"):

@@ -38,7 +38,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.simulator.app",   # simulate-upstream
     "beat.cli",                  # cron add/list/delete/bench
     "gateway_tasks.devtools.demo",        # demo
-    "gateway_tasks.rest.app",         # api
+    "gateway_tasks.rest.cli",         # api
     "gateway_tasks.cli.flower",       # flower
     "gateway_tasks.cli.tenant",  # tenant add/list/delete
     "gateway_tasks.metrics.exporter",     # metrics

@@ -96,6 +96,11 @@ class Keys:
         """String (TTL): idempotency marker of a submitted task id."""
         return f"{self.prefix}meta:{task_id}"
 
+    def task_owner(self, task_id: str) -> str:
+        """String (TTL): tenant id that submitted a task (written by every submit path;
+        the REST API shows a task to its owner only)."""
+        return f"{self.prefix}task-owner:{task_id}"
+
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"

@@ -151,6 +151,7 @@ class Settings:
     tiers: tuple[Tier, ...] = field(default_factory=default_tiers)
     pools: tuple[Pool, ...] = field(default_factory=default_pools)
     max_prompt_tokens: int = 128_000
+    max_request_bytes: int = 4_194_304  # REST request bodies (a 128k-token prompt is ~512 KB)
     default_max_tokens: int = 256
     result_ttl_s: int = 86_400
     visibility_timeout_s: int = 3_600
@@ -165,6 +166,8 @@ class Settings:
                  self.max_prompt_tokens, "> 0")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
+        _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
+                 self.max_request_bytes, "> 0 bytes")
         names: set[str] = set()
         for tier in self.tiers:
             tier.validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 import time
@@ -64,10 +65,20 @@ class TenantRegistry:
         return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)))
 
     def authenticate(self, api_key: str) -> Tenant:
-        tenant_id = self.r.hget(self.keys.api_keys, hash_api_key(api_key or ""))
-        if not tenant_id:
+        """The tenant of an API key, else UnknownTenant("invalid API key").
+
+        Constant-time w.r.t. the key: only its SHA-256 is looked up, and the
+        tenant's stored digest is compared with hmac.compare_digest (a stale
+        index entry never authenticates)."""
+        digest = hash_api_key(api_key or "")
+        tenant_id = self.r.hget(self.keys.api_keys, digest)
+        try:
+            tenant = self.get(tenant_id.decode()) if tenant_id else None
+        except UnknownTenant:
+            tenant = None
+        if tenant is None or not hmac.compare_digest(tenant.api_key_sha256, digest):
             raise UnknownTenant("invalid API key")
-        return self.get(tenant_id.decode())
+        return tenant
 
     def delete(self, tenant_id: str) -> bool:
         tenant = self.get(tenant_id)

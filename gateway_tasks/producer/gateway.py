@@ -136,6 +136,7 @@ class Gateway:
         body["extra_body"] = extra_body or {}
         headers = {"gt_tenant": tenant_id, "gt_tier": req["tier"], "gt_est_tokens": req["est_tokens"],
                    "gt_source": source}
+        self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             self.app.send_task(
                 TASK_NAME, args=[body], task_id=task_id, queue=req["queue"], headers=headers,
@@ -143,6 +144,7 @@ class Gateway:
                          f"est_tokens={req['est_tokens']}",
                 kwargsrepr="{}")
         except Exception:
+            self.r.delete(self.keys.task_owner(task_id))
             if idempotency_key is not None:
                 self.r.delete(self.keys.meta(task_id))
             raise

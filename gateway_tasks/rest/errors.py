@@ -1,0 +1,85 @@
+"""HTTP side of the error hierarchy: the JSON error body, the status of each
+GatewayError, and the app's exception handlers.
+
+Every error answers ``{"error": {"type", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
+    QueueFull, QuotaExceeded, UnknownTenant
+from gateway_tasks.core.tenants import Tenant
+
+RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
+
+
+def status_for(exc: GatewayError) -> int:
+    """HTTP status of a GatewayError raised while handling a request."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    if isinstance(exc, UnknownTenant):
+        return 404
+    if isinstance(exc, PromptTooLarge):
+        return 413
+    if isinstance(exc, InvalidRequest):
+        return 400
+    if isinstance(exc, (QueueFull, QuotaExceeded)):
+        return 429
+    return 503
+
+
+def error_body(type_: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message, **extra}}
+
+
+def api_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.type, exc.message, **exc.extra), status_code=exc.status,
+                        headers=exc.headers)
+
+
+def redis_error_response(exc: redis.RedisError) -> JSONResponse:
+    return JSONResponse(error_body("ServiceUnavailable", f"Redis is unavailable: {exc}"),
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)})
+
+
+def _retry_after_s(request: Request) -> int:
+    """Retry-After for a full queue: the tenant tier's max wait, clamped to [1, 60] s."""
+    tenant: Tenant | None = getattr(request.state, "tenant", None)
+    seconds = RETRY_AFTER_MIN_S
+    if tenant is not None:
+        try:
+            seconds = math.ceil(request.app.state.gateway.settings.tier(tenant.tier).max_wait_ms / 1000)
+        except ConfigError:
+            pass
+    return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, seconds))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        if isinstance(exc, ApiError):
+            return api_error_response(exc)
+        status = status_for(exc)
+        headers = {"Retry-After": str(_retry_after_s(request))} if status == 429 else None
+        return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status,
+                            headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """Schema errors and malformed JSON: 400, like every other invalid request."""
+        details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
+                    "type": str(e.get("type", ""))} for e in exc.errors()]
+        message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details) or "invalid request"
+        return JSONResponse(error_body("ValidationError", message, details=details), status_code=400)
+
+    @app.exception_handler(redis.RedisError)
+    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        return redis_error_response(exc)

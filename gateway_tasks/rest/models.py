@@ -1,0 +1,62 @@
+"""Request bodies of the REST trigger (pydantic models)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# fields of an OpenAI chat request the gateway handles itself (never forwarded in extra_body)
+_OWN_CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stream",
+                    "deadline_s", "idempotency_key"}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str = Field(description="the message text")
+
+
+def _prompt_to_messages(value: Any) -> Any:
+    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+
+class TaskRequest(BaseModel):
+    """POST /v1/tasks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="chat messages; a plain string is taken as one user message")
+    model: str | None = Field(default=None, min_length=1,
+                              description="a model served by one of the pools (default: first pool's)")
+    max_tokens: int | None = Field(default=None, gt=0, strict=True,
+                                   description="completion token limit (default: settings)")
+    deadline_s: float | None = Field(default=None, gt=0,
+                                     description="drop the task if it waits longer in the queue")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256,
+                                        description="same key, same tenant -> same task id, "
+                                                    "enqueued once")
+    extra_body: dict[str, Any] | None = Field(
+        default=None, description="other upstream parameters (temperature, top_p, ...)")
+
+    _messages = field_validator("messages", mode="before")(_prompt_to_messages)
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions: an OpenAI chat request; unknown fields go upstream."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = Field(default=None, min_length=1)
+    max_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
+    stream: bool = False
+    deadline_s: float | None = Field(default=None, gt=0,
+                                     description="gateway extension: queue deadline and wait timeout")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+
+    def upstream_extras(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.model_extra or {}).items() if k not in _OWN_CHAT_FIELDS}

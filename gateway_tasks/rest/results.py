@@ -1,0 +1,83 @@
+"""Reading a task's state from the Celery result backend: its public view,
+its owner, its error, and waiting for it to finish."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from celery import states
+from fastapi.concurrency import run_in_threadpool
+
+from gateway_tasks.core.errors import ApiError
+from gateway_tasks.core.tenants import Tenant
+from gateway_tasks.producer.gateway import Gateway
+
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.5
+
+
+def _owner_of(meta: dict[str, Any]) -> str | None:
+    """The tenant id recorded with a task's result (result body, else the task's args)."""
+    result = meta.get("result")
+    if isinstance(result, dict) and isinstance(result.get("tenant_id"), str):
+        return result["tenant_id"]
+    args = meta.get("args")
+    if isinstance(args, (list, tuple)) and args and isinstance(args[0], dict):
+        owner = args[0].get("tenant_id")
+        return owner if isinstance(owner, str) else None
+    kwargs = meta.get("kwargs")
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("req"), dict):
+        owner = kwargs["req"].get("tenant_id")
+        return owner if isinstance(owner, str) else None
+    return None
+
+
+def error_of(meta: dict[str, Any]) -> dict[str, str]:
+    """The {type, message} of a failed task's stored exception."""
+    exc = meta.get("result")
+    if isinstance(exc, BaseException):
+        return {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, dict) and "exc_type" in exc:
+        message = exc.get("exc_message")
+        if isinstance(message, (list, tuple)):
+            message = " ".join(str(m) for m in message)
+        return {"type": str(exc["exc_type"]), "message": str(message or "")}
+    return {"type": "TaskFailed", "message": str(exc) if exc is not None else ""}
+
+
+def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
+    """The public view of one of the tenant's tasks; ApiError 404 for an id it never
+    submitted, another tenant's included (the same answer, so task ids do not leak).
+
+    The owner is the record every submit writes (Keys.task_owner); a stored result
+    that outlived that record is owned by the tenant id stored with it.  A queued
+    task of the tenant has no stored state yet: PENDING.
+    """
+    owner = gateway.r.get(gateway.keys.task_owner(task_id))
+    meta = gateway.app.backend.get_task_meta(task_id)
+    if (owner.decode() if owner else _owner_of(meta)) != tenant.tenant_id:
+        raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant")
+    status = str(meta.get("status") or states.PENDING)
+    view: dict[str, Any] = {"task_id": task_id, "status": status}
+    if status == states.SUCCESS:
+        view["result"] = meta.get("result")
+    elif status in states.EXCEPTION_STATES:
+        view["error"] = error_of(meta)
+    return view
+
+
+async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float) -> dict[str, Any] | None:
+    """Poll the result backend until the task is ready; None on timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = POLL_FIRST_S
+    while True:
+        meta = await run_in_threadpool(gateway.app.backend.get_task_meta, task_id)
+        if meta.get("status") in states.READY_STATES:
+            return meta
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return None
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 1.5, POLL_MAX_S)

@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, load_settings
 
 from beat.api import ROW_FIELDS, delete_cron, list_crons, register_cron
@@ -71,11 +70,8 @@ def register(subparsers: Any) -> None:
 
 def _connect() -> tuple[Settings, redis.Redis]:
     settings = load_settings()
-    if not settings.redis_url:
-        raise ConfigError("`gateway cron add/list/delete` needs REDIS_URL set to the gateway's Redis, "
-                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0 (an embedded Redis would be "
-                          "thrown away when the command exits, crons and all)")
-    return settings, redis.Redis.from_url(settings.redis_url)
+    url = settings.require_redis_url("`gateway cron add/list/delete`")
+    return settings, redis.Redis.from_url(url)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

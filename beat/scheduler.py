@@ -33,7 +33,6 @@ from celery.beat import Scheduler
 from celery.utils.log import get_logger
 from celery.utils.imports import symbol_by_name
 
-from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, get_settings
 
 from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
@@ -68,10 +67,7 @@ class TenantCronScheduler(Scheduler):
                  misfire_grace_s: int | None = None, **kwargs: Any):
         settings = settings or _conf(app, "gateway_settings") or _app_settings(app)
         if client is None:
-            if not settings.redis_url:
-                raise ConfigError("the tenant cron scheduler needs REDIS_URL (the Redis holding "
-                                  "tenants and crons), e.g. REDIS_URL=redis://127.0.0.1:6379/0")
-            client = redis.Redis.from_url(settings.redis_url)
+            client = redis.Redis.from_url(settings.require_redis_url("the tenant cron scheduler"))
         fire = fire or _conf(app, "gateway_beat_fire")
         if isinstance(fire, str):
             fire = symbol_by_name(fire)

@@ -15,7 +15,6 @@ import httpx
 import redis
 
 from gateway_tasks.core.celery_app import make_app
-from gateway_tasks.core.errors import StartupError
 from gateway_tasks.core.settings import get_settings
 
 POLL_S = 0.25
@@ -38,8 +37,7 @@ def _url_ok(url: str) -> bool:
 def wait_ready(*, workers: int, urls: list[str], timeout_s: float) -> list[str]:
     """Wait for everything; returns what is still not answering (empty: ready)."""
     settings = get_settings()
-    if not settings.redis_url:
-        raise StartupError("REDIS_URL is not set: `gateway ready` checks the deployment's Redis")
+    settings.require_redis_url("`gateway ready`")
     deadline = time.monotonic() + timeout_s
     app = None
     while True:

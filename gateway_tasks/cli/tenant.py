@@ -14,17 +14,14 @@ from typing import Any
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 
 
 def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
     settings = settings or get_settings()
-    if not settings.redis_url:
-        raise ConfigError("REDIS_URL is not set; point it at the deployment's Redis, "
-                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0")
-    return TenantRegistry(redis.Redis.from_url(settings.redis_url), settings)
+    url = settings.require_redis_url("`gateway tenant`")
+    return TenantRegistry(redis.Redis.from_url(url), settings)
 
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from typing import Any, Sequence
 from celery import Celery
 
 from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION
-from gateway_tasks.core.errors import StartupError
 from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
 
 PRODUCER_TRANSPORT = "gateway_tasks.core.broker:Transport"
@@ -63,10 +62,7 @@ def celery_config(settings: Settings, redis_url: str, *,
 def make_app(settings: Settings, redis_url: str | None = None, name: str = "gateway", *,
              transport: str = PRODUCER_TRANSPORT, imports: Sequence[str] = (),
              **conf: Any) -> Celery:
-    url = redis_url or settings.redis_url
-    if not url:
-        raise StartupError("REDIS_URL is not set: point it at the deployment's Redis, e.g. "
-                           "REDIS_URL=redis://127.0.0.1:6379/0 (`make demo` starts one for you)")
+    url = redis_url or settings.require_redis_url("a gateway Celery app")
     celery = Celery(name)
     celery.conf.update(celery_config(settings, url, transport=transport), imports=list(imports), **conf)
     celery.gateway_settings = settings  # type: ignore[attr-defined]

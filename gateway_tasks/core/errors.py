@@ -1,8 +1,8 @@
 """The one error hierarchy: everything gateway-tasks raises on purpose.
 
     GatewayError
-    ├── ConfigError          settings missing, malformed or inconsistent
-    ├── StartupError         a process cannot start (no Redis URL, Redis down at start, ...)
+    ├── ConfigError          settings missing (REDIS_URL...), malformed or inconsistent
+    ├── StartupError         a service a process needs does not come up (Redis, a worker)
     ├── InvalidRequest       a request rejected before anything was enqueued
     │   ├── UnknownTenant
     │   ├── PromptTooLarge

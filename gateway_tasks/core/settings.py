@@ -215,6 +215,14 @@ class Settings:
     def with_(self, **changes: Any) -> "Settings":
         return replace(self, **changes).validate()
 
+    def require_redis_url(self, who: str) -> str:
+        """The Redis URL, or a ConfigError saying that `who` needs one and how to give it."""
+        if not self.redis_url:
+            raise ConfigError(f"{who} needs REDIS_URL (the deployment's Redis), e.g. "
+                              f"REDIS_URL=redis://127.0.0.1:6379/0; `gateway redis` runs one to keep "
+                              f"and `make demo` an embedded one")
+        return self.redis_url
+
     def public(self) -> "Settings":
         """These settings without secrets (the pools' API keys): safe to show, log or
         pass in the broker's transport options."""

@@ -246,10 +246,7 @@ def render(gateway_or_client: Any, settings: Settings | None = None) -> bytes:
 # -- CLI ----------------------------------------------------------------------
 def _print_once(args: argparse.Namespace) -> int:
     settings = get_settings()
-    if not settings.redis_url:
-        raise ConfigError("REDIS_URL is not set; point it at the deployment's Redis, "
-                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0")
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis.Redis.from_url(settings.require_redis_url("`gateway metrics`"))
     try:
         sys.stdout.write(render(client, settings).decode())
     except redis.RedisError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
@@ -15,9 +14,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None
     """Run the API with uvicorn (one process; scale out with replicas)."""
     import uvicorn
 
-    if not settings.redis_url:
-        raise ConfigError("REDIS_URL is not set; the API needs the deployment's Redis, "
-                          "e.g. REDIS_URL=redis://127.0.0.1:6379/0")
+    settings.require_redis_url("the REST API")
     uvicorn.run(create_app(Gateway(settings)), host=host, port=port)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -23,6 +23,7 @@ from celery.result import AsyncResult
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
@@ -71,7 +72,7 @@ class Gateway:
         return self.tenants.register(tenant_id, tier, api_key)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None) -> dict[str, Any]:
+                 max_tokens: int | None = None) -> InferenceRequest:
         """Validate a request and compute its routing and token estimate (enqueues nothing)."""
         tenant = self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
@@ -101,10 +102,9 @@ class Gateway:
             learned = self.r.hget(self.keys.learned(tenant_id), model)
             if learned is not None:
                 completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
-        return {"tenant_id": tenant_id, "tier": tier.name, "pool": pool.name, "model": model,
-                "messages": msgs, "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
-                "est_tokens": prompt_tokens + completion_est,
-                "queue": self.settings.queue_name(tier.name, pool.name)}
+        return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
+                                messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                                est_tokens=prompt_tokens + completion_est)
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,
@@ -121,7 +121,8 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
-        req = self.estimate(tenant_id, messages, model, max_tokens)
+        req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
+                      source=source, extra_body=extra_body or {})
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
@@ -129,20 +130,11 @@ class Gateway:
                                ex=self.settings.result_ttl_s)
             if not first:
                 return self._handle(task_id, req)
-        body = {k: req[k] for k in ("tenant_id", "tier", "pool", "model", "messages", "max_tokens",
-                                    "prompt_tokens", "est_tokens")}
-        body["deadline_s"] = deadline_s
-        body["source"] = source
-        body["extra_body"] = extra_body or {}
-        headers = {"gt_tenant": tenant_id, "gt_tier": req["tier"], "gt_est_tokens": req["est_tokens"],
-                   "gt_source": source}
         self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             self.app.send_task(
-                TASK_NAME, args=[body], task_id=task_id, queue=req["queue"], headers=headers,
-                argsrepr=f"tenant={tenant_id} tier={req['tier']} model={req['model']} "
-                         f"est_tokens={req['est_tokens']}",
-                kwargsrepr="{}")
+                TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
+                headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
         except Exception:
             self.r.delete(self.keys.task_owner(task_id))
             if idempotency_key is not None:
@@ -150,9 +142,12 @@ class Gateway:
             raise
         return self._handle(task_id, req)
 
-    def _handle(self, task_id: str, req: dict[str, Any]) -> TaskHandle:
-        return TaskHandle(task_id, req["tenant_id"], req["tier"], req["queue"], req["model"],
-                          req["prompt_tokens"], req["est_tokens"], self.app)
+    def _queue(self, req: InferenceRequest) -> str:
+        return self.settings.queue_name(req.tier, req.pool)
+
+    def _handle(self, task_id: str, req: InferenceRequest) -> TaskHandle:
+        return TaskHandle(task_id, req.tenant_id, req.tier, self._queue(req), req.model,
+                          req.prompt_tokens, req.est_tokens, self.app)
 
     def result(self, task_id: str) -> AsyncResult:
         return AsyncResult(task_id, app=self.app)

@@ -64,7 +64,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gateway_tasks.core.errors import ConfigError, GatewayError, InvalidRequest, UpstreamError
+from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, UpstreamError
 from gateway_tasks.core.settings import CHARGE_MODES, Pool, bucket_capacity
 from gateway_tasks.devtools.simulator.bucket import Clock, TokenBucket, ceil_ms, format_duration, format_seconds
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
@@ -139,21 +139,13 @@ def _check(ok: bool, name: str, value: Any, expected: str) -> None:
 
 
 # -- errors answered to clients -------------------------------------------------
-class ApiError(InvalidRequest):
-    """A request the simulator answers with an OpenAI-style error body."""
+INVALID = "invalid_request_error"
 
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+def error_body(exc: ApiError) -> dict[str, Any]:
+    """OpenAI's error document for ``exc``: ``code`` and ``param`` come from its extras."""
+    return {"error": {"message": exc.message, "type": exc.type,
+                      "param": exc.extra.get("param"), "code": exc.extra.get("code")}}
 
 
 @dataclass(frozen=True)
@@ -169,7 +161,7 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(400, f"{name} must be an integer >= {minimum}, got {value!r}",
+        raise ApiError(400, INVALID, f"{name} must be an integer >= {minimum}, got {value!r}",
                        code="invalid_value", param=name)
     return value
 
@@ -177,31 +169,33 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
 def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
     """Validate a decoded chat.completions body; raise ApiError (400/404)."""
     if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+        raise ApiError(400, INVALID, "the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "model is required and must be a non-empty string",
+        raise ApiError(400, INVALID, "model is required and must be a non-empty string",
                        code="missing_required_parameter", param="model")
     if model not in config.models:
-        raise ApiError(404, f"The model `{model}` does not exist or you do not have access "
-                            f"to it. This simulator serves: {', '.join(config.models)}",
+        raise ApiError(404, INVALID,
+                       f"The model `{model}` does not exist or you do not have access to it. "
+                       f"This simulator serves: {', '.join(config.models)}",
                        code="model_not_found", param="model")
     if body.get("stream"):
-        raise ApiError(400, "stream=true is not supported by the simulator; "
-                            "send a non-streaming request", code="unsupported_value",
+        raise ApiError(400, INVALID, "stream=true is not supported by the simulator; "
+                                     "send a non-streaming request", code="unsupported_value",
                        param="stream")
     n = _int_field(body, "n", 1)
     if n is not None and n != 1:
-        raise ApiError(400, f"n={n} is not supported by the simulator; only n=1",
+        raise ApiError(400, INVALID, f"n={n} is not supported by the simulator; only n=1",
                        code="unsupported_value", param="n")
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list):
-        raise ApiError(400, "messages is required and must be a list of "
-                            "{'role', 'content'} objects", code="invalid_type", param="messages")
+        raise ApiError(400, INVALID, "messages is required and must be a list of "
+                                     "{'role', 'content'} objects",
+                       code="invalid_type", param="messages")
     try:
         messages = validate_messages(raw_messages)
     except InvalidRequest as exc:
-        raise ApiError(400, str(exc), code="invalid_value", param="messages") from None
+        raise ApiError(400, INVALID, str(exc), code="invalid_value", param="messages") from None
     max_tokens = _int_field(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int_field(body, "max_tokens", 1)
@@ -396,8 +390,10 @@ def create_app(config: SimConfig) -> FastAPI:
     app = FastAPI(title="gateway-tasks upstream simulator", docs_url=None, redoc_url=None)
     app.state.simulator = sim
 
-    def error(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    def error(exc: ApiError) -> JSONResponse:
+        """The error document, with the buckets' headers and then the error's own."""
+        return JSONResponse(error_body(exc), status_code=exc.status,
+                            headers={**sim.rate_limit_headers(), **exc.headers})
 
     @app.get("/health")
     async def health() -> dict[str, bool]:
@@ -431,14 +427,13 @@ def create_app(config: SimConfig) -> FastAPI:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             sim.stats.record_invalid()
-            return error(ApiError(400, f"the request body is not valid JSON: {exc}"),
-                         sim.rate_limit_headers())
+            return error(ApiError(400, INVALID, f"the request body is not valid JSON: {exc}"))
         try:
             chat = parse_chat_request(body, config)
             prompt_tokens = count_prompt_tokens(chat.messages)
             if sim.too_large(prompt_tokens, chat.max_tokens):
                 raise ApiError(
-                    400, f"Request too large for {chat.model}: prompt_tokens ({prompt_tokens}) + "
+                    400, INVALID, f"Request too large for {chat.model}: prompt_tokens ({prompt_tokens}) + "
                          f"max_tokens ({chat.max_tokens}) = {prompt_tokens + chat.max_tokens} "
                          f"exceeds the token bucket capacity ({int(config.token_capacity)} = "
                          f"tpm {config.tpm} * burst_s {config.burst_s:g} / 60); it could never "
@@ -446,24 +441,23 @@ def create_app(config: SimConfig) -> FastAPI:
                     code="request_too_large", param="max_tokens")
         except ApiError as exc:
             sim.stats.record_invalid()
-            return error(exc, sim.rate_limit_headers())
+            return error(exc)
 
         if sim.should_fail():
             sim.stats.record_error(chat.model)
             await asyncio.sleep(config.base_latency_ms / 1000.0)
-            return error(ApiError(500, "The simulator injected a server error (fail_rate).",
-                                  type_="server_error", code="simulated_failure"),
-                         sim.rate_limit_headers())
+            return error(ApiError(500, "server_error",
+                                  "The simulator injected a server error (fail_rate).",
+                                  code="simulated_failure"))
 
         # check and debit: no await in between
         admission = sim.admit(prompt_tokens, chat.max_tokens)
         if not admission.ok:
             sim.stats.record_429(chat.model, admission.kind)
-            headers = sim.rate_limit_headers()
-            headers["retry-after"] = format_seconds(admission.retry_after_s)
-            headers["retry-after-ms"] = str(ceil_ms(admission.retry_after_s))
-            return error(ApiError(429, sim.rate_limit_message(chat.model, admission),
-                                  type_=admission.kind, code="rate_limit_exceeded"), headers)
+            retry = {"retry-after": format_seconds(admission.retry_after_s),
+                     "retry-after-ms": str(ceil_ms(admission.retry_after_s))}
+            return error(ApiError(429, admission.kind, sim.rate_limit_message(chat.model, admission),
+                                  headers=retry, code="rate_limit_exceeded"))
 
         completion_tokens = completion_tokens_for(chat, config)
         latency_ms = config.base_latency_ms + completion_tokens * config.ms_per_output_token

@@ -23,7 +23,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix, free_port
 from gateway_tasks.core.settings import Pool, Settings, load_settings
-from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorProcess
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
 
 
 @contextlib.contextmanager

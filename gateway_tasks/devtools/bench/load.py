@@ -53,7 +53,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.core.settings import Pool, Settings
-from gateway_tasks.devtools.simulator.app import SimConfig
+from gateway_tasks.devtools.simulator import SimConfig
 
 MODEL = "gpt-4o-mini"
 TIERS = ("vip", "normal", "batch")

@@ -37,7 +37,7 @@ from gateway_tasks.devtools.bench import report as bench_report
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.devtools.redis_server import EmbeddedRedis
 from gateway_tasks.core.settings import POLICIES, Settings, load_settings
-from gateway_tasks.devtools.simulator.app import SimulatorProcess
+from gateway_tasks.devtools.simulator import SimulatorProcess
 
 QUICK = {"seconds": 4.0, "batch": 1000, "plain_tasks": 1000, "repeats": 1,
          "warmup_s": 2.0, "grace_s": 1.5}

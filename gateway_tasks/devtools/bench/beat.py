@@ -48,6 +48,7 @@ import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.devtools.measure import percentile
 
 from beat.engine import CronEngine
 from beat.schedule import cron_period_s, iso_utc, validate_cron
@@ -60,15 +61,6 @@ PAYLOAD = {"messages": [{"role": "user", "content": "Hourly report, please."}]}
 MARGIN_S = 5
 TARGET_PEAK_OVER_MEAN = 1.25
 IDEAL_TRIALS = 5
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, int(-(-q * len(ordered) // 100)))
-    return float(ordered[min(rank, len(ordered)) - 1])
 
 
 def window_stats(counts: dict[int, int], window_s: int) -> dict[str, Any]:
@@ -237,7 +229,8 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         row["fired"] = sum(counts.values())
         row["peak_over_mean_10s_buckets"] = bucketed_peak_over_mean(counts, w, 10)
         row["ideal_uniform_peak_over_mean"] = ideal_uniform_peak_over_mean(row["fired"], w, ideal_rng)
-        row["dispatch_lag_p99_ms"] = round(percentile(tier_lags.get(tier.name, []), 99), 1)
+        row["dispatch_lag_p99_ms"] = round(
+            percentile(tier_lags.get(tier.name, []), 99, default=0.0), 1)
         tier_rows[tier.name] = row
     jittered = Counter()
     for tier in settings.tiers:
@@ -257,17 +250,17 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         "ticks": {
             "count": len(ticks),
             "busy_ticks": len(busy),
-            "busy_tick_ms_p50": round(percentile(busy, 50), 2),
-            "busy_tick_ms_p99": round(percentile(busy, 99), 2),
+            "busy_tick_ms_p50": round(percentile(busy, 50, default=0.0), 2),
+            "busy_tick_ms_p99": round(percentile(busy, 99, default=0.0), 2),
             "busy_tick_ms_max": round(max(busy), 2) if busy else 0.0,
-            "empty_tick_ms_p50": round(percentile(empty, 50), 3),
+            "empty_tick_ms_p50": round(percentile(empty, 50, default=0.0), 3),
             "largest_batch_entries": largest[2],
             "largest_batch_ms": round(largest[1] * 1000, 1),
             "entries_per_s_in_largest_batch": round(largest[2] / largest[1]) if largest[1] else None,
         },
         "dispatch_lag_replayed_ms": {
-            "p50": round(percentile(lags, 50), 1),
-            "p99": round(percentile(lags, 99), 1),
+            "p50": round(percentile(lags, 50, default=0.0), 1),
+            "p99": round(percentile(lags, 99, default=0.0), 1),
             "max": round(max(lags), 1) if lags else 0.0,
         },
         "memory": {**memory,

@@ -51,6 +51,7 @@ import redis
 from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.devtools.measure import percentile
 from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.devtools.simulator import SimConfig
@@ -131,13 +132,6 @@ class LoadSpec:
 
 
 # -- helpers ---------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(math.ceil(q * len(ordered) / 100.0))))
-    return ordered[rank - 1]
-
-
 def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
     out = {}
     for k, v in raw.items():

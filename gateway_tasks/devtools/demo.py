@@ -18,14 +18,14 @@ from typing import Any, Iterator
 
 import redis
 
-from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.producer.gateway import Gateway, TaskHandle
+from gateway_tasks.core.settings import Pool, Settings, load_settings
+from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.measure import percentile
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix
-from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
+from gateway_tasks.producer.gateway import Gateway, TaskHandle
 
 
 @contextlib.contextmanager

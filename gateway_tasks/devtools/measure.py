@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 def percentile(values: Sequence[float], q: float, default: float | None = None) -> float:
@@ -17,3 +17,8 @@ def percentile(values: Sequence[float], q: float, default: float | None = None) 
     ordered = sorted(values)
     rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
     return ordered[rank - 1]
+
+
+def counter_delta(before: Mapping[str, int], after: Mapping[str, int], name: str) -> int:
+    """How much counter ``name`` grew between two snapshots (a missing one counts as 0)."""
+    return after.get(name, 0) - before.get(name, 0)

@@ -29,14 +29,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import redis
 
-from gateway_tasks.devtools.bench import load as bench_load
-
-from gateway_tasks.devtools.bench import plain as bench_plain
-
-from gateway_tasks.devtools.bench import report as bench_report
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
 from gateway_tasks.core.settings import POLICIES, Settings, load_settings
+from gateway_tasks.devtools.bench import load as bench_load
+from gateway_tasks.devtools.bench import plain as bench_plain
+from gateway_tasks.devtools.bench import report as bench_report
+from gateway_tasks.devtools.redis_server import EmbeddedRedis
 from gateway_tasks.devtools.simulator import SimulatorProcess
 
 QUICK = {"seconds": 4.0, "batch": 1000, "plain_tasks": 1000, "repeats": 1,

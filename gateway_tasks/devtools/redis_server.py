@@ -19,6 +19,7 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.devtools.ports import free_port
+from gateway_tasks.devtools.processes import stop_process
 
 
 def bundled_redis_server() -> str:
@@ -70,12 +71,8 @@ class EmbeddedRedis:
         raise ConfigError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.process:
+            stop_process(self.process, timeout_s=5.0)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

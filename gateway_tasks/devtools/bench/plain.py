@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import uuid
 from datetime import datetime
@@ -90,10 +89,8 @@ def __getattr__(name: str) -> Any:
 def plain_worker(redis_url: str, prefix: str, *, concurrency: int, pool: str,
                  log_path: str = "") -> processes.Child:
     """A plain Celery worker with the same flags processes.worker() gives gateway workers."""
-    argv = [sys.executable, "-m", "celery", "-A", "gateway_tasks.devtools.bench.plain", "worker",
-            "-Q", PLAIN_QUEUE, "-c", str(concurrency), "-P", pool, "-E",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"plain-{os.getpid()}-{time.monotonic_ns() % 100000}@%h", "-l", "warning"]
+    argv = processes.celery_worker_argv("gateway_tasks.devtools.bench.plain", [PLAIN_QUEUE],
+                                        concurrency=concurrency, pool=pool, name="plain")
     env = dict(os.environ)
     env.pop("GATEWAY_CONFIG", None)
     env.update({URL_ENV: redis_url, PREFIX_ENV: prefix})

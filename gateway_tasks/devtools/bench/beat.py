@@ -49,7 +49,7 @@ import redis
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.devtools.measure import percentile
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix
+from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded
 
 from beat.engine import CronEngine
 from beat.schedule import cron_period_s, iso_utc, validate_cron
@@ -369,14 +369,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     settings = load_settings()
     kwargs = dict(entries=args.entries, cron=args.cron, crons_per_tenant=args.crons_per_tenant,
                   batch_size=args.batch_size, seed=args.seed)
-    if settings.redis_url:
-        client = redis.Redis.from_url(settings.redis_url)
-        result = run_bench(client, settings, **kwargs)
-        result["redis"] = settings.redis_url
-    else:
-        with EmbeddedRedis() as server:
-            result = run_bench(redis.Redis.from_url(server.url), settings, **kwargs)
-            result["redis"] = f"embedded ({server.url})"
+    with redis_or_embedded(settings.redis_url) as (url, embedded):
+        result = run_bench(redis.Redis.from_url(url), settings, **kwargs)
+        result["redis"] = f"embedded ({url})" if embedded else url
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 

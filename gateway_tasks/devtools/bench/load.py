@@ -37,7 +37,6 @@ Where each number comes from:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -52,7 +51,7 @@ from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.results import count_existing, result_metas
 from gateway_tasks.devtools.measure import counter_delta, percentile
-from gateway_tasks.devtools.redis_server import delete_prefix
+from gateway_tasks.devtools.redis_server import discard_prefix
 from gateway_tasks.devtools.simulator import SimConfig
 from gateway_tasks.producer.gateway import Gateway
 
@@ -325,8 +324,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
     finally:
         if worker is not None:
             worker.stop()
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         gw.app.close()
 
     phase_a = {

@@ -31,7 +31,6 @@ GT_BENCH_PLAIN_URL and GT_BENCH_PLAIN_PREFIX.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
@@ -47,7 +46,7 @@ from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.results import count_existing, result_metas
 from gateway_tasks.devtools.measure import counter_delta
-from gateway_tasks.devtools.redis_server import delete_prefix
+from gateway_tasks.devtools.redis_server import discard_prefix
 
 NOOP_TASK = "gateway.noop"
 PLAIN_QUEUE = "bench.plain"
@@ -156,8 +155,7 @@ def run_plain(client: redis.Redis, redis_url: str, *, tasks: int, concurrency: i
             worker.stop()
         metas = result_metas(client, keys)
     finally:
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         app.close()
     out = throughput_of(metas)
     brpop, zadd, zrem = (counter_delta(before, after, c) for c in ("brpop", "zadd", "zrem"))
@@ -195,8 +193,7 @@ def run_gateway(client: redis.Redis, base: Settings, redis_url: str, *, tasks: i
         metas = result_metas(client, keys)
         counts = {k.decode(): int(v) for k, v in client.hgetall(keys_of.dispatch_stats).items()}
     finally:
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         app.close()
     out = throughput_of(metas)
     dispatched = max(counts.get("dispatched", 0), 1)

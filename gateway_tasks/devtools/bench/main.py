@@ -62,12 +62,16 @@ def parse_policies(text: str) -> list[str]:
     return policies
 
 
+def preset_value(args: argparse.Namespace, name: str) -> Any:
+    """The flag ``name`` when given, else its --quick or default preset."""
+    value = getattr(args, name, None)
+    return value if value is not None else (QUICK if args.quick else DEFAULTS)[name]
+
+
 def load_spec(args: argparse.Namespace) -> bench_load.LoadSpec:
-    preset = QUICK if args.quick else DEFAULTS
-    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset[name]  # noqa: E731
-    spec = bench_load.LoadSpec(tpm=args.tpm, concurrency=args.concurrency, batch=pick("batch"),
-                               seconds=pick("seconds"), warmup_s=preset["warmup_s"],
-                               grace_s=preset["grace_s"], vip_rate=args.vip_rate)
+    preset = {name: preset_value(args, name) for name in ("batch", "seconds", "warmup_s", "grace_s")}
+    spec = bench_load.LoadSpec(tpm=args.tpm, concurrency=args.concurrency, vip_rate=args.vip_rate,
+                               **preset)
     if spec.seconds <= 0 or spec.batch < 1 or spec.vip_rate <= 0 or spec.concurrency < 1:
         raise ConfigError("--seconds, --batch, --vip-rate and --concurrency must be positive")
     return spec
@@ -115,12 +119,8 @@ def run_bench(base: Settings, redis_url: str, spec: bench_load.LoadSpec, policie
 def run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
     spec = load_spec(args)
-    plain_tasks = args.plain_tasks if args.plain_tasks is not None else (
-        QUICK if args.quick else DEFAULTS)["plain_tasks"]
-    repeats = args.repeats if args.repeats is not None else (
-        QUICK if args.quick else DEFAULTS)["repeats"]
-    if args.no_plain:
-        plain_tasks = 0
+    plain_tasks = 0 if args.no_plain else preset_value(args, "plain_tasks")
+    repeats = preset_value(args, "repeats")
     base = load_settings()
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="gateway-bench-")
     os.makedirs(log_dir, exist_ok=True)

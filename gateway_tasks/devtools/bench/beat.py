@@ -351,9 +351,9 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_tasks.devtools.bench.beat", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    from gateway_tasks.cli.main import run_standalone
+    return run_standalone("python -m gateway_tasks.devtools.bench.beat", __doc__.split("\n")[0],
+                          add_arguments, run_from_args, argv)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

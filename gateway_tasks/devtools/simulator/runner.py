@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+import gateway_tasks
 from gateway_tasks.core.errors import ConfigError, GatewayError, UpstreamError
 from gateway_tasks.devtools.ports import free_port, socket_family
 from gateway_tasks.devtools.processes import stop_process
@@ -168,7 +169,7 @@ class SimulatorProcess(_Endpoint):
                 "--port", str(self.port), *config_to_argv(self.config)]
 
     def start(self) -> "SimulatorProcess":
-        project_root = str(Path(__file__).resolve().parent.parent)
+        project_root = str(Path(gateway_tasks.__file__).resolve().parent.parent)  # holds gateway_tasks/
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
         fd, self.log_path = tempfile.mkstemp(prefix="gateway-simulator-", suffix=".log")

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import redis
 
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix, redis_reachable
+from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded, redis_reachable
 from gateway_tasks.core.settings import Settings, load_settings
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
@@ -24,11 +24,8 @@ def redis_url():
     embedded_only = os.environ.get("GATEWAY_TEST_REDIS") == "embedded"
     url = "" if embedded_only else (
         os.environ.get("REDIS_URL") or (LOCAL_URL if redis_reachable(LOCAL_URL) else ""))
-    if url:
+    with redis_or_embedded(url) as (url, _embedded):
         yield url
-        return
-    with EmbeddedRedis() as server:
-        yield server.url
 
 
 @pytest.fixture

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gateway_tasks.devtools.bench.beat import format_report, percentile, run_bench, window_stats
+import pytest
+
+from gateway_tasks.devtools.bench.beat import format_report, run_bench, window_stats
+from gateway_tasks.devtools.measure import percentile
 
 
 def test_small_bench(r, settings):
@@ -30,7 +33,9 @@ def test_small_bench(r, settings):
 
 
 def test_helpers():
-    assert percentile([], 99) == 0.0
+    assert percentile([], 99, default=0.0) == 0.0
+    with pytest.raises(ValueError):
+        percentile([], 99)
     assert percentile(list(range(1, 101)), 99) == 99.0
     assert percentile([5.0], 50) == 5.0
     assert window_stats({0: 10, 1: 30}, 2) == {"window_s": 2, "fired_in_window": 40,

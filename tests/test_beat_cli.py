@@ -83,8 +83,8 @@ def test_bench_arguments():
     assert args.entries == 500 and args.json and args.func is cli.cmd_bench
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gateway_tasks.devtools.simulator.app") is None,
-                    reason="gateway_tasks.cli.main also needs gateway_tasks.devtools.simulator.app")
+@pytest.mark.skipif(importlib.util.find_spec("gateway_tasks.devtools.simulator.cli") is None,
+                    reason="gateway_tasks.cli.main also needs gateway_tasks.devtools.simulator.cli")
 def test_gateway_main_prints_the_error_and_exits_2(env, capsys):
     from gateway_tasks.cli.main import main
 

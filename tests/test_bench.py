@@ -14,6 +14,7 @@ from gateway_tasks.devtools.bench import main as bench
 from gateway_tasks.devtools.bench import load as bench_load
 
 from gateway_tasks.devtools.bench import report as bench_report
+from gateway_tasks.devtools.measure import percentile
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +85,8 @@ def test_cli_flags_and_quick_preset():
 
 
 def test_helpers():
-    assert bench_load.percentile([5.0], 99) == 5.0
-    assert bench_load.percentile(list(range(1, 101)), 99) == 99
+    assert percentile([5.0], 99) == 5.0
+    assert percentile(list(range(1, 101)), 99) == 99
     w = bench_load.wait_stats([1.0, 2.0, 3.0], missing=1)
     assert w["undispatched"] == 1 and w["wait_p99_ms"] is None and w["censored"]
     series = {"served_per_s": {"first_second": 100, "tokens": [5, 10, 10, 10, 7]}}

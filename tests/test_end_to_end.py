@@ -8,7 +8,7 @@ from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorThread
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import pytest
 
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.redis_server import free_port
-from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorThread
+from gateway_tasks.devtools.ports import free_port
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.settings import Pool
 

@@ -27,7 +27,7 @@ import pytest
 from gateway_tasks.cli.main import build_parser
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorThread
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent

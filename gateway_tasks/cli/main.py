@@ -35,7 +35,7 @@ run `gateway COMMAND --help` for a command's options."""
 
 # module path -> it defines register(subparsers) adding one or more commands
 COMMAND_MODULES = (
-    "gateway_tasks.devtools.simulator.app",   # simulate-upstream
+    "gateway_tasks.devtools.simulator.cli",   # simulate-upstream
     "beat.cli",                  # cron add/list/delete/bench
     "gateway_tasks.devtools.demo",        # demo
     "gateway_tasks.rest.cli",         # api

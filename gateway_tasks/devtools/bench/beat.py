@@ -48,6 +48,8 @@ import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.devtools.measure import percentile
+from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded
 
 from beat.engine import CronEngine
 from beat.schedule import cron_period_s, iso_utc, validate_cron
@@ -60,15 +62,6 @@ PAYLOAD = {"messages": [{"role": "user", "content": "Hourly report, please."}]}
 MARGIN_S = 5
 TARGET_PEAK_OVER_MEAN = 1.25
 IDEAL_TRIALS = 5
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, int(-(-q * len(ordered) // 100)))
-    return float(ordered[min(rank, len(ordered)) - 1])
 
 
 def window_stats(counts: dict[int, int], window_s: int) -> dict[str, Any]:
@@ -122,19 +115,6 @@ def tenant_plan(entries: int, crons_per_tenant: int, rng: random.Random) -> list
 
 def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
-
-
-def drop_prefix(client: redis.Redis, prefix: str) -> int:
-    removed = 0
-    for_batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=5000):
-        for_batch.append(key)
-        if len(for_batch) >= 5000:
-            removed += client.unlink(*for_batch)
-            for_batch.clear()
-    if for_batch:
-        removed += client.unlink(*for_batch)
-    return removed
 
 
 def _memory(client: redis.Redis, settings: Settings, store: CronStore, plan, rng: random.Random,
@@ -211,7 +191,7 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         fired_total = sum(overall.values())
         engine.close()
     finally:
-        drop_prefix(client, prefix)
+        delete_prefix(client, prefix, batch=5000)
 
     busy = [d * 1000 for _, d, due, _ in ticks if due]
     empty = [d * 1000 for _, d, due, _ in ticks if not due]
@@ -237,7 +217,8 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         row["fired"] = sum(counts.values())
         row["peak_over_mean_10s_buckets"] = bucketed_peak_over_mean(counts, w, 10)
         row["ideal_uniform_peak_over_mean"] = ideal_uniform_peak_over_mean(row["fired"], w, ideal_rng)
-        row["dispatch_lag_p99_ms"] = round(percentile(tier_lags.get(tier.name, []), 99), 1)
+        row["dispatch_lag_p99_ms"] = round(
+            percentile(tier_lags.get(tier.name, []), 99, default=0.0), 1)
         tier_rows[tier.name] = row
     jittered = Counter()
     for tier in settings.tiers:
@@ -257,17 +238,17 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
         "ticks": {
             "count": len(ticks),
             "busy_ticks": len(busy),
-            "busy_tick_ms_p50": round(percentile(busy, 50), 2),
-            "busy_tick_ms_p99": round(percentile(busy, 99), 2),
+            "busy_tick_ms_p50": round(percentile(busy, 50, default=0.0), 2),
+            "busy_tick_ms_p99": round(percentile(busy, 99, default=0.0), 2),
             "busy_tick_ms_max": round(max(busy), 2) if busy else 0.0,
-            "empty_tick_ms_p50": round(percentile(empty, 50), 3),
+            "empty_tick_ms_p50": round(percentile(empty, 50, default=0.0), 3),
             "largest_batch_entries": largest[2],
             "largest_batch_ms": round(largest[1] * 1000, 1),
             "entries_per_s_in_largest_batch": round(largest[2] / largest[1]) if largest[1] else None,
         },
         "dispatch_lag_replayed_ms": {
-            "p50": round(percentile(lags, 50), 1),
-            "p99": round(percentile(lags, 99), 1),
+            "p50": round(percentile(lags, 50, default=0.0), 1),
+            "p99": round(percentile(lags, 99, default=0.0), 1),
             "max": round(max(lags), 1) if lags else 0.0,
         },
         "memory": {**memory,
@@ -370,9 +351,9 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway_tasks.devtools.bench.beat", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    from gateway_tasks.cli.main import run_standalone
+    return run_standalone("python -m gateway_tasks.devtools.bench.beat", __doc__.split("\n")[0],
+                          add_arguments, run_from_args, argv)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -385,19 +366,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis
-
     settings = load_settings()
     kwargs = dict(entries=args.entries, cron=args.cron, crons_per_tenant=args.crons_per_tenant,
                   batch_size=args.batch_size, seed=args.seed)
-    if settings.redis_url:
-        client = redis.Redis.from_url(settings.redis_url)
-        result = run_bench(client, settings, **kwargs)
-        result["redis"] = settings.redis_url
-    else:
-        with EmbeddedRedis() as server:
-            result = run_bench(redis.Redis.from_url(server.url), settings, **kwargs)
-            result["redis"] = f"embedded ({server.url})"
+    with redis_or_embedded(settings.redis_url) as (url, embedded):
+        result = run_bench(redis.Redis.from_url(url), settings, **kwargs)
+        result["redis"] = f"embedded ({url})" if embedded else url
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 

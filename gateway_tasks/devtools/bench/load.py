@@ -37,8 +37,6 @@ Where each number comes from:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import time
@@ -48,12 +46,14 @@ from typing import Any, Callable, Sequence
 
 import redis
 
-from gateway_tasks.devtools import processes
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.producer.gateway import Gateway
-from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.core.settings import Pool, Settings
-from gateway_tasks.devtools.simulator.app import SimConfig
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.bench.results import count_existing, result_metas
+from gateway_tasks.devtools.measure import counter_delta, percentile
+from gateway_tasks.devtools.redis_server import discard_prefix
+from gateway_tasks.devtools.simulator import SimConfig
+from gateway_tasks.producer.gateway import Gateway
 
 MODEL = "gpt-4o-mini"
 TIERS = ("vip", "normal", "batch")
@@ -131,13 +131,6 @@ class LoadSpec:
 
 
 # -- helpers ---------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(math.ceil(q * len(ordered) / 100.0))))
-    return ordered[rank - 1]
-
-
 def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
     out = {}
     for k, v in raw.items():
@@ -166,19 +159,15 @@ def snapshot(r: redis.Redis, keys: Keys, pool: str) -> Snapshot:
     return Snapshot(mono, int(sec) * 1000 + int(usec) // 1000, _ints(stats), _ints(dispatch))
 
 
-def _delta(a: dict[str, int], b: dict[str, int], name: str) -> int:
-    return b.get(name, 0) - a.get(name, 0)
-
-
 def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
     """Per-tier dispatches and tokens between two snapshots, with token shares."""
     rows = {}
     for tier in TIERS:
         rows[tier] = {
-            "dispatched": _delta(a.stats, b.stats, f"dispatched:{tier}"),
-            "completed": _delta(a.stats, b.stats, f"completed:{tier}"),
-            "est_tokens": _delta(a.stats, b.stats, f"est_tokens:{tier}"),
-            "actual_tokens": _delta(a.stats, b.stats, f"actual_tokens:{tier}"),
+            "dispatched": counter_delta(a.stats, b.stats, f"dispatched:{tier}"),
+            "completed": counter_delta(a.stats, b.stats, f"completed:{tier}"),
+            "est_tokens": counter_delta(a.stats, b.stats, f"est_tokens:{tier}"),
+            "actual_tokens": counter_delta(a.stats, b.stats, f"actual_tokens:{tier}"),
         }
     for field, share in (("est_tokens", "share_est_pct"), ("actual_tokens", "share_pct")):
         total = sum(row[field] for row in rows.values())
@@ -188,9 +177,9 @@ def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
 
 
 def window_dispatch(a: Snapshot, b: Snapshot) -> dict[str, Any]:
-    picks = _delta(a.dispatch, b.dispatch, "picks")
-    waits = _delta(a.dispatch, b.dispatch, "waits")
-    dispatched = _delta(a.dispatch, b.dispatch, "dispatched")
+    picks = counter_delta(a.dispatch, b.dispatch, "picks")
+    waits = counter_delta(a.dispatch, b.dispatch, "waits")
+    dispatched = counter_delta(a.dispatch, b.dispatch, "dispatched")
     return {"picks": picks, "waits": waits, "dispatched": dispatched,
             "round_trips_per_msg": round((picks + waits) / dispatched, 3) if dispatched else None}
 
@@ -230,21 +219,13 @@ def wait_stats(waits: Sequence[float], missing: int = 0) -> dict[str, Any]:
 
 def read_results(r: redis.Redis, app: Any, task_ids: Sequence[str]) -> list[dict[str, Any]]:
     """The successful results among these task ids (bulk MGET of the result keys)."""
-    out = []
-    keys = [app.backend.get_key_for_task(t) for t in task_ids]
-    for i in range(0, len(keys), 500):
-        for raw in r.mget(keys[i:i + 500]):
-            if raw is None:
-                continue
-            meta = json.loads(raw)
-            if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict):
-                out.append(meta["result"])
-    return out
+    metas = result_metas(r, [app.backend.get_key_for_task(t) for t in task_ids])
+    return [meta["result"] for meta in metas
+            if meta.get("status") == "SUCCESS" and isinstance(meta.get("result"), dict)]
 
 
 def count_results(r: redis.Redis, app: Any, task_ids: Sequence[str]) -> int:
-    keys = [app.backend.get_key_for_task(t) for t in task_ids]
-    return sum(int(r.exists(*keys[i:i + 1000])) for i in range(0, len(keys), 1000))
+    return count_existing(r, [app.backend.get_key_for_task(t) for t in task_ids])
 
 
 # -- the run ---------------------------------------------------------------------
@@ -343,8 +324,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
     finally:
         if worker is not None:
             worker.stop()
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         gw.app.close()
 
     phase_a = {

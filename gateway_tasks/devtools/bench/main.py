@@ -29,15 +29,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import redis
 
-from gateway_tasks.devtools.bench import load as bench_load
-
-from gateway_tasks.devtools.bench import plain as bench_plain
-
-from gateway_tasks.devtools.bench import report as bench_report
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
 from gateway_tasks.core.settings import POLICIES, Settings, load_settings
-from gateway_tasks.devtools.simulator.app import SimulatorProcess
+from gateway_tasks.devtools.bench import load as bench_load
+from gateway_tasks.devtools.bench import plain as bench_plain
+from gateway_tasks.devtools.bench import report as bench_report
+from gateway_tasks.devtools.redis_server import redis_or_embedded
+from gateway_tasks.devtools.simulator import SimulatorProcess
 
 QUICK = {"seconds": 4.0, "batch": 1000, "plain_tasks": 1000, "repeats": 1,
          "warmup_s": 2.0, "grace_s": 1.5}
@@ -48,13 +46,12 @@ DEFAULTS = {"seconds": 20.0, "batch": 5000, "plain_tasks": 3000, "repeats": 2,
 @contextlib.contextmanager
 def redis_for_bench(settings: Settings) -> Iterator[tuple[str, str]]:
     """(url, how it was found): settings/REDIS_URL, else an embedded server."""
-    url = settings.redis_url or os.environ.get("REDIS_URL", "")
-    if url:
-        shown = url.split("@", 1)[-1] if "@" in url else url   # never print a password
-        yield url, shown
-        return
-    with EmbeddedRedis() as server:
-        yield server.url, "embedded redis-server (REDIS_URL unset)"
+    given = settings.redis_url or os.environ.get("REDIS_URL", "")
+    with redis_or_embedded(given) as (url, embedded):
+        if embedded:
+            yield url, "embedded redis-server (REDIS_URL unset)"
+        else:
+            yield url, url.split("@", 1)[-1] if "@" in url else url   # never print a password
 
 
 def parse_policies(text: str) -> list[str]:
@@ -65,12 +62,16 @@ def parse_policies(text: str) -> list[str]:
     return policies
 
 
+def preset_value(args: argparse.Namespace, name: str) -> Any:
+    """The flag ``name`` when given, else its --quick or default preset."""
+    value = getattr(args, name, None)
+    return value if value is not None else (QUICK if args.quick else DEFAULTS)[name]
+
+
 def load_spec(args: argparse.Namespace) -> bench_load.LoadSpec:
-    preset = QUICK if args.quick else DEFAULTS
-    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset[name]  # noqa: E731
-    spec = bench_load.LoadSpec(tpm=args.tpm, concurrency=args.concurrency, batch=pick("batch"),
-                               seconds=pick("seconds"), warmup_s=preset["warmup_s"],
-                               grace_s=preset["grace_s"], vip_rate=args.vip_rate)
+    preset = {name: preset_value(args, name) for name in ("batch", "seconds", "warmup_s", "grace_s")}
+    spec = bench_load.LoadSpec(tpm=args.tpm, concurrency=args.concurrency, vip_rate=args.vip_rate,
+                               **preset)
     if spec.seconds <= 0 or spec.batch < 1 or spec.vip_rate <= 0 or spec.concurrency < 1:
         raise ConfigError("--seconds, --batch, --vip-rate and --concurrency must be positive")
     return spec
@@ -118,12 +119,8 @@ def run_bench(base: Settings, redis_url: str, spec: bench_load.LoadSpec, policie
 def run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
     spec = load_spec(args)
-    plain_tasks = args.plain_tasks if args.plain_tasks is not None else (
-        QUICK if args.quick else DEFAULTS)["plain_tasks"]
-    repeats = args.repeats if args.repeats is not None else (
-        QUICK if args.quick else DEFAULTS)["repeats"]
-    if args.no_plain:
-        plain_tasks = 0
+    plain_tasks = 0 if args.no_plain else preset_value(args, "plain_tasks")
+    repeats = preset_value(args, "repeats")
     base = load_settings()
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="gateway-bench-")
     os.makedirs(log_dir, exist_ok=True)

@@ -31,10 +31,7 @@ GT_BENCH_PLAIN_URL and GT_BENCH_PLAIN_PREFIX.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import sys
 import time
 import uuid
 from datetime import datetime
@@ -43,11 +40,13 @@ from typing import Any, Iterable, Sequence
 import redis
 from celery import Celery
 
-from gateway_tasks.devtools import processes
 from gateway_tasks.core.celery_app import celery_config, make_app
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.bench.results import count_existing, result_metas
+from gateway_tasks.devtools.measure import counter_delta
+from gateway_tasks.devtools.redis_server import discard_prefix
 
 NOOP_TASK = "gateway.noop"
 PLAIN_QUEUE = "bench.plain"
@@ -89,10 +88,8 @@ def __getattr__(name: str) -> Any:
 def plain_worker(redis_url: str, prefix: str, *, concurrency: int, pool: str,
                  log_path: str = "") -> processes.Child:
     """A plain Celery worker with the same flags processes.worker() gives gateway workers."""
-    argv = [sys.executable, "-m", "celery", "-A", "gateway_tasks.devtools.bench.plain", "worker",
-            "-Q", PLAIN_QUEUE, "-c", str(concurrency), "-P", pool, "-E",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"plain-{os.getpid()}-{time.monotonic_ns() % 100000}@%h", "-l", "warning"]
+    argv = processes.celery_worker_argv("gateway_tasks.devtools.bench.plain", [PLAIN_QUEUE],
+                                        concurrency=concurrency, pool=pool, name="plain")
     env = dict(os.environ)
     env.pop("GATEWAY_CONFIG", None)
     env.update({URL_ENV: redis_url, PREFIX_ENV: prefix})
@@ -109,10 +106,6 @@ def commandstats(client: redis.Redis) -> dict[str, int]:
     return out
 
 
-def _delta(after: dict[str, int], before: dict[str, int], name: str) -> int:
-    return after.get(name, 0) - before.get(name, 0)
-
-
 def _parse_done(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
@@ -121,24 +114,13 @@ def wait_for_results(client: redis.Redis, keys: Sequence[bytes | str], timeout_s
                      alive: Any = None) -> int:
     """Poll until every result key exists; returns how many do at the end."""
     deadline = time.monotonic() + timeout_s
-    chunk = 1000
     found = 0
     while time.monotonic() < deadline:
-        found = sum(int(client.exists(*keys[i:i + chunk])) for i in range(0, len(keys), chunk))
+        found = count_existing(client, keys)
         if found >= len(keys) or (alive is not None and not alive()):
             return found
         time.sleep(0.05)
     return found
-
-
-def read_results(client: redis.Redis, keys: Sequence[bytes | str]) -> list[dict[str, Any]]:
-    """The stored result metas (JSON) of these keys; missing ones are skipped."""
-    out = []
-    for i in range(0, len(keys), 500):
-        for raw in client.mget(keys[i:i + 500]):
-            if raw is not None:
-                out.append(json.loads(raw))
-    return out
 
 
 def throughput_of(metas: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -171,13 +153,12 @@ def run_plain(client: redis.Redis, redis_url: str, *, tasks: int, concurrency: i
             after = commandstats(client)
         finally:
             worker.stop()
-        metas = read_results(client, keys)
+        metas = result_metas(client, keys)
     finally:
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         app.close()
     out = throughput_of(metas)
-    brpop, zadd, zrem = (_delta(after, before, c) for c in ("brpop", "zadd", "zrem"))
+    brpop, zadd, zrem = (counter_delta(before, after, c) for c in ("brpop", "zadd", "zrem"))
     n = max(done, 1)
     out.update({
         "prefix": prefix,
@@ -209,11 +190,10 @@ def run_gateway(client: redis.Redis, base: Settings, redis_url: str, *, tasks: i
             done = wait_for_results(client, keys, timeout_s, worker.alive)
         finally:
             worker.stop()  # closing the channel flushes its dispatch counters
-        metas = read_results(client, keys)
+        metas = result_metas(client, keys)
         counts = {k.decode(): int(v) for k, v in client.hgetall(keys_of.dispatch_stats).items()}
     finally:
-        with contextlib.suppress(redis.RedisError):
-            delete_prefix(client, prefix)
+        discard_prefix(client, prefix)
         app.close()
     out = throughput_of(metas)
     dispatched = max(counts.get("dispatched", 0), 1)

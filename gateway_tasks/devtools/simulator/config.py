@@ -1,0 +1,71 @@
+"""SimConfig: how the simulated upstream limits and answers traffic, validated
+at construction (a bad value raises ConfigError naming it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import CHARGE_MODES, Pool, bucket_capacity
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulated upstream limits and answers traffic."""
+
+    tpm: int = 600_000
+    rpm: int = 6_000
+    burst_s: float = 60.0
+    charge: str = "reserve"
+    base_latency_ms: float = 20.0
+    ms_per_output_token: float = 0.05
+    completion_fraction: float = 0.6
+    default_max_tokens: int = 256
+    models: tuple[str, ...] = ("gpt-4o-mini", "gpt-4o")
+    fail_rate: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.models, str):
+            object.__setattr__(self, "models", (self.models,))
+        elif not isinstance(self.models, tuple):
+            object.__setattr__(self, "models", tuple(self.models))
+        self.validate()
+
+    def validate(self) -> "SimConfig":
+        _check(self.tpm > 0, "tpm", self.tpm, "> 0 tokens per minute")
+        _check(self.rpm > 0, "rpm", self.rpm, "> 0 requests per minute")
+        _check(self.burst_s > 0, "burst_s", self.burst_s, "> 0 seconds")
+        _check(self.charge in CHARGE_MODES, "charge", self.charge, f"one of {CHARGE_MODES}")
+        _check(self.base_latency_ms >= 0, "base_latency_ms", self.base_latency_ms, ">= 0")
+        _check(self.ms_per_output_token >= 0, "ms_per_output_token",
+               self.ms_per_output_token, ">= 0")
+        _check(0 < self.completion_fraction <= 1, "completion_fraction",
+               self.completion_fraction, "in (0, 1]")
+        _check(self.default_max_tokens > 0, "default_max_tokens", self.default_max_tokens, "> 0")
+        _check(len(self.models) > 0 and all(isinstance(m, str) and m for m in self.models),
+               "models", self.models, "at least one non-empty model name")
+        _check(0 <= self.fail_rate <= 1, "fail_rate", self.fail_rate, "in [0, 1]")
+        return self
+
+    @property
+    def token_capacity(self) -> float:
+        return bucket_capacity(self.tpm, self.burst_s)
+
+    @property
+    def request_capacity(self) -> float:
+        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+
+    @classmethod
+    def for_pool(cls, pool: Pool, **overrides: Any) -> "SimConfig":
+        """A simulator with the same quota, burst, charge mode and models as ``pool``."""
+        base: dict[str, Any] = dict(tpm=pool.tpm, rpm=pool.rpm, burst_s=pool.burst_s,
+                                    charge=pool.charge, models=pool.models)
+        base.update(overrides)
+        return cls(**base)
+
+
+def _check(ok: bool, name: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"simulator: {name}={value!r} is invalid; expected {expected}")

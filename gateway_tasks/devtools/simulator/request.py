@@ -1,0 +1,95 @@
+"""Parsing and validating one ``POST /v1/chat/completions`` body.
+
+Everything a request can get wrong is answered here, before it touches a
+bucket: a bad body, model, ``stream``/``n``, messages or token field is a 400
+(404 for an unknown model), and a request whose ``prompt + max_tokens``
+exceeds the token bucket's capacity is a 400 ``request_too_large`` -- OpenAI
+answers 429 for that, which makes clients retry forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from gateway_tasks.core.errors import ApiError, InvalidRequest
+from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.devtools.simulator.config import SimConfig
+
+INVALID = "invalid_request_error"
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A valid chat request, as far as the simulator cares."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    forced_completion_tokens: int | None
+    prompt_tokens: int
+
+
+def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ApiError(400, INVALID, f"{name} must be an integer >= {minimum}, got {value!r}",
+                       code="invalid_value", param=name)
+    return value
+
+
+def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
+    """Validate a decoded chat.completions body; raise ApiError (400/404)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, INVALID, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, INVALID, "model is required and must be a non-empty string",
+                       code="missing_required_parameter", param="model")
+    if model not in config.models:
+        raise ApiError(404, INVALID,
+                       f"The model `{model}` does not exist or you do not have access to it. "
+                       f"This simulator serves: {', '.join(config.models)}",
+                       code="model_not_found", param="model")
+    if body.get("stream"):
+        raise ApiError(400, INVALID, "stream=true is not supported by the simulator; "
+                                     "send a non-streaming request",
+                       code="unsupported_value", param="stream")
+    n = _int_field(body, "n", 1)
+    if n is not None and n != 1:
+        raise ApiError(400, INVALID, f"n={n} is not supported by the simulator; only n=1",
+                       code="unsupported_value", param="n")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list):
+        raise ApiError(400, INVALID, "messages is required and must be a list of "
+                                     "{'role', 'content'} objects",
+                       code="invalid_type", param="messages")
+    try:
+        messages = validate_messages(raw_messages)
+    except InvalidRequest as exc:
+        raise ApiError(400, INVALID, str(exc), code="invalid_value", param="messages") from None
+    max_tokens = _int_field(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens", 1)
+    forced = _int_field(body, "sim_completion_tokens", 0)
+    chat = ChatRequest(model=model, messages=messages,
+                       max_tokens=config.default_max_tokens if max_tokens is None else max_tokens,
+                       forced_completion_tokens=forced,
+                       prompt_tokens=count_prompt_tokens(messages))
+    _require_fits(chat, config)
+    return chat
+
+
+def _require_fits(chat: ChatRequest, config: SimConfig) -> None:
+    """400 ``request_too_large`` when prompt + max_tokens exceeds the token capacity."""
+    total = chat.prompt_tokens + chat.max_tokens
+    if total > config.token_capacity:
+        raise ApiError(
+            400, INVALID,
+            f"Request too large for {chat.model}: prompt_tokens ({chat.prompt_tokens}) + "
+            f"max_tokens ({chat.max_tokens}) = {total} exceeds the token bucket capacity "
+            f"({int(config.token_capacity)} = tpm {config.tpm} * burst_s {config.burst_s:g} / 60); "
+            f"it could never be admitted. Lower max_tokens or shorten the prompt.",
+            code="request_too_large", param="max_tokens")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
@@ -49,7 +49,10 @@ def parse_queue_name(settings: Settings, name: str) -> QueueRef:
 
 
 class PickPlan:
-    """KEYS and ARGV of pick.lua for one fixed set of queues."""
+    """pick.lua's call for one fixed set of queues: KEYS and ARGV are built once,
+    every dispatch reuses them (a ``gateway_tasks.core.scripts.ScriptCall``)."""
+
+    SCRIPT: ClassVar[str] = "pick"
 
     def __init__(self, settings: Settings, queue_names: Sequence[str]):
         self.settings = settings

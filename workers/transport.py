@@ -158,8 +158,7 @@ class Channel(broker.Channel):
         else:
             self._gt_mode = "pick"
             self._gt_count("picks")
-            conn.send_command("EVALSHA", self._gt_script_sha("pick"), len(plan.script_keys),
-                              *plan.script_keys, *plan.script_args)
+            conn.send_command(*self._gt_scripts.command(plan))
 
     def _brpop_read(self, **options: Any) -> bool:
         if self._gt_mode == "brpop":
@@ -171,7 +170,7 @@ class Channel(broker.Channel):
                 reply = redis.Redis.parse_response(self.client, conn,
                                                    "EVALSHA" if mode == "pick" else "BLPOP", **options)
             except redis.exceptions.NoScriptError:
-                self._gt_sha.clear()  # the server lost its scripts (restart): load again
+                self._gt_scripts.lost()  # the server lost its scripts (restart): load on the next poll
                 raise virtual.Empty() from None
             except self.connection_errors:
                 conn.disconnect()
@@ -198,10 +197,7 @@ class Channel(broker.Channel):
         """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""
         if not broker.is_gateway_queue(queue):
             return super()._get(queue)
-        plan = PickPlan(self._gt_settings, [queue])
-        reply = self._gt_raw.evalsha(self._gt_script_sha("pick"), len(plan.script_keys),
-                                     *plan.script_keys, *plan.script_args)
-        result = plan.parse(reply)
+        result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked):
             raise virtual.Empty()
         tag = result.payload.get("properties", {}).get("delivery_tag")

@@ -96,11 +96,6 @@ class Scripts:
             self._registered[name] = found
         return found
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self.script(name)
-
     def sha(self, name: str) -> str:
         return self.script(name).sha
 

@@ -1,3 +1,4 @@
+-- uses: prelude
 -- drain.lua: the upstream answered 429: empty the pool's bucket and admit
 -- nothing to it until Retry-After has passed.
 --
@@ -7,8 +8,7 @@
 --
 -- Returns the blocked-until time (ms since epoch, Redis clock).
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = gt_now_ms()
 local until_ms = now + math.max(0, tonumber(ARGV[1]))
 local old = tonumber(redis.call('HGET', KEYS[1], 'blocked_until_ms')) or 0
 if old > until_ms then until_ms = old end

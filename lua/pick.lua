@@ -1,3 +1,4 @@
+-- uses: prelude
 -- pick.lua: choose the next message for a dispatcher, admit it through its
 -- pool's TPM/RPM bucket, and record it as unacked -- all in one atomic call.
 --
@@ -28,8 +29,7 @@ local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local lookahead = tonumber(ARGV[4])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = gt_now_ms()
 
 -- pools: refilled bucket levels (not yet written back)
 local pools = {}
@@ -43,13 +43,8 @@ for p = 1, P do
     reserve = tonumber(ARGV[a + 4]),
   }
   a = a + 5
-  local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms')
-  local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-  if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
-  local dt = math.max(0, now - ts)
-  pool.tokens = math.min(pool.tcap, tokens + dt * pool.trate)
-  pool.requests = math.min(pool.rcap, requests + dt * pool.rrate)
-  pool.blocked_until = tonumber(b[4]) or 0
+  pool.tokens, pool.requests, pool.blocked_until =
+    gt_bucket(pool.bucket, pool.tcap, pool.trate, pool.rcap, pool.rrate, now)
   pool.v = tonumber(redis.call('HGET', pool.fair, 'v')) or 0
   pools[p] = pool
 end

@@ -1,3 +1,4 @@
+-- uses: prelude
 -- settle.lua: after an upstream call, correct the pool's bucket from the
 -- estimate debited at dispatch to the usage the upstream reported, update the
 -- tenant's learned completion length, and ring the bell when tokens came back.
@@ -19,14 +20,8 @@
 local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
 local est, actual = tonumber(ARGV[5]), tonumber(ARGV[6])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'requests', 'ts_ms')
-local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-if not tokens then tokens, requests, ts = tcap, rcap, now end
-local dt = math.max(0, now - ts)
-tokens = math.min(tcap, tokens + dt * trate)
-requests = math.min(rcap, requests + dt * rrate)
+local now = gt_now_ms()
+local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local refund = est - actual
 tokens = math.min(tcap, tokens + refund)
 if ARGV[12] == '1' then requests = math.min(rcap, requests + 1) end
@@ -44,7 +39,6 @@ if w > 0 then
   redis.call('HSET', KEYS[3], ARGV[8], new)
 end
 if refund > 0 then
-  redis.call('LPUSH', KEYS[4], '1')
-  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[11]) - 1)
+  gt_ring(KEYS[4], ARGV[11])
 end
 return tostring(tokens)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import text
+from gateway_tasks.core.stats import CRON_DUPLICATE, CRON_FIRED, CRON_QUOTA
 
 HOUR_MS = 3_600_000   # the hourly quota counts per clock hour (now_ms // HOUR_MS)
 
@@ -69,7 +70,8 @@ class CronFireCall:
     def script_args(self) -> list[str | int]:
         return [self.entry_id, self.planned_score_ms, self.nominal_ms, self.next_nominal_ms,
                 self.next_fire_ms, self.action, self.max_per_hour, self.now_ms,
-                self.idempotency_ttl_ms, self.quota_ttl_ms, self.tier, self.next_jitter_offset_s]
+                self.idempotency_ttl_ms, self.quota_ttl_ms, self.tier, self.next_jitter_offset_s,
+                CRON_FIRED, CRON_QUOTA, CRON_DUPLICATE]
 
     def parse(self, reply: Any) -> CronOutcome:
         status, count, payload = reply

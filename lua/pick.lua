@@ -15,8 +15,10 @@
 -- ARGV[2] P   ARGV[3] Q   ARGV[4] lookahead (messages examined per queue for the tenant cap)
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
--- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
---                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
+-- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
+--                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight,
+--                          and the pool stats fields its dispatches count in: dispatched,
+--                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
 -- Returns {1, payload, queue index, now_ms, est_tokens}  a message was dispatched,
 --         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
@@ -91,8 +93,9 @@ for q = 1, Q do
     alpha = tonumber(ARGV[a + 3]), share = tonumber(ARGV[a + 4]),
     max_wait = tonumber(ARGV[a + 5]), reserved = ARGV[a + 6] == '1',
     tenant_max = tonumber(ARGV[a + 7]),
+    dispatched_field = ARGV[a + 8], est_tokens_field = ARGV[a + 9], wait_ms_field = ARGV[a + 10],
   }
-  a = a + 8
+  a = a + 11
   if redis.call('LLEN', KEYS[qbase + q]) > 0 then
     any_message = true
     qd.c = candidate(q, qd)
@@ -207,9 +210,9 @@ if policy == 'wfq' then
   end
 end
 if c.tenant ~= '' then redis.call('HINCRBY', inflight_key, c.tenant, 1) end
-redis.call('HINCRBY', pool.stats, 'dispatched:' .. qd.tier, 1)
-redis.call('HINCRBY', pool.stats, 'est_tokens:' .. qd.tier, est)
-redis.call('HINCRBY', pool.stats, 'wait_ms:' .. qd.tier, now - c.enq)
+redis.call('HINCRBY', pool.stats, qd.dispatched_field, 1)
+redis.call('HINCRBY', pool.stats, qd.est_tokens_field, est)
+redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
 
 local tag, ex, rk = nil, '', ''
 if c.msg then

@@ -11,9 +11,11 @@
 -- ARGV[3] request capacity  ARGV[4] requests per ms
 -- ARGV[5] estimated tokens debited at dispatch
 -- ARGV[6] actual tokens charged (prompt + completion); 0 when the call never reached the upstream
--- ARGV[7] tier   ARGV[8] model   ARGV[9] completion tokens   ARGV[10] EWMA weight (0 = do not learn)
--- ARGV[11] max bell tokens kept
--- ARGV[12] 1 = also give back the request slot (the upstream never saw the request)
+-- ARGV[7] model   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
+-- ARGV[10] max bell tokens kept
+-- ARGV[11] 1 = also give back the request slot (the upstream never saw the request)
+-- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed
+--          calls (the tier's, named in gateway_tasks/core/stats.py)
 --
 -- Returns the bucket's token level after the correction (as a string).
 
@@ -24,21 +26,21 @@ local now = gt_now_ms()
 local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local refund = est - actual
 tokens = math.min(tcap, tokens + refund)
-if ARGV[12] == '1' then requests = math.min(rcap, requests + 1) end
+if ARGV[11] == '1' then requests = math.min(rcap, requests + 1) end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
 if actual > 0 then
-  redis.call('HINCRBY', KEYS[2], 'actual_tokens:' .. ARGV[7], actual)
-  redis.call('HINCRBY', KEYS[2], 'completed:' .. ARGV[7], 1)
+  redis.call('HINCRBY', KEYS[2], ARGV[12], actual)
+  redis.call('HINCRBY', KEYS[2], ARGV[13], 1)
 end
-local w = tonumber(ARGV[10])
+local w = tonumber(ARGV[9])
 if w > 0 then
-  local old = tonumber(redis.call('HGET', KEYS[3], ARGV[8]))
-  local c = tonumber(ARGV[9])
+  local old = tonumber(redis.call('HGET', KEYS[3], ARGV[7]))
+  local c = tonumber(ARGV[8])
   local new = c
   if old then new = old + w * (c - old) end
-  redis.call('HSET', KEYS[3], ARGV[8], new)
+  redis.call('HSET', KEYS[3], ARGV[7], new)
 end
 if refund > 0 then
-  gt_ring(KEYS[4], ARGV[11])
+  gt_ring(KEYS[4], ARGV[10])
 end
 return tostring(tokens)

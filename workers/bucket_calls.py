@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
+from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_429, tier_field
 
 NOT_REPORTED = -1  # sync_limits.lua's "the upstream did not say"
 
@@ -38,9 +39,10 @@ class SettleCall:
 
     @property
     def script_args(self) -> list[str | int | float]:
-        return [*self.pool.rates(), self.est_tokens, self.actual_tokens, self.tier, self.model,
+        return [*self.pool.rates(), self.est_tokens, self.actual_tokens, self.model,
                 self.completion_tokens, self.learn_weight, self.bell_max,
-                1 if self.give_back_request else 0]
+                1 if self.give_back_request else 0,
+                tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier)]
 
     def parse(self, reply: Any) -> float:
         """The bucket's token level after the correction."""
@@ -93,8 +95,8 @@ class DrainCall:
         return [self.keys.bucket(self.pool.name), self.keys.stats(self.pool.name)]
 
     @property
-    def script_args(self) -> list[int]:
-        return [self.retry_after_ms]
+    def script_args(self) -> list[str | int]:
+        return [self.retry_after_ms, UPSTREAM_429]
 
     def parse(self, reply: Any) -> int:
         """The blocked-until time (ms since epoch, Redis clock)."""

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Sequence
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.settings import Pool, Settings, Tier
+from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
 
 LOOKAHEAD = 8  # messages examined per queue to skip tenants at their concurrency cap
 
@@ -75,7 +76,8 @@ class PickPlan:
             keys.append(self.keys.queue(q.name))
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
-                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
+                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant,
+                     *(tier_field(c, q.tier.name) for c in (DISPATCHED, EST_TOKENS, WAIT_MS))]
         self.script_keys = keys
         self.script_args = [str(x) for x in argv]
 

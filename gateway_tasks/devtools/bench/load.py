@@ -53,6 +53,8 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCH_DISPATCHED, DISPATCH_PICKS,
+                                      DISPATCH_WAITS, DISPATCHED, EST_TOKENS, UPSTREAM_429, tier_field)
 from gateway_tasks.devtools.simulator.app import SimConfig
 
 MODEL = "gpt-4o-mini"
@@ -175,10 +177,10 @@ def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
     rows = {}
     for tier in TIERS:
         rows[tier] = {
-            "dispatched": _delta(a.stats, b.stats, f"dispatched:{tier}"),
-            "completed": _delta(a.stats, b.stats, f"completed:{tier}"),
-            "est_tokens": _delta(a.stats, b.stats, f"est_tokens:{tier}"),
-            "actual_tokens": _delta(a.stats, b.stats, f"actual_tokens:{tier}"),
+            "dispatched": _delta(a.stats, b.stats, tier_field(DISPATCHED, tier)),
+            "completed": _delta(a.stats, b.stats, tier_field(COMPLETED, tier)),
+            "est_tokens": _delta(a.stats, b.stats, tier_field(EST_TOKENS, tier)),
+            "actual_tokens": _delta(a.stats, b.stats, tier_field(ACTUAL_TOKENS, tier)),
         }
     for field, share in (("est_tokens", "share_est_pct"), ("actual_tokens", "share_pct")):
         total = sum(row[field] for row in rows.values())
@@ -188,9 +190,9 @@ def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
 
 
 def window_dispatch(a: Snapshot, b: Snapshot) -> dict[str, Any]:
-    picks = _delta(a.dispatch, b.dispatch, "picks")
-    waits = _delta(a.dispatch, b.dispatch, "waits")
-    dispatched = _delta(a.dispatch, b.dispatch, "dispatched")
+    picks = _delta(a.dispatch, b.dispatch, DISPATCH_PICKS)
+    waits = _delta(a.dispatch, b.dispatch, DISPATCH_WAITS)
+    dispatched = _delta(a.dispatch, b.dispatch, DISPATCH_DISPATCHED)
     return {"picks": picks, "waits": waits, "dispatched": dispatched,
             "round_trips_per_msg": round((picks + waits) / dispatched, 3) if dispatched else None}
 
@@ -386,7 +388,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
             "requests_429": upstream["requests_429"],
             "requests_error": upstream["requests_error"],
             "rate_429_pct": round(100.0 * upstream["requests_429"] / answered, 4) if answered else 0.0,
-            "gateway_saw_429": stats_end.get("upstream_429", 0),
+            "gateway_saw_429": stats_end.get(UPSTREAM_429, 0),
         },
         "runtime_s": round(time.monotonic() - started, 1),
     }

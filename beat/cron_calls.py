@@ -33,13 +33,19 @@ class CronOutcome:
 
 
 @dataclass(frozen=True)
-class CronFireCall:
+class EntryCall:
+    """A script call on one cron entry."""
+
+    keys: Keys
+    entry_id: str
+
+
+@dataclass(frozen=True)
+class CronFireCall(EntryCall):
     """Fire or skip one (entry, nominal time), at most once, and reschedule the entry."""
 
     SCRIPT: ClassVar[str] = "cron_fire"
 
-    keys: Keys
-    entry_id: str
     tenant_id: str
     planned_score_ms: int       # the due score the plan was made from
     nominal_ms: int             # the nominal time settled
@@ -79,13 +85,11 @@ class CronFireCall:
 
 
 @dataclass(frozen=True)
-class CronResyncCall:
+class CronResyncCall(EntryCall):
     """Move a due entry to the fire time its hash says, if its score is still the one read."""
 
     SCRIPT: ClassVar[str] = "cron_resync"
 
-    keys: Keys
-    entry_id: str
     read_score_ms: int
     new_score_ms: int
 
@@ -102,13 +106,11 @@ class CronResyncCall:
 
 
 @dataclass(frozen=True)
-class CronRecordCall:
+class CronRecordCall(EntryCall):
     """Store a run's outcome on its entry, unless the entry was deleted meanwhile."""
 
     SCRIPT: ClassVar[str] = "cron_record"
 
-    keys: Keys
-    entry_id: str
     last_error: str                   # "" = none
     last_task_id: str | None = None   # None: left as it is
     last_status: str | None = None    # None: left as cron_fire.lua set it

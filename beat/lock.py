@@ -27,46 +27,42 @@ def new_token() -> str:
 
 
 @dataclass(frozen=True)
-class LockRenewCall:
-    """lua/beat_lock_renew.lua: extend the lock to ttl_ms if it still holds our token."""
-
-    SCRIPT: ClassVar[str] = "beat_lock_renew"
+class TokenLockCall:
+    """A lock script that acts only while the lock still holds our token; True if it did."""
 
     key: str
     token: str
-    ttl_ms: int
 
     @property
     def script_keys(self) -> list[str]:
         return [self.key]
-
-    @property
-    def script_args(self) -> list[str | int]:
-        return [self.token, self.ttl_ms]
 
     def parse(self, reply: Any) -> bool:
         return bool(reply)
 
 
 @dataclass(frozen=True)
-class LockReleaseCall:
-    """lua/beat_lock_release.lua: delete the lock if it still holds our token."""
+class LockRenewCall(TokenLockCall):
+    """lua/beat_lock_renew.lua: extend the lock to ttl_ms."""
 
-    SCRIPT: ClassVar[str] = "beat_lock_release"
+    SCRIPT: ClassVar[str] = "beat_lock_renew"
 
-    key: str
-    token: str
+    ttl_ms: int
 
     @property
-    def script_keys(self) -> list[str]:
-        return [self.key]
+    def script_args(self) -> list[str | int]:
+        return [self.token, self.ttl_ms]
+
+
+@dataclass(frozen=True)
+class LockReleaseCall(TokenLockCall):
+    """lua/beat_lock_release.lua: delete the lock."""
+
+    SCRIPT: ClassVar[str] = "beat_lock_release"
 
     @property
     def script_args(self) -> list[str]:
         return [self.token]
-
-    def parse(self, reply: Any) -> bool:
-        return bool(reply)
 
 
 class BeatLock:

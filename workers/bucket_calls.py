@@ -15,13 +15,27 @@ NOT_REPORTED = -1  # sync_limits.lua's "the upstream did not say"
 
 
 @dataclass(frozen=True)
-class SettleCall:
+class PoolCall:
+    """A script call on one pool's bucket."""
+
+    keys: Keys
+    pool: Pool
+
+    @property
+    def bucket_key(self) -> str:
+        return self.keys.bucket(self.pool.name)
+
+    @property
+    def stats_key(self) -> str:
+        return self.keys.stats(self.pool.name)
+
+
+@dataclass(frozen=True)
+class SettleCall(PoolCall):
     """Correct the bucket from the estimate debited at dispatch to the real usage."""
 
     SCRIPT: ClassVar[str] = "settle"
 
-    keys: Keys
-    pool: Pool
     tier: str
     tenant_id: str
     model: str
@@ -34,8 +48,7 @@ class SettleCall:
 
     @property
     def script_keys(self) -> list[str]:
-        k, pool = self.keys, self.pool.name
-        return [k.bucket(pool), k.stats(pool), k.learned(self.tenant_id), k.bell]
+        return [self.bucket_key, self.stats_key, self.keys.learned(self.tenant_id), self.keys.bell]
 
     @property
     def script_args(self) -> list[str | int | float]:
@@ -56,19 +69,17 @@ class Levels:
 
 
 @dataclass(frozen=True)
-class SyncLimitsCall:
+class SyncLimitsCall(PoolCall):
     """Lower the bucket to what the upstream says is left (never raises it)."""
 
     SCRIPT: ClassVar[str] = "sync_limits"
 
-    keys: Keys
-    pool: Pool
     remaining_tokens: float | None
     remaining_requests: float | None
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.bucket(self.pool.name)]
+        return [self.bucket_key]
 
     @property
     def script_args(self) -> list[float]:
@@ -81,18 +92,16 @@ class SyncLimitsCall:
 
 
 @dataclass(frozen=True)
-class DrainCall:
+class DrainCall(PoolCall):
     """The upstream answered 429: empty the bucket and block the pool until Retry-After."""
 
     SCRIPT: ClassVar[str] = "drain"
 
-    keys: Keys
-    pool: Pool
     retry_after_ms: int
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.bucket(self.pool.name), self.keys.stats(self.pool.name)]
+        return [self.bucket_key, self.stats_key]
 
     @property
     def script_args(self) -> list[str | int]:

@@ -36,6 +36,7 @@ PRELUDE = "prelude"
 USES_PRELUDE = "-- uses: prelude"
 
 Arg = str | int | float
+R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -89,7 +90,7 @@ class Scripts:
         self._registered: dict[str, Script] = {}
         self._loaded: set[str] = set()   # known to be on the server (``command`` only)
 
-    def script(self, name: str) -> Script:
+    def _script(self, name: str) -> Script:
         found = self._registered.get(name)
         if found is None:
             found = self.client.register_script(source(name))
@@ -97,15 +98,15 @@ class Scripts:
         return found
 
     def sha(self, name: str) -> str:
-        return self.script(name).sha
+        return self._script(name).sha
 
-    def run(self, call: ScriptCall[R_co]) -> R_co:
+    def run(self, call: ScriptCall[R]) -> R:
         """Run a call now and parse its reply."""
-        return call.parse(self.script(call.SCRIPT)(keys=call.script_keys, args=call.script_args))
+        return call.parse(self._script(call.SCRIPT)(keys=call.script_keys, args=call.script_args))
 
     def queue(self, call: ScriptCall[Any], pipe: redis.client.Pipeline) -> None:
         """Add a call to a pipeline; parse its reply with ``call.parse`` after execute()."""
-        self.script(call.SCRIPT)(keys=call.script_keys, args=call.script_args, client=pipe)
+        self._script(call.SCRIPT)(keys=call.script_keys, args=call.script_args, client=pipe)
 
     def command(self, call: ScriptCall[Any]) -> tuple[Arg, ...]:
         """The EVALSHA command of a call, for ``connection.send_command(*command)``;

@@ -78,8 +78,9 @@ class PickPlan:
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
                      1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant,
                      *(tier_field(c, q.tier.name) for c in (DISPATCHED, EST_TOKENS, WAIT_MS))]
-        self.script_keys = keys
-        self.script_args = [str(x) for x in argv]
+        # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
+        self.script_keys = [k.encode() for k in keys]
+        self.script_args = [str(x).encode() for x in argv]
 
     def parse(self, reply: Sequence[Any]) -> Picked | Wait:
         if int(reply[0]) == 0:

@@ -35,7 +35,7 @@ LUA_PACKAGE = "gateway_tasks.lua"
 PRELUDE = "prelude"
 USES_PRELUDE = "-- uses: prelude"
 
-Arg = str | int | float
+Arg = str | bytes | int | float
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
@@ -46,7 +46,7 @@ class ScriptCall(Protocol[R_co]):
     SCRIPT: ClassVar[str]  # the script's file name without .lua
 
     @property
-    def script_keys(self) -> Sequence[str]: ...
+    def script_keys(self) -> Sequence[str | bytes]: ...
 
     @property
     def script_args(self) -> Sequence[Arg]: ...

@@ -6,6 +6,7 @@
   beat.scheduler:TenantCronScheduler`` -- several replicas, one active;
 * ``beat.engine.CronEngine``: the same loop without Celery (tests, bench);
 * ``beat.jitter`` / ``beat.schedule``: pure jitter and cron-time maths;
-* ``beat.store``: the Redis layout; ``beat.lock``: the leader lock;
+* ``beat.store``: the Redis layout; ``beat.lock``: the leader lock (and its script calls);
+* ``beat.cron_calls``: typed calls of cron_fire.lua, cron_resync.lua, cron_record.lua;
 * ``gateway_tasks.devtools.bench.beat``: ``python -m gateway_tasks.devtools.bench.beat`` -- 100k crons across an hour boundary.
 """

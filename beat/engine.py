@@ -28,7 +28,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import redis
 
@@ -36,13 +36,16 @@ from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.stats import (CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE, CRON_UNKNOWN_TENANT,
+                                      CRON_UNKNOWN_TIER)
 
+from beat.cron_calls import CronFireCall, CronOutcome, CronRecordCall, CronResyncCall
 from beat.entry import CronEntry
 from beat.fire import FireFn, gateway_fire, task_id_of
 from beat.jitter import jitter_offset_s
 from beat.lock import BeatLock
 from beat.schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
-from beat.store import CronStore
+from beat.store import CronStore, Due
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,37 @@ DEFAULT_TICK_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 500
 QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
-HOUR_MS = 3_600_000
+PLAN_ERROR = "error"       # the status of an entry that cannot be planned
 
-LOAD_FIELDS = ("tenant_id", "task_id", "cron", "period_s", "jitter_offset_s",
-               "next_nominal_ms", "tier")
+
+@dataclass(frozen=True)
+class CronRow:
+    """The fields of a due entry's hash that planning reads (None: missing)."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("tenant_id", "task_id", "cron", "period_s",
+                                         "jitter_offset_s", "next_nominal_ms", "tier")
+
+    tenant_id: str | None
+    task_id: str | None
+    cron: str | None
+    period_s: str | None
+    jitter_offset_s: str | None
+    next_nominal_ms: str | None
+    tier: str | None
+
+    @classmethod
+    def from_reply(cls, values: list[bytes | None]) -> "CronRow":
+        """From ``HMGET key *FIELDS``."""
+        return cls(*(v.decode() if v is not None else None for v in values))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One due entry and the script call that settles it."""
+
+    due: Due
+    row: CronRow
+    call: CronFireCall | CronResyncCall
 
 
 @dataclass
@@ -82,7 +112,7 @@ class TickReport:
 
     @property
     def fired_count(self) -> int:
-        return self.statuses.get("fired", 0)
+        return self.statuses.get(CRON_FIRED, 0)
 
 
 class CronEngine:
@@ -196,134 +226,131 @@ class CronEngine:
                 log.warning("beat: could not release the leader lock", exc_info=True)
 
     # -- one chunk ---------------------------------------------------------------
-    def _process(self, batch: list[tuple[str, int]], now_ms: int, report: TickReport,
+    def _process(self, batch: list[Due], now_ms: int, report: TickReport,
                  start: float, keep_leading: Callable[[], bool] | None = None) -> None:
-        keys = self.keys
+        rows = self._load_rows(batch)
+        current_tier = self._current_tiers(rows)
+        planned: list[Planned] = []
+        positions: list[int] = []        # of each planned call's reply in the pipeline
         with self.r.pipeline(transaction=False) as pipe:
-            for eid, _ in batch:
-                pipe.hmget(keys.cron(eid), LOAD_FIELDS)
-            rows = [dict(zip(LOAD_FIELDS, (v.decode() if v is not None else None for v in raw)))
-                    for raw in pipe.execute()]
-        tenant_ids = sorted({row["tenant_id"] for row in rows if row["tenant_id"]})
-        with self.r.pipeline(transaction=False) as pipe:
-            for tenant in tenant_ids:
-                pipe.hget(keys.tenant(tenant), "tier")
-            current_tier = {t: (v.decode() if v is not None else None)
-                            for t, v in zip(tenant_ids, pipe.execute())}
-
-        # (eid, score, row, nominal, tier, position of its cron_fire call in the pipeline)
-        planned: list[tuple[str, int, dict, int, str, int]] = []
-        resyncs: list[int] = []          # positions of cron_resync calls
-        hour = now_ms // HOUR_MS
-        with self.r.pipeline(transaction=False) as pipe:
-            for (eid, score), row in zip(batch, rows):
-                call = self._plan_call(eid, score, row, current_tier, now_ms, hour, pipe, report)
-                if call is None:
+            for due, row in zip(batch, rows):
+                step = self._plan(due, row, current_tier, now_ms, pipe, report)
+                if step is None:
                     continue
-                if call[0] == "resync":
-                    resyncs.append(len(pipe))
-                    self.scripts.cron_resync(keys=[keys.cron_due], args=[eid, score, call[1]],
-                                             client=pipe)
-                    continue
-                script_keys, script_args, nominal, tier_name = call
-                planned.append((eid, score, row, nominal, tier_name, len(pipe)))
-                self.scripts.cron_fire(keys=script_keys, args=script_args, client=pipe)
+                positions.append(len(pipe))
+                self.scripts.queue(step.call, pipe)
+                planned.append(step)
             results = pipe.execute()
-        for position in resyncs:
-            report.statuses["resynced" if results[position] else "moved"] += 1
 
-        records: list[tuple[str, list[str]]] = []
+        records: list[CronRecordCall] = []
         renewed = time.monotonic()
-        for eid, score, row, nominal, tier_name, position in planned:
+        for step, position in zip(planned, positions):
             if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
                 # Slow fire calls: keep the lock alive.  The runs of this chunk are
                 # settled already, so they are fired even if the lock was lost.
                 keep_leading()
                 renewed = time.monotonic()
-            status, _count, payload = results[position]
-            status = status.decode() if isinstance(status, bytes) else str(status)
-            report.statuses[status] += 1
-            if status != "fired":
-                continue
-            entry = self._entry(row, score, payload)
-            entry.tier = tier_name
-            entry.window_s = self._window_s(tier_name)
-            task_id, error = None, None
-            try:
-                task_id = task_id_of(self.fire(entry, nominal))
-            except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
-                error = f"{type(exc).__name__}: {exc}"[:500]
-                log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
-                report.statuses["fire_error"] += 1
-            report.fired.append(FiredRun(eid, entry.tier, nominal, score, task_id,
-                                         time.monotonic() - start, error))
-            if error is None:
-                records.append((eid, ["last_task_id", task_id or "", "last_error", ""]))
-            else:
-                records.append((eid, ["last_status", "fire_error", "last_task_id", "",
-                                      "last_error", error]))
+            outcome = step.call.parse(results[position])
+            report.statuses[outcome.status] += 1
+            if outcome.status == CRON_FIRED and isinstance(step.call, CronFireCall):
+                records.append(self._fire(step, step.call, outcome, report, start))
         if records:
             with self.r.pipeline(transaction=False) as pipe:
-                for eid, fields in records:
-                    self.scripts.cron_record(keys=[keys.cron(eid)], args=fields, client=pipe)
-                errors = sum(1 for _, f in records if f[0] == "last_status")
+                for record in records:
+                    self.scripts.queue(record, pipe)
+                errors = sum(1 for record in records if record.last_status == CRON_FIRE_ERROR)
                 if errors:
-                    pipe.hincrby(keys.cron_stats, "fire_error", errors)
+                    pipe.hincrby(self.keys.cron_stats, CRON_FIRE_ERROR, errors)
                 pipe.execute()
 
-    def _plan_call(self, eid: str, score: int, row: dict, current_tier: dict, now_ms: int,
-                   hour: int, pipe: redis.client.Pipeline, report: TickReport):
-        """(KEYS, ARGV, nominal, tier) for cron_fire.lua; ("resync", score) for
-        cron_resync.lua; or None after handling the entry here."""
-        keys = self.keys
-        tenant = row["tenant_id"]
-        if tenant is None or row["cron"] is None or row["next_nominal_ms"] is None:
-            # A sorted-set member without its hash: drop it (the script re-checks).
-            return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, 0),
-                     keys.quota("-", hour), keys.cron_stats, keys.cron_payload(eid)],
-                    [eid, score, 0, 0, 0, "orphan", 0, now_ms, 1, 1, "", 0], 0, "")
+    def _load_rows(self, batch: list[Due]) -> list[CronRow]:
+        with self.r.pipeline(transaction=False) as pipe:
+            for due in batch:
+                pipe.hmget(self.keys.cron(due.entry_id), CronRow.FIELDS)
+            return [CronRow.from_reply(raw) for raw in pipe.execute()]
+
+    def _current_tiers(self, rows: list[CronRow]) -> dict[str, str | None]:
+        """Tenant id -> its tier now (None: no longer registered)."""
+        tenant_ids = sorted({row.tenant_id for row in rows if row.tenant_id})
+        with self.r.pipeline(transaction=False) as pipe:
+            for tenant in tenant_ids:
+                pipe.hget(self.keys.tenant(tenant), "tier")
+            return {t: (v.decode() if v is not None else None)
+                    for t, v in zip(tenant_ids, pipe.execute())}
+
+    def _fire(self, step: Planned, call: CronFireCall, outcome: CronOutcome, report: TickReport,
+              start: float) -> CronRecordCall:
+        """Call the fire function for a run cron_fire.lua admitted; the record of its outcome."""
+        eid, nominal = step.due.entry_id, call.nominal_ms
+        entry = self._entry(step.row, step.due.fire_ms, outcome.payload_json)
+        entry.tier = call.tier
+        entry.window_s = self._window_s(call.tier)
+        task_id, error = None, None
         try:
-            stored_offset = int(row["jitter_offset_s"])
-            pending = int(row["next_nominal_ms"])
-            period_s = int(row["period_s"])
-            plan = plan_fire(row["cron"], pending, stored_offset, now_ms, self.misfire_grace_s)
+            task_id = task_id_of(self.fire(entry, nominal))
+        except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
+            report.statuses[CRON_FIRE_ERROR] += 1
+        report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
+                                     time.monotonic() - start, error))
+        if error is None:
+            return CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "")
+        return CronRecordCall(self.keys, eid, last_error=error, last_task_id="",
+                              last_status=CRON_FIRE_ERROR)
+
+    def _plan(self, due: Due, row: CronRow, current_tier: dict[str, str | None], now_ms: int,
+              pipe: redis.client.Pipeline, report: TickReport) -> Planned | None:
+        """The script call that settles a due entry; None after quarantining an
+        entry that cannot be planned (its calls are queued on ``pipe``)."""
+        keys = self.keys
+        eid, score = due
+        tenant = row.tenant_id
+        if tenant is None or row.cron is None or row.next_nominal_ms is None:
+            # A sorted-set member without its hash: drop it (the script re-checks).
+            return Planned(due, row, CronFireCall.orphan(keys, eid, score, now_ms))
+        try:
+            stored_offset = int(row.jitter_offset_s)  # type: ignore[arg-type]
+            pending = int(row.next_nominal_ms)
+            period_s = int(row.period_s)  # type: ignore[arg-type]
+            plan = plan_fire(row.cron, pending, stored_offset, now_ms, self.misfire_grace_s)
         except Exception as exc:  # noqa: BLE001 -- a corrupt entry must not block the others
             log.error("beat: cannot plan cron %s: %s; retrying in %ss", eid, exc, QUARANTINE_S)
             pipe.zadd(keys.cron_due, {eid: now_ms + QUARANTINE_S * 1000}, xx=True)
-            self.scripts.cron_record(keys=[keys.cron(eid)], client=pipe, args=[
-                "last_status", "error", "last_error", f"{type(exc).__name__}: {exc}"[:500]])
-            report.statuses["error"] += 1
+            self.scripts.queue(CronRecordCall(keys, eid, last_error=f"{type(exc).__name__}: {exc}"[:500],
+                                              last_status=PLAN_ERROR), pipe)
+            report.statuses[PLAN_ERROR] += 1
             return None
         if plan.action == NOT_DUE:
             # The hash says later than the score we read: usually another process
             # settled the entry meanwhile (then the score moved too: "moved");
             # otherwise the two disagree and the hash wins ("resynced").
-            return ("resync", actual_ms(pending, stored_offset))
+            return Planned(due, row, CronResyncCall(keys, eid, read_score_ms=score,
+                                                    new_score_ms=actual_ms(pending, stored_offset)))
 
-        action = "fire" if plan.action == FIRE else "misfire"
+        action = FIRE if plan.action == FIRE else CRON_MISFIRE
         tier_name = current_tier.get(tenant)
         max_per_hour = 0
         next_offset = stored_offset
         if tier_name is None:
-            action, tier_name = "unknown_tenant", row["tier"] or ""
+            action, tier_name = CRON_UNKNOWN_TENANT, row.tier or ""
         else:
             try:
                 tier = self.settings.tier(tier_name)
             except ConfigError:
-                action = "unknown_tier"
+                action = CRON_UNKNOWN_TIER
             else:
                 tier_name = tier.name
                 max_per_hour = tier.max_tasks_per_hour
                 # The tenant's tier may have changed since registration: the next
                 # run uses the current tier's window (deterministic either way).
-                next_offset = jitter_offset_s(tenant, row["task_id"], tier.jitter_window_s, period_s)
-        next_actual = actual_ms(plan.next_nominal_ms, next_offset)
-        return ([keys.cron_due, keys.cron(eid), keys.cron_fired(eid, plan.nominal_ms),
-                 keys.quota(tenant, hour), keys.cron_stats, keys.cron_payload(eid)],
-                [eid, score, plan.nominal_ms, plan.next_nominal_ms, next_actual, action,
-                 max_per_hour, now_ms, self.idempotency_ttl_ms, self.quota_ttl_ms, tier_name,
-                 next_offset],
-                plan.nominal_ms, tier_name)
+                next_offset = jitter_offset_s(tenant, row.task_id, tier.jitter_window_s, period_s)
+        return Planned(due, row, CronFireCall(
+            keys, eid, tenant, planned_score_ms=score, nominal_ms=plan.nominal_ms,
+            next_nominal_ms=plan.next_nominal_ms,
+            next_fire_ms=actual_ms(plan.next_nominal_ms, next_offset), action=action,
+            max_per_hour=max_per_hour, now_ms=now_ms, idempotency_ttl_ms=self.idempotency_ttl_ms,
+            quota_ttl_ms=self.quota_ttl_ms, tier=tier_name, next_jitter_offset_s=next_offset))
 
     def _window_s(self, tier_name: str) -> int:
         try:
@@ -332,10 +359,11 @@ class CronEngine:
             return 0
 
     @staticmethod
-    def _entry(row: dict, score: int, payload: bytes | None) -> CronEntry:
+    def _entry(row: CronRow, score: int, payload_json: str) -> CronEntry:
         return CronEntry(
-            tenant_id=row["tenant_id"], task_id=row["task_id"], cron=row["cron"],
-            payload=json.loads(payload) if payload else {}, tier=row["tier"] or "",
-            window_s=0, period_s=int(row["period_s"]),
-            jitter_offset_s=int(row["jitter_offset_s"]), next_nominal_ms=int(row["next_nominal_ms"]),
+            tenant_id=row.tenant_id, task_id=row.task_id, cron=row.cron,  # type: ignore[arg-type]
+            payload=json.loads(payload_json) if payload_json else {}, tier=row.tier or "",
+            window_s=0, period_s=int(row.period_s),  # type: ignore[arg-type]
+            jitter_offset_s=int(row.jitter_offset_s),  # type: ignore[arg-type]
+            next_nominal_ms=int(row.next_nominal_ms),  # type: ignore[arg-type]
             next_fire_ms=score)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import redis
 
@@ -22,6 +24,45 @@ from gateway_tasks.core.scripts import scripts_for
 def new_token() -> str:
     """hostname:pid:random -- unique per process, readable in `redis-cli GET`."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class TokenLockCall:
+    """A lock script that acts only while the lock still holds our token; True if it did."""
+
+    key: str
+    token: str
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.key]
+
+    def parse(self, reply: Any) -> bool:
+        return bool(reply)
+
+
+@dataclass(frozen=True)
+class LockRenewCall(TokenLockCall):
+    """lua/beat_lock_renew.lua: extend the lock to ttl_ms."""
+
+    SCRIPT: ClassVar[str] = "beat_lock_renew"
+
+    ttl_ms: int
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.token, self.ttl_ms]
+
+
+@dataclass(frozen=True)
+class LockReleaseCall(TokenLockCall):
+    """lua/beat_lock_release.lua: delete the lock."""
+
+    SCRIPT: ClassVar[str] = "beat_lock_release"
+
+    @property
+    def script_args(self) -> list[str]:
+        return [self.token]
 
 
 class BeatLock:
@@ -45,13 +86,12 @@ class BeatLock:
 
     def renew(self) -> bool:
         """Extend our lock; False (and no longer held) if it is not ours any more."""
-        self.held = bool(self.scripts.beat_lock_renew(keys=[self.key],
-                                                      args=[self.token, self.ttl_ms]))
+        self.held = self.scripts.run(LockRenewCall(self.key, self.token, self.ttl_ms))
         return self.held
 
     def release(self) -> bool:
         """Give the lock up (on shutdown) so a follower takes over at once."""
-        released = bool(self.scripts.beat_lock_release(keys=[self.key], args=[self.token]))
+        released = self.scripts.run(LockReleaseCall(self.key, self.token))
         self.held = False
         return released
 

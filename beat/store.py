@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import redis
 
@@ -43,6 +43,13 @@ class CronSpec:
     task_id: str
     cron: str
     payload: dict[str, Any]
+
+
+class Due(NamedTuple):
+    """A due entry: its id and the actual fire time it is due at (its score)."""
+
+    entry_id: str
+    fire_ms: int
 
 
 class CronStore:
@@ -186,11 +193,11 @@ class CronStore:
         entries = [e for e in self.load(self.entry_ids(tenant_id)) if e is not None]
         return sorted(entries, key=lambda e: (e.tenant_id, e.task_id))
 
-    def due(self, now: int, limit: int) -> list[tuple[str, int]]:
-        """Up to ``limit`` (entry id, actual fire ms) with fire time <= now, earliest first."""
+    def due(self, now: int, limit: int) -> list[Due]:
+        """Up to ``limit`` entries with fire time <= now, earliest first."""
         rows = self.r.zrangebyscore(self.keys.cron_due, "-inf", now, start=0, num=limit,
                                     withscores=True)
-        return [(m.decode(), int(score)) for m, score in rows]
+        return [Due(m.decode(), int(score)) for m, score in rows]
 
     def next_fire_ms(self) -> int | None:
         head = self.r.zrange(self.keys.cron_due, 0, 0, withscores=True)

@@ -22,10 +22,13 @@
 -- ARGV[10] hourly counter TTL (ms)
 -- ARGV[11] the tenant's tier, stored for listing
 -- ARGV[12] jitter offset (s) of the next nominal time, stored for listing
--- Returns {status, count, payload}: status is "fired", "quota", the skip
--- reason, "duplicate" (already settled: only rescheduled), "moved" or "gone"
--- (nothing done); count is the tenant's fired count in this hour after a fire;
--- payload is the entry's payload JSON when fired, else "".
+-- ARGV[13] the outcome "fired", ARGV[14] the outcome "quota" (the tenant's hourly
+--          quota is spent), ARGV[15] the outcome "duplicate" (already settled: only
+--          rescheduled) -- outcome names are counted in KEYS[5] and stored as the
+--          entry's last_status; gateway_tasks/core/stats.py defines them (CRON_*)
+-- Returns {status, count, payload}: status is one of the three outcomes, the skip
+-- reason, or "moved" / "gone" (nothing done); count is the tenant's fired count in
+-- this hour after a fire; payload is the entry's payload JSON when fired, else "".
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score then
   return {'gone', 0, ''}
@@ -41,38 +44,39 @@ if ARGV[6] == 'orphan' then
   return {'moved', 0, ''}
 end
 
+local FIRED, QUOTA, DUPLICATE = ARGV[13], ARGV[14], ARGV[15]
 local status
 local count = 0
 if not redis.call('SET', KEYS[3], ARGV[8], 'NX', 'PX', ARGV[9]) then
-  status = 'duplicate'
+  status = DUPLICATE
 elseif ARGV[6] ~= 'fire' then
   status = ARGV[6]
 else
   count = tonumber(redis.call('GET', KEYS[4]) or '0')
   if count >= tonumber(ARGV[7]) then
-    status = 'quota'
+    status = QUOTA
   else
     count = redis.call('INCR', KEYS[4])
     if count == 1 then
       redis.call('PEXPIRE', KEYS[4], ARGV[10])
     end
-    status = 'fired'
+    status = FIRED
   end
 end
 
 redis.call('ZADD', KEYS[1], 'XX', ARGV[5], ARGV[1])
 redis.call('HSET', KEYS[2], 'next_nominal_ms', ARGV[4], 'next_fire_ms', ARGV[5],
            'settled_nominal_ms', ARGV[3], 'tier', ARGV[11], 'jitter_offset_s', ARGV[12])
-if status == 'fired' then
-  redis.call('HSET', KEYS[2], 'last_status', 'fired', 'last_nominal_ms', ARGV[3],
+if status == FIRED then
+  redis.call('HSET', KEYS[2], 'last_status', FIRED, 'last_nominal_ms', ARGV[3],
              'last_fire_ms', ARGV[8])
   redis.call('HINCRBY', KEYS[2], 'fired_count', 1)
-elseif status ~= 'duplicate' then
+elseif status ~= DUPLICATE then
   redis.call('HSET', KEYS[2], 'last_status', status, 'last_skip_ms', ARGV[8])
   redis.call('HINCRBY', KEYS[2], 'skipped_count', 1)
 end
 redis.call('HINCRBY', KEYS[5], status, 1)
-if status == 'fired' then
+if status == FIRED then
   return {status, count, redis.call('GET', KEYS[6]) or ''}
 end
 return {status, count, ''}

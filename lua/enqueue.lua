@@ -1,3 +1,4 @@
+-- uses: prelude
 -- enqueue.lua: push one Celery message onto its tier queue, stamped with Redis
 -- TIME, unless the queue is at its length limit (tail drop); ring the bell so
 -- an idle dispatcher wakes up.
@@ -14,12 +15,10 @@ local len = redis.call('LLEN', KEYS[1])
 if len >= tonumber(ARGV[2]) then
   return {0, len}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = gt_now_ms()
 local body = ARGV[1]
 -- '{' .. '"gt_enq_ms": N, ' .. rest: the envelope keeps every other byte as sent
 local payload = '{"gt_enq_ms": ' .. now .. ', ' .. string.sub(body, 2)
 len = redis.call('LPUSH', KEYS[1], payload)
-redis.call('LPUSH', KEYS[2], '1')
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+gt_ring(KEYS[2], ARGV[3])
 return {1, now, len}

@@ -1,3 +1,4 @@
+-- uses: prelude
 -- pick.lua: choose the next message for a dispatcher, admit it through its
 -- pool's TPM/RPM bucket, and record it as unacked -- all in one atomic call.
 --
@@ -14,8 +15,10 @@
 -- ARGV[2] P   ARGV[3] Q   ARGV[4] lookahead (messages examined per queue for the tenant cap)
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
--- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
---                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
+-- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
+--                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight,
+--                          and the pool stats fields its dispatches count in: dispatched,
+--                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
 -- Returns {1, payload, queue index, now_ms, est_tokens}  a message was dispatched,
 --         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
@@ -28,8 +31,7 @@ local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local lookahead = tonumber(ARGV[4])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = gt_now_ms()
 
 -- pools: refilled bucket levels (not yet written back)
 local pools = {}
@@ -43,13 +45,8 @@ for p = 1, P do
     reserve = tonumber(ARGV[a + 4]),
   }
   a = a + 5
-  local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms')
-  local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-  if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
-  local dt = math.max(0, now - ts)
-  pool.tokens = math.min(pool.tcap, tokens + dt * pool.trate)
-  pool.requests = math.min(pool.rcap, requests + dt * pool.rrate)
-  pool.blocked_until = tonumber(b[4]) or 0
+  pool.tokens, pool.requests, pool.blocked_until =
+    gt_bucket(pool.bucket, pool.tcap, pool.trate, pool.rcap, pool.rrate, now)
   pool.v = tonumber(redis.call('HGET', pool.fair, 'v')) or 0
   pools[p] = pool
 end
@@ -96,8 +93,9 @@ for q = 1, Q do
     alpha = tonumber(ARGV[a + 3]), share = tonumber(ARGV[a + 4]),
     max_wait = tonumber(ARGV[a + 5]), reserved = ARGV[a + 6] == '1',
     tenant_max = tonumber(ARGV[a + 7]),
+    dispatched_field = ARGV[a + 8], est_tokens_field = ARGV[a + 9], wait_ms_field = ARGV[a + 10],
   }
-  a = a + 8
+  a = a + 11
   if redis.call('LLEN', KEYS[qbase + q]) > 0 then
     any_message = true
     qd.c = candidate(q, qd)
@@ -212,9 +210,9 @@ if policy == 'wfq' then
   end
 end
 if c.tenant ~= '' then redis.call('HINCRBY', inflight_key, c.tenant, 1) end
-redis.call('HINCRBY', pool.stats, 'dispatched:' .. qd.tier, 1)
-redis.call('HINCRBY', pool.stats, 'est_tokens:' .. qd.tier, est)
-redis.call('HINCRBY', pool.stats, 'wait_ms:' .. qd.tier, now - c.enq)
+redis.call('HINCRBY', pool.stats, qd.dispatched_field, 1)
+redis.call('HINCRBY', pool.stats, qd.est_tokens_field, est)
+redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
 
 local tag, ex, rk = nil, '', ''
 if c.msg then

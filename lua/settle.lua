@@ -1,3 +1,4 @@
+-- uses: prelude
 -- settle.lua: after an upstream call, correct the pool's bucket from the
 -- estimate debited at dispatch to the usage the upstream reported, update the
 -- tenant's learned completion length, and ring the bell when tokens came back.
@@ -10,41 +11,36 @@
 -- ARGV[3] request capacity  ARGV[4] requests per ms
 -- ARGV[5] estimated tokens debited at dispatch
 -- ARGV[6] actual tokens charged (prompt + completion); 0 when the call never reached the upstream
--- ARGV[7] tier   ARGV[8] model   ARGV[9] completion tokens   ARGV[10] EWMA weight (0 = do not learn)
--- ARGV[11] max bell tokens kept
--- ARGV[12] 1 = also give back the request slot (the upstream never saw the request)
+-- ARGV[7] model   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
+-- ARGV[10] max bell tokens kept
+-- ARGV[11] 1 = also give back the request slot (the upstream never saw the request)
+-- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed
+--          calls (the tier's, named in gateway_tasks/core/stats.py)
 --
 -- Returns the bucket's token level after the correction (as a string).
 
 local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
 local est, actual = tonumber(ARGV[5]), tonumber(ARGV[6])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'requests', 'ts_ms')
-local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-if not tokens then tokens, requests, ts = tcap, rcap, now end
-local dt = math.max(0, now - ts)
-tokens = math.min(tcap, tokens + dt * trate)
-requests = math.min(rcap, requests + dt * rrate)
+local now = gt_now_ms()
+local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local refund = est - actual
 tokens = math.min(tcap, tokens + refund)
-if ARGV[12] == '1' then requests = math.min(rcap, requests + 1) end
+if ARGV[11] == '1' then requests = math.min(rcap, requests + 1) end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
 if actual > 0 then
-  redis.call('HINCRBY', KEYS[2], 'actual_tokens:' .. ARGV[7], actual)
-  redis.call('HINCRBY', KEYS[2], 'completed:' .. ARGV[7], 1)
+  redis.call('HINCRBY', KEYS[2], ARGV[12], actual)
+  redis.call('HINCRBY', KEYS[2], ARGV[13], 1)
 end
-local w = tonumber(ARGV[10])
+local w = tonumber(ARGV[9])
 if w > 0 then
-  local old = tonumber(redis.call('HGET', KEYS[3], ARGV[8]))
-  local c = tonumber(ARGV[9])
+  local old = tonumber(redis.call('HGET', KEYS[3], ARGV[7]))
+  local c = tonumber(ARGV[8])
   local new = c
   if old then new = old + w * (c - old) end
-  redis.call('HSET', KEYS[3], ARGV[8], new)
+  redis.call('HSET', KEYS[3], ARGV[7], new)
 end
 if refund > 0 then
-  redis.call('LPUSH', KEYS[4], '1')
-  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[11]) - 1)
+  gt_ring(KEYS[4], ARGV[10])
 end
 return tostring(tokens)

@@ -1,3 +1,4 @@
+-- uses: prelude
 -- sync_limits.lua: lower the pool's bucket to what the upstream says is left
 -- (x-ratelimit-remaining-tokens / -requests).  Only ever lowers: another client
 -- sharing the API key, or drift, makes the upstream know less than we think.
@@ -12,14 +13,8 @@
 
 local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'requests', 'ts_ms')
-local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-if not tokens then tokens, requests, ts = tcap, rcap, now end
-local dt = math.max(0, now - ts)
-tokens = math.min(tcap, tokens + dt * trate)
-requests = math.min(rcap, requests + dt * rrate)
+local now = gt_now_ms()
+local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local rt, rr = tonumber(ARGV[5]), tonumber(ARGV[6])
 if rt >= 0 and rt < tokens then tokens = rt end
 if rr >= 0 and rr < requests then requests = rr end

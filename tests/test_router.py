@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from gateway_tasks.core.keys import Keys
+from workers.bucket_calls import DrainCall
 from workers.router import PickPlan, Picked, Wait
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, default_tiers
@@ -40,7 +41,7 @@ def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None
 
 
 def pick(r, plan: PickPlan):
-    return plan.parse(scripts_for(r).pick(keys=plan.script_keys, args=plan.script_args))
+    return scripts_for(r).run(plan)
 
 
 def drain_order(r, plan: PickPlan, n: int) -> list[str]:
@@ -206,7 +207,7 @@ def test_saturated_pool_does_not_block_another(r, settings):
     b = Pool("b", base_url="http://127.0.0.1:1/v1", api_key="x", models=("mb",), tpm=10**6, rpm=10**6)
     s, plan = make(settings, "wfq", pools=(a, b))
     keys = Keys(s.key_prefix)
-    scripts_for(r).drain(keys=[keys.bucket("a"), keys.stats("a")], args=[60_000])
+    scripts_for(r).run(DrainCall(keys, a, retry_after_ms=60_000))
     for _ in range(5):
         push(r, s, "vip", pool="a")
     push(r, s, "batch", pool="b")

@@ -13,8 +13,8 @@ import redis
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
+from workers.bucket_calls import DrainCall, SettleCall, SyncLimitsCall
 
-BELL_MAX = 1024
 LEARN_EWMA_WEIGHT = 0.2
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -84,28 +84,20 @@ class PoolBucket:
     def settle(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
                model: str, completion_tokens: int, learn: bool = True,
                reached_upstream: bool = True) -> float:
-        level = self.scripts.settle(
-            keys=[self.keys.bucket(self.pool.name), self.keys.stats(self.pool.name),
-                  self.keys.learned(tenant_id), self.keys.bell],
-            args=[*self.pool.rates(), est_tokens, actual_tokens, tier, model,
-                  completion_tokens, LEARN_EWMA_WEIGHT if learn else 0, BELL_MAX,
-                  0 if reached_upstream else 1])
-        return float(level)
+        return self.scripts.run(SettleCall(
+            self.keys, self.pool, tier=tier, tenant_id=tenant_id, model=model,
+            est_tokens=est_tokens, actual_tokens=actual_tokens, completion_tokens=completion_tokens,
+            learn_weight=LEARN_EWMA_WEIGHT if learn else 0, give_back_request=not reached_upstream))
 
     def sync(self, headers: Mapping[str, str]) -> tuple[float, float] | None:
         rem = remaining_from_headers(headers)
         if rem.tokens is None and rem.requests is None:
             return None
-        out = self.scripts.sync_limits(
-            keys=[self.keys.bucket(self.pool.name)],
-            args=[*self.pool.rates(), -1 if rem.tokens is None else rem.tokens,
-                  -1 if rem.requests is None else rem.requests])
-        return float(out[0]), float(out[1])
+        levels = self.scripts.run(SyncLimitsCall(self.keys, self.pool, rem.tokens, rem.requests))
+        return levels.tokens, levels.requests
 
     def drain(self, retry_after: float) -> int:
-        return int(self.scripts.drain(keys=[self.keys.bucket(self.pool.name),
-                                            self.keys.stats(self.pool.name)],
-                                      args=[int(retry_after)]))
+        return self.scripts.run(DrainCall(self.keys, self.pool, int(retry_after)))
 
     def level(self) -> dict[str, float]:
         raw = self.r.hgetall(self.keys.bucket(self.pool.name))

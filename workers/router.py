@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.settings import Pool, Settings, Tier
+from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
 
 LOOKAHEAD = 8  # messages examined per queue to skip tenants at their concurrency cap
 
@@ -49,7 +50,10 @@ def parse_queue_name(settings: Settings, name: str) -> QueueRef:
 
 
 class PickPlan:
-    """KEYS and ARGV of pick.lua for one fixed set of queues."""
+    """pick.lua's call for one fixed set of queues: KEYS and ARGV are built once,
+    every dispatch reuses them (a ``gateway_tasks.core.scripts.ScriptCall``)."""
+
+    SCRIPT: ClassVar[str] = "pick"
 
     def __init__(self, settings: Settings, queue_names: Sequence[str]):
         self.settings = settings
@@ -72,9 +76,11 @@ class PickPlan:
             keys.append(self.keys.queue(q.name))
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
-                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
-        self.script_keys = keys
-        self.script_args = [str(x) for x in argv]
+                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant,
+                     *(tier_field(c, q.tier.name) for c in (DISPATCHED, EST_TOKENS, WAIT_MS))]
+        # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
+        self.script_keys = [k.encode() for k in keys]
+        self.script_args = [str(x).encode() for x in argv]
 
     def parse(self, reply: Sequence[Any]) -> Picked | Wait:
         if int(reply[0]) == 0:

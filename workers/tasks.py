@@ -24,6 +24,7 @@ from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,12 @@ def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: dict[str
     r.expire(keys.attempts(task_id), settings.result_ttl_s)
     if attempts >= MAX_ATTEMPTS:
         return False
-    retries, completed = r.hmget(stats, f"retries:{tier.name}", f"completed:{tier.name}")
+    retries_field = tier_field(RETRIES, tier.name)
+    retries, completed = r.hmget(stats, retries_field, tier_field(COMPLETED, tier.name))
     budget = RETRY_BUDGET_FLOOR + tier.retry_budget_ratio * int(completed or 0)
     if int(retries or 0) >= budget:
         return False
-    r.hincrby(stats, f"retries:{tier.name}", 1)
+    r.hincrby(stats, retries_field, 1)
     return True
 
 
@@ -84,7 +86,7 @@ def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
                       model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
-        r.hincrby(keys.stats(pool.name), f"expired:{req['tier']}", 1)
+        r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req["tier"]), 1)
         raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
                                f"{limit_s} s; the upstream was not called")
 

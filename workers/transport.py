@@ -27,6 +27,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from gateway_tasks.core import broker
+from gateway_tasks.core.stats import DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS
 from workers.router import PickPlan, Picked
 
 logger = logging.getLogger(__name__)
@@ -106,16 +107,16 @@ class Channel(broker.Channel):
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
-        self._gt_counts = {"picks": 0, "waits": 0, "dispatched": 0}
+        self._gt_counts = dict.fromkeys(DISPATCH_COUNTERS, 0)
 
     def _gt_count(self, name: str) -> None:
         counts = self._gt_counts
         counts[name] += 1
-        if counts["picks"] + counts["waits"] >= STATS_FLUSH_EVERY:
+        if counts[DISPATCH_PICKS] + counts[DISPATCH_WAITS] >= STATS_FLUSH_EVERY:
             self._gt_flush_counts()
 
     def _gt_flush_counts(self) -> None:
-        counts, self._gt_counts = self._gt_counts, {"picks": 0, "waits": 0, "dispatched": 0}
+        counts, self._gt_counts = self._gt_counts, dict.fromkeys(DISPATCH_COUNTERS, 0)
         if any(counts.values()):
             try:
                 with self._gt_raw.pipeline(transaction=False) as pipe:
@@ -153,13 +154,12 @@ class Channel(broker.Channel):
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
-            self._gt_count("waits")
+            self._gt_count(DISPATCH_WAITS)
             conn.send_command("BLPOP", self._gt_keys.bell, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"
-            self._gt_count("picks")
-            conn.send_command("EVALSHA", self._gt_script_sha("pick"), len(plan.script_keys),
-                              *plan.script_keys, *plan.script_args)
+            self._gt_count(DISPATCH_PICKS)
+            conn.send_command(*self._gt_scripts.command(plan))
 
     def _brpop_read(self, **options: Any) -> bool:
         if self._gt_mode == "brpop":
@@ -171,7 +171,7 @@ class Channel(broker.Channel):
                 reply = redis.Redis.parse_response(self.client, conn,
                                                    "EVALSHA" if mode == "pick" else "BLPOP", **options)
             except redis.exceptions.NoScriptError:
-                self._gt_sha.clear()  # the server lost its scripts (restart): load again
+                self._gt_scripts.lost()  # the server lost its scripts (restart): load on the next poll
                 raise virtual.Empty() from None
             except self.connection_errors:
                 conn.disconnect()
@@ -184,7 +184,7 @@ class Channel(broker.Channel):
                 tag = result.payload.get("properties", {}).get("delivery_tag")
                 if tag:
                     self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
-                self._gt_counts["dispatched"] += 1
+                self._gt_counts[DISPATCH_DISPATCHED] += 1
                 self.connection._deliver(result.payload, result.queue)
                 return True
             wait_ms = result.wait_ms
@@ -198,10 +198,7 @@ class Channel(broker.Channel):
         """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""
         if not broker.is_gateway_queue(queue):
             return super()._get(queue)
-        plan = PickPlan(self._gt_settings, [queue])
-        reply = self._gt_raw.evalsha(self._gt_script_sha("pick"), len(plan.script_keys),
-                                     *plan.script_keys, *plan.script_args)
-        result = plan.parse(reply)
+        result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked):
             raise virtual.Empty()
         tag = result.payload.get("properties", {}).get("delivery_tag")

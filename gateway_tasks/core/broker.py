@@ -19,14 +19,15 @@ import redis
 from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
+from gateway_tasks.core.bell import BELL_MAX
+from gateway_tasks.core.enqueue import EnqueueCall
 from gateway_tasks.core.errors import QueueFull
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
-from gateway_tasks.core.scripts import source
+from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
 
 # transport option holding the settings' public view (no API keys)
 PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
-BELL_MAX = 1024  # wake-up tokens kept on the bell list
 
 
 def channel_settings(transport_options: dict[str, Any]) -> Settings:
@@ -48,7 +49,6 @@ class Channel(kredis.Channel):
             raise InconsistencyError(
                 f"broker global_keyprefix {self.global_keyprefix!r} must equal the gateway "
                 f"key_prefix {self._gt_settings.key_prefix!r} (use gateway_tasks.core.celery_app.make_app)")
-        self._gt_sha: dict[str, str] = {}
 
     # -- raw client: our scripts take full key names, unlike kombu's prefixing client
     @property
@@ -59,12 +59,9 @@ class Channel(kredis.Channel):
             self._gt_raw_client = raw
         return raw
 
-    def _gt_script_sha(self, name: str) -> str:
-        sha = self._gt_sha.get(name)
-        if sha is None:
-            sha = self._gt_raw.script_load(source(name))
-            self._gt_sha[name] = sha
-        return sha
+    @property
+    def _gt_scripts(self) -> Scripts:
+        return scripts_for(self._gt_raw)
 
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
         headers = message.get("headers") or {}
@@ -73,15 +70,10 @@ class Channel(kredis.Channel):
             return super()._put(queue, message, **kwargs)
         kwargs.pop("_publish_batch", None)
         tier = self._gt_settings.tier(parts[0])
-        args = (self._gt_keys.queue(queue), self._gt_keys.bell, json.dumps(message),
-                tier.queue_max_len, BELL_MAX)
-        try:
-            reply = self._gt_raw.evalsha(self._gt_script_sha("enqueue"), 2, *args)
-        except redis.exceptions.NoScriptError:
-            self._gt_sha.clear()  # the server lost its scripts (restart): load again
-            reply = self._gt_raw.evalsha(self._gt_script_sha("enqueue"), 2, *args)
-        if int(reply[0]) == 0:
-            raise QueueFull(f"queue {queue} is full ({int(reply[1])} messages, limit "
+        done = self._gt_scripts.run(EnqueueCall(self._gt_keys, queue, json.dumps(message),
+                                                tier.queue_max_len))
+        if not done.accepted:
+            raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued")
 
 

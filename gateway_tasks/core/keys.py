@@ -70,7 +70,7 @@ class Keys:
 
     # -- router and upstream buckets ---------------------------------------
     def bucket(self, pool: str) -> str:
-        """Hash: tokens, requests, ts_ms, drained_until_ms of one pool."""
+        """Hash: tokens, requests, ts_ms, blocked_until_ms of one pool."""
         return f"{self.prefix}bucket:{pool}"
 
     def fair(self, pool: str) -> str:

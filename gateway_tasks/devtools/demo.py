@@ -26,6 +26,7 @@ from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.redis_server import discard_prefix, redis_or_embedded
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
+from gateway_tasks.core.stats import UPSTREAM_429
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -108,7 +109,7 @@ def report(gw: Gateway, results: list[dict[str, Any]], upstream: dict[str, Any])
               f"{row['tokens']:>9} {row['token_share_pct']:>8.1f}")
     stats = gw.r.hgetall(Keys(gw.settings.key_prefix).stats("default"))
     print(f"\nupstream: {upstream['requests_ok']} ok, {upstream['requests_429']} x 429 "
-          f"(gateway saw {int(stats.get(b'upstream_429', 0))})")
+          f"(gateway saw {int(stats.get(UPSTREAM_429.encode(), 0))})")
     vip, batch = table.get("vip"), table.get("batch")
     if vip and batch:
         print(f"VIP p99 queue wait {vip['wait_p99_ms']:.0f} ms while {batch['tasks']} batch tasks "

@@ -24,21 +24,23 @@ from prometheus_client.registry import Collector
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, EST_TOKENS, RETRIES,
+                                      UPSTREAM_429, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
 
-# stats hash field prefix -> (metric name, help); values are per-tier counters
+# per-tier stats counter (gateway_tasks.core.stats) -> (metric name, help)
 _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("dispatched", "gateway_dispatched_tasks",
+    (DISPATCHED, "gateway_dispatched_tasks",
      "Tasks pick.lua dispatched (admitted through the pool bucket), per tier and pool."),
-    ("est_tokens", "gateway_estimated_tokens",
+    (EST_TOKENS, "gateway_estimated_tokens",
      "Estimated tokens debited from the pool bucket at dispatch."),
-    ("actual_tokens", "gateway_actual_tokens",
+    (ACTUAL_TOKENS, "gateway_actual_tokens",
      "Tokens the upstream reported (prompt + completion) for completed calls."),
-    ("completed", "gateway_completed_tasks",
+    (COMPLETED, "gateway_completed_tasks",
      "Upstream calls that completed with a usage report."),
-    ("retries", "gateway_retries",
+    (RETRIES, "gateway_retries",
      "Transient upstream failures requeued against the tier's retry budget."),
 )
 
@@ -130,11 +132,11 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
             depth.add_metric([queue, tier, pool.name], snap.depth.get(queue, 0))
     yield depth
 
-    for prefix, name, help_text in _TIER_COUNTERS:
+    for counter, name, help_text in _TIER_COUNTERS:
         fam = CounterMetricFamily(name, help_text, labels=["tier", "pool"])
         for pool, stats in snap.stats.items():
             for tier in tiers:
-                fam.add_metric([tier, pool], stats.get(f"{prefix}:{tier}", 0.0))
+                fam.add_metric([tier, pool], stats.get(tier_field(counter, tier), 0.0))
         yield fam
 
     wait_total = CounterMetricFamily("gateway_queue_wait_seconds",
@@ -145,8 +147,8 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
                                   "0 before the first dispatch).", labels=["tier", "pool"])
     for pool, stats in snap.stats.items():
         for tier in tiers:
-            wait_s = stats.get(f"wait_ms:{tier}", 0.0) / 1000.0
-            dispatched = stats.get(f"dispatched:{tier}", 0.0)
+            wait_s = stats.get(tier_field(WAIT_MS, tier), 0.0) / 1000.0
+            dispatched = stats.get(tier_field(DISPATCHED, tier), 0.0)
             wait_total.add_metric([tier, pool], wait_s)
             wait_mean.add_metric([tier, pool], wait_s / dispatched if dispatched else 0.0)
     yield wait_total
@@ -156,7 +158,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
                                    "Upstream 429 responses (each drains the pool until Retry-After).",
                                    labels=["pool"])
     for pool, stats in snap.stats.items():
-        http_429.add_metric([pool], stats.get("upstream_429", 0.0))
+        http_429.add_metric([pool], stats.get(UPSTREAM_429, 0.0))
     yield http_429
 
     yield from _bucket_families(snap, settings)

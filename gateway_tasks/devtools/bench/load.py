@@ -54,6 +54,8 @@ from gateway_tasks.devtools.measure import counter_delta, percentile
 from gateway_tasks.devtools.redis_server import discard_prefix
 from gateway_tasks.devtools.simulator import SimConfig
 from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCH_DISPATCHED, DISPATCH_PICKS,
+                                      DISPATCH_WAITS, DISPATCHED, EST_TOKENS, UPSTREAM_429, tier_field)
 
 MODEL = "gpt-4o-mini"
 TIERS = ("vip", "normal", "batch")
@@ -164,10 +166,10 @@ def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
     rows = {}
     for tier in TIERS:
         rows[tier] = {
-            "dispatched": counter_delta(a.stats, b.stats, f"dispatched:{tier}"),
-            "completed": counter_delta(a.stats, b.stats, f"completed:{tier}"),
-            "est_tokens": counter_delta(a.stats, b.stats, f"est_tokens:{tier}"),
-            "actual_tokens": counter_delta(a.stats, b.stats, f"actual_tokens:{tier}"),
+            "dispatched": counter_delta(a.stats, b.stats, tier_field(DISPATCHED, tier)),
+            "completed": counter_delta(a.stats, b.stats, tier_field(COMPLETED, tier)),
+            "est_tokens": counter_delta(a.stats, b.stats, tier_field(EST_TOKENS, tier)),
+            "actual_tokens": counter_delta(a.stats, b.stats, tier_field(ACTUAL_TOKENS, tier)),
         }
     for field, share in (("est_tokens", "share_est_pct"), ("actual_tokens", "share_pct")):
         total = sum(row[field] for row in rows.values())
@@ -177,9 +179,9 @@ def window_tiers(a: Snapshot, b: Snapshot) -> dict[str, dict[str, Any]]:
 
 
 def window_dispatch(a: Snapshot, b: Snapshot) -> dict[str, Any]:
-    picks = counter_delta(a.dispatch, b.dispatch, "picks")
-    waits = counter_delta(a.dispatch, b.dispatch, "waits")
-    dispatched = counter_delta(a.dispatch, b.dispatch, "dispatched")
+    picks = counter_delta(a.dispatch, b.dispatch, DISPATCH_PICKS)
+    waits = counter_delta(a.dispatch, b.dispatch, DISPATCH_WAITS)
+    dispatched = counter_delta(a.dispatch, b.dispatch, DISPATCH_DISPATCHED)
     return {"picks": picks, "waits": waits, "dispatched": dispatched,
             "round_trips_per_msg": round((picks + waits) / dispatched, 3) if dispatched else None}
 
@@ -366,7 +368,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
             "requests_429": upstream["requests_429"],
             "requests_error": upstream["requests_error"],
             "rate_429_pct": round(100.0 * upstream["requests_429"] / answered, 4) if answered else 0.0,
-            "gateway_saw_429": stats_end.get("upstream_429", 0),
+            "gateway_saw_429": stats_end.get(UPSTREAM_429, 0),
         },
         "runtime_s": round(time.monotonic() - started, 1),
     }

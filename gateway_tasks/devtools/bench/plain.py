@@ -47,6 +47,7 @@ from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.results import count_existing, result_metas
 from gateway_tasks.devtools.measure import counter_delta
 from gateway_tasks.devtools.redis_server import discard_prefix
+from gateway_tasks.core.stats import DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS
 
 NOOP_TASK = "gateway.noop"
 PLAIN_QUEUE = "bench.plain"
@@ -196,12 +197,12 @@ def run_gateway(client: redis.Redis, base: Settings, redis_url: str, *, tasks: i
         discard_prefix(client, prefix)
         app.close()
     out = throughput_of(metas)
-    dispatched = max(counts.get("dispatched", 0), 1)
+    dispatched = max(counts.get(DISPATCH_DISPATCHED, 0), 1)
     out.update({
         "prefix": prefix,
         "completed": done,
-        "dispatch_round_trips_per_msg": round((counts.get("picks", 0) + counts.get("waits", 0))
-                                              / dispatched, 3),
+        "dispatch_round_trips_per_msg": round((counts.get(DISPATCH_PICKS, 0)
+                                               + counts.get(DISPATCH_WAITS, 0)) / dispatched, 3),
         "ack_round_trips_per_msg": 1.0,
         "counted": counts,
     })

@@ -1,0 +1,130 @@
+"""The tenant-cron scripts as typed calls (``gateway_tasks.core.scripts.ScriptCall``):
+lua/cron_fire.lua settles one (entry, nominal time), lua/cron_resync.lua moves a
+due entry to the time its hash says, lua/cron_record.lua stores a run's outcome.
+
+Settling one due entry, whichever script did it, ends in a ``CronOutcome``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import text
+from gateway_tasks.core.stats import CRON_DUPLICATE, CRON_FIRED, CRON_QUOTA
+
+HOUR_MS = 3_600_000   # the hourly quota counts per clock hour (now_ms // HOUR_MS)
+
+# cron_fire.lua's action argument: beat.schedule.FIRE, ORPHAN or the reason to skip
+ORPHAN = "orphan"      # a due member without its hash: only drop the member
+
+# outcomes that are not counted in Keys.cron_stats
+MOVED = "moved"        # another process settled the entry (or it was updated) meanwhile
+GONE = "gone"          # the entry no longer exists
+RESYNCED = "resynced"  # the due score disagreed with the hash and was moved to it
+
+
+@dataclass(frozen=True)
+class CronOutcome:
+    status: str             # fired, quota, duplicate, a skip reason, moved, gone, resynced
+    count: int = 0          # the tenant's fired count in this hour after a fire
+    payload_json: str = ""  # the entry's payload when fired
+
+
+@dataclass(frozen=True)
+class EntryCall:
+    """A script call on one cron entry."""
+
+    keys: Keys
+    entry_id: str
+
+
+@dataclass(frozen=True)
+class CronFireCall(EntryCall):
+    """Fire or skip one (entry, nominal time), at most once, and reschedule the entry."""
+
+    SCRIPT: ClassVar[str] = "cron_fire"
+
+    tenant_id: str
+    planned_score_ms: int       # the due score the plan was made from
+    nominal_ms: int             # the nominal time settled
+    next_nominal_ms: int
+    next_fire_ms: int           # the new due score
+    action: str                 # FIRE, ORPHAN or the reason to skip (misfire, unknown_tenant, ...)
+    max_per_hour: int           # the tier's hourly quota
+    now_ms: int
+    idempotency_ttl_ms: int
+    quota_ttl_ms: int
+    tier: str                   # stored for listing
+    next_jitter_offset_s: int   # stored for listing
+
+    @classmethod
+    def orphan(cls, keys: Keys, entry_id: str, planned_score_ms: int, now_ms: int) -> "CronFireCall":
+        """Drop a due member whose hash is gone (the script checks again)."""
+        return cls(keys, entry_id, tenant_id="-", planned_score_ms=planned_score_ms, nominal_ms=0,
+                   next_nominal_ms=0, next_fire_ms=0, action=ORPHAN, max_per_hour=0, now_ms=now_ms,
+                   idempotency_ttl_ms=1, quota_ttl_ms=1, tier="", next_jitter_offset_s=0)
+
+    @property
+    def script_keys(self) -> list[str]:
+        k, eid = self.keys, self.entry_id
+        return [k.cron_due, k.cron(eid), k.cron_fired(eid, self.nominal_ms),
+                k.quota(self.tenant_id, self.now_ms // HOUR_MS), k.cron_stats, k.cron_payload(eid)]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.entry_id, self.planned_score_ms, self.nominal_ms, self.next_nominal_ms,
+                self.next_fire_ms, self.action, self.max_per_hour, self.now_ms,
+                self.idempotency_ttl_ms, self.quota_ttl_ms, self.tier, self.next_jitter_offset_s,
+                CRON_FIRED, CRON_QUOTA, CRON_DUPLICATE]
+
+    def parse(self, reply: Any) -> CronOutcome:
+        status, count, payload = reply
+        return CronOutcome(text(status), int(count), text(payload))
+
+
+@dataclass(frozen=True)
+class CronResyncCall(EntryCall):
+    """Move a due entry to the fire time its hash says, if its score is still the one read."""
+
+    SCRIPT: ClassVar[str] = "cron_resync"
+
+    read_score_ms: int
+    new_score_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.keys.cron_due]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.entry_id, self.read_score_ms, self.new_score_ms]
+
+    def parse(self, reply: Any) -> CronOutcome:
+        return CronOutcome(RESYNCED if reply else MOVED)
+
+
+@dataclass(frozen=True)
+class CronRecordCall(EntryCall):
+    """Store a run's outcome on its entry, unless the entry was deleted meanwhile."""
+
+    SCRIPT: ClassVar[str] = "cron_record"
+
+    last_error: str                   # "" = none
+    last_task_id: str | None = None   # None: left as it is
+    last_status: str | None = None    # None: left as cron_fire.lua set it
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.keys.cron(self.entry_id)]
+
+    @property
+    def script_args(self) -> list[str]:
+        fields = (("last_status", self.last_status), ("last_task_id", self.last_task_id),
+                  ("last_error", self.last_error))
+        return [item for name, value in fields if value is not None for item in (name, value)]
+
+    def parse(self, reply: Any) -> bool:
+        """False: the entry is gone, nothing was written."""
+        return bool(reply)

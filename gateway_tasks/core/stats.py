@@ -1,0 +1,51 @@
+"""The names of the statistics counters kept in Redis, defined once.
+
+Three hashes hold counters:
+
+* ``Keys.stats(pool)``: one pool's counters.  Per-tier counters are named
+  ``<counter>:<tier>`` (``tier_field``); ``UPSTREAM_429`` counts the pool's
+  429 responses;
+* ``Keys.dispatch_stats``: the dispatchers' round trips (``DISPATCH_COUNTERS``);
+* ``Keys.cron_stats``: what beat did with due crons (the ``CRON_*`` outcomes,
+  which are also the value of an entry's ``last_status``).
+
+Lua scripts never spell a counter's name: the typed call that runs a script
+passes the names of the fields it writes in ARGV (each script's header says
+which), so this module is their only definition.  Python readers and writers
+(``workers.tasks``, ``beat``, the metrics exporter, the benches) use it too.
+"""
+
+from __future__ import annotations
+
+# -- per-tier counters of a pool's stats hash -----------------------------------
+DISPATCHED = "dispatched"          # pick.lua: tasks dispatched
+EST_TOKENS = "est_tokens"          # pick.lua: estimated tokens debited at dispatch
+WAIT_MS = "wait_ms"                # pick.lua: queue wait of the dispatched tasks, summed (ms)
+ACTUAL_TOKENS = "actual_tokens"    # settle.lua: tokens the upstream reported (prompt + completion)
+COMPLETED = "completed"            # settle.lua: upstream calls that completed with a usage report
+RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
+EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline
+
+
+def tier_field(counter: str, tier: str) -> str:
+    """The stats hash field of one tier's counter: 'dispatched:vip'."""
+    return f"{counter}:{tier}"
+
+
+# -- pool-wide counters of a pool's stats hash ----------------------------------
+UPSTREAM_429 = "upstream_429"      # drain.lua: 429 responses of the pool's upstream
+
+# -- Keys.dispatch_stats: dispatcher round trips, flushed by every worker ------
+DISPATCH_PICKS = "picks"           # EVALSHA pick.lua sent
+DISPATCH_WAITS = "waits"           # BLPOP on the bell sent
+DISPATCH_DISPATCHED = "dispatched"  # picks that delivered a message
+DISPATCH_COUNTERS = (DISPATCH_PICKS, DISPATCH_WAITS, DISPATCH_DISPATCHED)
+
+# -- Keys.cron_stats: outcomes of settling a due cron run ----------------------
+CRON_FIRED = "fired"               # cron_fire.lua: admitted, then fired
+CRON_QUOTA = "quota"               # cron_fire.lua: skipped, the tenant's hourly quota is spent
+CRON_DUPLICATE = "duplicate"       # cron_fire.lua: already settled (only rescheduled)
+CRON_MISFIRE = "misfire"           # skipped: later than the misfire grace
+CRON_UNKNOWN_TENANT = "unknown_tenant"  # skipped: the tenant is no longer registered
+CRON_UNKNOWN_TIER = "unknown_tier"      # skipped: the tenant's tier is not configured
+CRON_FIRE_ERROR = "fire_error"     # beat.engine: the fire function raised

@@ -1,0 +1,112 @@
+"""The upstream side of a pool's bucket as typed calls of lua/settle.lua,
+lua/sync_limits.lua and lua/drain.lua (``gateway_tasks.core.scripts.ScriptCall``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway_tasks.core.bell import BELL_MAX
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_429, tier_field
+
+NOT_REPORTED = -1  # sync_limits.lua's "the upstream did not say"
+
+
+@dataclass(frozen=True)
+class PoolCall:
+    """A script call on one pool's bucket."""
+
+    keys: Keys
+    pool: Pool
+
+    @property
+    def bucket_key(self) -> str:
+        return self.keys.bucket(self.pool.name)
+
+    @property
+    def stats_key(self) -> str:
+        return self.keys.stats(self.pool.name)
+
+
+@dataclass(frozen=True)
+class SettleCall(PoolCall):
+    """Correct the bucket from the estimate debited at dispatch to the real usage."""
+
+    SCRIPT: ClassVar[str] = "settle"
+
+    tier: str
+    tenant_id: str
+    model: str
+    est_tokens: int              # debited at dispatch
+    actual_tokens: int           # prompt + completion; 0 when the upstream never saw the call
+    completion_tokens: int
+    learn_weight: float          # EWMA weight of the learned completion length (0 = do not learn)
+    give_back_request: bool      # the upstream never saw the request: refund its slot too
+    bell_max: int = BELL_MAX
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.bucket_key, self.stats_key, self.keys.learned(self.tenant_id), self.keys.bell]
+
+    @property
+    def script_args(self) -> list[str | int | float]:
+        return [*self.pool.rates(), self.est_tokens, self.actual_tokens, self.model,
+                self.completion_tokens, self.learn_weight, self.bell_max,
+                1 if self.give_back_request else 0,
+                tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier)]
+
+    def parse(self, reply: Any) -> float:
+        """The bucket's token level after the correction."""
+        return float(reply)
+
+
+@dataclass(frozen=True)
+class Levels:
+    tokens: float
+    requests: float
+
+
+@dataclass(frozen=True)
+class SyncLimitsCall(PoolCall):
+    """Lower the bucket to what the upstream says is left (never raises it)."""
+
+    SCRIPT: ClassVar[str] = "sync_limits"
+
+    remaining_tokens: float | None
+    remaining_requests: float | None
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.bucket_key]
+
+    @property
+    def script_args(self) -> list[float]:
+        return [*self.pool.rates(),
+                NOT_REPORTED if self.remaining_tokens is None else self.remaining_tokens,
+                NOT_REPORTED if self.remaining_requests is None else self.remaining_requests]
+
+    def parse(self, reply: Any) -> Levels:
+        return Levels(float(reply[0]), float(reply[1]))
+
+
+@dataclass(frozen=True)
+class DrainCall(PoolCall):
+    """The upstream answered 429: empty the bucket and block the pool until Retry-After."""
+
+    SCRIPT: ClassVar[str] = "drain"
+
+    retry_after_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.bucket_key, self.stats_key]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.retry_after_ms, UPSTREAM_429]
+
+    def parse(self, reply: Any) -> int:
+        """The blocked-until time (ms since epoch, Redis clock)."""
+        return int(reply)

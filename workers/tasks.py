@@ -22,6 +22,8 @@ from celery.exceptions import Reject
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
+                                         InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
@@ -46,9 +48,10 @@ def _settings(task: Any) -> Settings:
     return settings_of(task.app)
 
 
-def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: dict[str, Any], task_id: str) -> bool:
-    tier = settings.tier(req["tier"])
-    stats = keys.stats(req["pool"])
+def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
+                   task_id: str) -> bool:
+    tier = settings.tier(req.tier)
+    stats = keys.stats(req.pool)
     attempts = r.incr(keys.attempts(task_id))
     r.expire(keys.attempts(task_id), settings.result_ttl_s)
     if attempts >= MAX_ATTEMPTS:
@@ -70,57 +73,59 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
 
 
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
-def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
+def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
+    req = InferenceRequest.from_body(body)   # a crafted message fails here, clearly
     settings = _settings(self)
     keys = Keys(settings.key_prefix)
     r = redis_for(self.app.conf.broker_url)
-    pool = settings.pool(req["pool"])
+    pool = settings.pool(req.pool)
     bucket = PoolBucket(r, keys, pool)
     headers = self.request.headers or {}
     get = lambda name: headers.get(name, getattr(self.request, name, None))  # noqa: E731
-    enq_ms, disp_ms = get("gt_enq_ms"), get("gt_disp_ms")
-    est = int(get("gt_est_tokens") or req["est_tokens"])
-    tenant = req["tenant_id"]
+    enq_ms, disp_ms = get(HEADER_ENQUEUED_MS), get(HEADER_DISPATCHED_MS)
+    est = int(get(HEADER_EST_TOKENS) or req.est_tokens)
 
-    limit_s, why = effective_deadline_s(req.get("deadline_s"), settings.tier(req["tier"]).queue_ttl_s)
+    def refund() -> None:
+        """The upstream never counted this request: give its tokens back."""
+        bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
+                      model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
+
+    limit_s, why = effective_deadline_s(req.deadline_s, settings.tier(req.tier).queue_ttl_s)
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
-        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
-                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
-        r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req["tier"]), 1)
+        refund()
+        r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
         raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
                                f"{limit_s} s; the upstream was not called")
 
     started = time.monotonic()
     try:
-        reply = chat(pool, req["model"], req["messages"], req["max_tokens"], req.get("extra_body"))
+        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
         logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s", pool.name, wait, self.request.id)
         raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
     except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
-        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
-                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
+        refund()
         if _retry_allowed(r, keys, settings, req, self.request.id):
             raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
         raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
     except openai.APIStatusError as exc:
-        bucket.settle(est_tokens=est, actual_tokens=0, tier=req["tier"], tenant_id=tenant,
-                      model=req["model"], completion_tokens=0, learn=False, reached_upstream=False)
+        refund()
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
     upstream_ms = (time.monotonic() - started) * 1000.0
 
-    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req["tier"], tenant_id=tenant,
-                  model=req["model"], completion_tokens=reply.completion_tokens)
+    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+                  model=req.model, completion_tokens=reply.completion_tokens)
     bucket.sync(reply.headers)
     done_ms = _now_ms(r)
     return {
         "task_id": self.request.id,
-        "tenant_id": tenant,
-        "tier": req["tier"],
+        "tenant_id": req.tenant_id,
+        "tier": req.tier,
         "pool": pool.name,
-        "model": req["model"],
-        "source": req.get("source", "api"),
+        "model": req.model,
+        "source": req.source,
         "response": reply.body,
         "timing": {
             "enqueued_ms": enq_ms,
@@ -131,7 +136,7 @@ def infer(self: Any, req: dict[str, Any]) -> dict[str, Any]:
         },
         "tokens": {
             "estimated": est,
-            "estimated_prompt": req["prompt_tokens"],
+            "estimated_prompt": req.prompt_tokens,
             "prompt": reply.prompt_tokens,
             "completion": reply.completion_tokens,
             "total": reply.total_tokens,

@@ -1,24 +1,36 @@
 -- uses: prelude
--- enqueue.lua: push one Celery message onto its tier queue, stamped with Redis
--- TIME, unless the queue is at its length limit (tail drop); ring the bell so
--- an idle dispatcher wakes up.
+-- enqueue.lua: queue one task of a tier on a pool -- its message into the pool's
+-- message hash, a small index entry into the tier's index -- unless the tier is
+-- at its queue length limit (tail drop); make its tenant active (or park it when
+-- the tenant is at its concurrency cap); ring the pool's bell.
 --
--- KEYS[1] the queue's Redis list (kombu's key: consumers RPOP the tail)
--- KEYS[2] bell list (wake-up tokens)
--- ARGV[1] the message: a kombu JSON envelope, an object ('{...}')
--- ARGV[2] max queue length (the tier's queue_max_len)
--- ARGV[3] max bell tokens kept
+-- KEYS[1] messages hash (tag -> message)     KEYS[2] the tier's index (sorted set)
+-- KEYS[3] the tier's active tenants (zset)   KEYS[4] finish tags (tenant -> F)
+-- KEYS[5] parked tenants (tenant -> tier)    KEYS[6] in-flight (tenant -> n)
+-- KEYS[7] depth (tier -> queued)             KEYS[8] enqueue sequence
+-- KEYS[9] fair hash (tv:<tier>)              KEYS[10] bell list
+-- ARGV[1] tier   ARGV[2] tenant   ARGV[3] delivery tag   ARGV[4] est tokens
+-- ARGV[5] tenant weight (> 0)     ARGV[6] the message (kombu JSON envelope)
+-- ARGV[7] the tier's queue_max_len   ARGV[8] the tier's max in-flight per tenant
+-- ARGV[9] max bell tokens kept
+-- ARGV[10] enqueue time (ms) to record: '' = now on the Redis clock (a given one: tools, tests)
 --
--- Returns {1, enqueued_ms, queue length}  or  {0, queue length} when full.
+-- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full.
 
-local len = redis.call('LLEN', KEYS[1])
-if len >= tonumber(ARGV[2]) then
-  return {0, len}
+local tier, tenant, tag = ARGV[1], ARGV[2], ARGV[3]
+local depth = tonumber(redis.call('HGET', KEYS[7], tier)) or 0
+if depth >= tonumber(ARGV[7]) then
+  return {0, depth}
 end
-local now = gt_now_ms()
-local body = ARGV[1]
--- '{' .. '"gt_enq_ms": N, ' .. rest: the envelope keeps every other byte as sent
-local payload = '{"gt_enq_ms": ' .. now .. ', ' .. string.sub(body, 2)
-len = redis.call('LPUSH', KEYS[1], payload)
-gt_ring(KEYS[2], ARGV[3])
-return {1, now, len}
+local now = tonumber(ARGV[10]) or gt_now_ms()
+local seq = redis.call('INCR', KEYS[8])
+local entry = tenant .. '|' .. string.format('%016x', seq) .. '|' .. tag .. '|' .. ARGV[4]
+              .. '|' .. now .. '|' .. ARGV[5]
+redis.call('ZADD', KEYS[2], 0, entry)
+redis.call('HSET', KEYS[1], tag, ARGV[6])
+depth = redis.call('HINCRBY', KEYS[7], tier, 1)
+if not redis.call('ZSCORE', KEYS[3], tenant) and redis.call('HEXISTS', KEYS[5], tenant) == 0 then
+  gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], tier, tenant, tonumber(ARGV[8]))
+end
+gt_ring(KEYS[10], ARGV[9])
+return {1, now, depth}

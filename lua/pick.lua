@@ -1,18 +1,20 @@
 -- uses: prelude
--- pick.lua: choose the next message for a dispatcher, admit it through its
--- pool's TPM/RPM bucket, and record it as unacked -- all in one atomic call.
+-- pick.lua: choose the next task for a dispatcher -- between tiers by policy,
+-- between a tier's tenants by tenant fair queuing -- admit it through its
+-- pool's TPM/RPM bucket, and record it as dispatched: all in one atomic call.
+-- It reads small index entries only (lua/enqueue.lua), never a message body:
+-- its cost does not grow with prompt size, queue depth or the number of tenants
+-- (O(log n) sorted-set steps).
 --
--- KEYS[1]                 kombu unacked hash          (delivery tag -> [payload, exchange, routing key])
--- KEYS[2]                 kombu unacked index zset    (delivery tag -> seconds)
--- KEYS[3]                 in-flight hash              (tenant -> tasks dispatched, not finished)
--- then for each pool p (P pools), three keys:
---   KEYS[3+3(p-1)+1]      bucket hash   (tokens, requests, ts_ms, blocked_until_ms)
---   KEYS[3+3(p-1)+2]      fair hash     (v, f:<tier>)  WFQ virtual time and finish tags
---   KEYS[3+3(p-1)+3]      stats hash    (counters)
--- then for each queue q (Q queues): KEYS[3+3P+q] the queue's Redis list
+-- for each pool p (P pools), ten keys from KEYS[10(p-1)+1], all under the pool's hash tag:
+--   bucket hash (tokens, requests, ts_ms, blocked_until_ms)   fair hash (v, f:<tier>, tv:<tier>)
+--   stats hash   messages hash (tag -> message)   finish tags (tenant -> F)
+--   parked tenants (tenant -> tier)   in-flight (tenant -> n)
+--   dispatched hash (tag -> '<tier>|<entry>')   dispatched-at zset (tag -> s)   depth (tier -> n)
+-- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[10P+2(q-1)+1]:
+--   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag)
 --
--- ARGV[1] policy: fifo | strict | aging | wfq
--- ARGV[2] P   ARGV[3] Q   ARGV[4] lookahead (messages examined per queue for the tenant cap)
+-- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
 -- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
@@ -20,26 +22,26 @@
 --                          and the pool stats fields its dispatches count in: dispatched,
 --                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
--- Returns {1, payload, queue index, now_ms, est_tokens}  a message was dispatched,
+-- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag}  dispatched,
 --         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
---
--- Messages carry (set by enqueue.lua / the producer): top-level gt_enq_ms (Redis
--- TIME at enqueue) and headers gt_est_tokens, gt_tenant.
 
 local policy = ARGV[1]
 local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
-local lookahead = tonumber(ARGV[4])
+local PARKS_PER_PICK = 8  -- capped tenants parked by one call at most (each once per cap)
 
 local now = gt_now_ms()
 
 -- pools: refilled bucket levels (not yet written back)
 local pools = {}
-local a = 5
+local a = 4
 for p = 1, P do
-  local base = 3 + 3 * (p - 1)
+  local base = 10 * (p - 1)
   local pool = {
     bucket = KEYS[base + 1], fair = KEYS[base + 2], stats = KEYS[base + 3],
+    messages = KEYS[base + 4], finish = KEYS[base + 5], parked = KEYS[base + 6],
+    inflight = KEYS[base + 7], dispatched = KEYS[base + 8], dispatched_at = KEYS[base + 9],
+    depth = KEYS[base + 10],
     tcap = tonumber(ARGV[a]), trate = tonumber(ARGV[a + 1]),
     rcap = tonumber(ARGV[a + 2]), rrate = tonumber(ARGV[a + 3]),
     reserve = tonumber(ARGV[a + 4]),
@@ -51,34 +53,27 @@ for p = 1, P do
   pools[p] = pool
 end
 
-local inflight_key = KEYS[3]
-local qbase = 3 + 3 * P
+local qbase = 10 * P
 
--- the candidate of each queue: its oldest message whose tenant is under its cap
-local function candidate(q, qd)
-  local key = KEYS[qbase + q]
-  local items = redis.call('LRANGE', key, -lookahead, -1)
-  for i = #items, 1, -1 do
-    local raw = items[i]
-    local ok, m = pcall(cjson.decode, raw)
-    local tenant, est, enq = '', 0, now
-    if ok and type(m) == 'table' then
-      enq = tonumber(m['gt_enq_ms']) or now
-      local h = m['headers']
-      if type(h) == 'table' then
-        est = tonumber(h['gt_est_tokens']) or 0
-        tenant = h['gt_tenant'] or ''
-        if type(tenant) ~= 'string' then tenant = '' end
-      end
+-- the candidate of a queue: the oldest task of the active tenant with the
+-- smallest start tag; tenants found at their cap are parked (out of the set
+-- until a slot frees: lua/release.lua), so a capped tenant never blocks its tier
+local function candidate(qd, pool)
+  for _ = 1, PARKS_PER_PICK do
+    local top = redis.call('ZRANGE', qd.active, 0, 0, 'WITHSCORES')
+    if #top == 0 then return nil end
+    local tenant, start = top[1], tonumber(top[2])
+    local n = tonumber(redis.call('HGET', pool.inflight, tenant)) or 0
+    local entry = nil
+    if qd.tenant_max <= 0 or n < qd.tenant_max then entry = gt_tenant_head(qd.index, tenant) end
+    if entry then
+      local _, _, seq, tag, est, enq, w = string.find(entry, '^[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+      return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
+              enq = tonumber(enq) or now, tweight = math.max(tonumber(w) or 1, 1e-9)}
     end
-    local capped = false
-    if tenant ~= '' and qd.tenant_max > 0 then
-      local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
-      capped = n >= qd.tenant_max
-    end
-    if not capped then
-      return {raw = raw, msg = ok and m or nil, enq = enq, est = est, tenant = tenant,
-              tail = (i == #items), key = key}
+    redis.call('ZREM', qd.active, tenant)
+    if n > 0 and qd.tenant_max > 0 and n >= qd.tenant_max then
+      redis.call('HSET', pool.parked, tenant, qd.tier)
     end
   end
   return nil
@@ -95,11 +90,10 @@ for q = 1, Q do
     tenant_max = tonumber(ARGV[a + 7]),
     dispatched_field = ARGV[a + 8], est_tokens_field = ARGV[a + 9], wait_ms_field = ARGV[a + 10],
   }
+  qd.index, qd.active = KEYS[qbase + 2 * q - 1], KEYS[qbase + 2 * q]
   a = a + 11
-  if redis.call('LLEN', KEYS[qbase + q]) > 0 then
-    any_message = true
-    qd.c = candidate(q, qd)
-  end
+  qd.c = candidate(qd, pools[qd.pool])
+  if qd.c then any_message = true end
   queues[q] = qd
 end
 
@@ -189,15 +183,12 @@ if best == nil then
   return {0, wait_ms or 50}
 end
 
--- dispatch: take the message, debit the bucket, advance fair state, record unacked
+-- dispatch: take the entry, debit the bucket, advance both fair states, record it
 local qd = queues[best]
 local c = qd.c
 local pool = pools[qd.pool]
-if c.tail then
-  redis.call('RPOP', c.key)
-else
-  redis.call('LREM', c.key, -1, c.raw)
-end
+redis.call('ZREM', qd.index, c.entry)
+redis.call('HINCRBY', pool.depth, qd.tier, -1)
 local est = math.min(c.est, pool.tcap)
 redis.call('HSET', pool.bucket, 'tokens', pool.tokens - est, 'requests', pool.requests - 1, 'ts_ms', now)
 if policy == 'wfq' then
@@ -209,25 +200,26 @@ if policy == 'wfq' then
     redis.call('HSET', pool.fair, 'v', start, 'f:' .. qd.tier, start + est / qd.share)
   end
 end
-if c.tenant ~= '' then redis.call('HINCRBY', inflight_key, c.tenant, 1) end
+-- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
+-- the tenant's next task starts where this one finishes
+local finish = c.start + est / c.tweight
+redis.call('HSET', pool.fair, 'tv:' .. qd.tier, c.start)
+redis.call('HSET', pool.finish, c.tenant, finish)
+local n = redis.call('HINCRBY', pool.inflight, c.tenant, 1)
+if gt_tenant_head(qd.index, c.tenant) then
+  if qd.tenant_max > 0 and n >= qd.tenant_max then
+    redis.call('ZREM', qd.active, c.tenant)
+    redis.call('HSET', pool.parked, c.tenant, qd.tier)
+  else
+    redis.call('ZADD', qd.active, finish, c.tenant)
+  end
+else
+  redis.call('ZREM', qd.active, c.tenant)
+end
 redis.call('HINCRBY', pool.stats, qd.dispatched_field, 1)
 redis.call('HINCRBY', pool.stats, qd.est_tokens_field, est)
 redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
-
-local tag, ex, rk = nil, '', ''
-if c.msg then
-  local props = c.msg['properties']
-  if type(props) == 'table' then
-    tag = props['delivery_tag']
-    local di = props['delivery_info']
-    if type(di) == 'table' then
-      ex = di['exchange'] or ''
-      rk = di['routing_key'] or ''
-    end
-  end
-end
-if type(tag) == 'string' then
-  redis.call('HSET', KEYS[1], tag, '[' .. c.raw .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']')
-  redis.call('ZADD', KEYS[2], now / 1000, tag)
-end
-return {1, c.raw, best, now, est}
+redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. c.entry)
+redis.call('ZADD', pool.dispatched_at, now / 1000, c.tag)
+local message = redis.call('HGET', pool.messages, c.tag) or ''
+return {1, message, best, now, est, c.enq, c.tenant, c.tag}

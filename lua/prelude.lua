@@ -29,3 +29,27 @@ local function gt_ring(bell_key, max_tokens)
   redis.call('LPUSH', bell_key, '1')
   redis.call('LTRIM', bell_key, 0, tonumber(max_tokens) - 1)
 end
+
+-- Tenant fair queuing inside a tier: make a tenant with queued work eligible.
+-- Under its cap it joins the tier's active set at start tag max(tier virtual
+-- time, its last finish tag) -- an idle tenant banks no credit, a busy one keeps
+-- its place; at its cap it is parked until a slot frees.
+local function gt_activate(active_key, finish_key, parked_key, inflight_key, fair_key,
+                           tier, tenant, cap)
+  local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
+  if cap > 0 and n >= cap then
+    redis.call('HSET', parked_key, tenant, tier)
+    return false
+  end
+  local v = tonumber(redis.call('HGET', fair_key, 'tv:' .. tier)) or 0
+  local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
+  redis.call('ZADD', active_key, math.max(v, f), tenant)
+  return true
+end
+
+-- The first index entry of a tenant (its oldest queued task), or nil.
+local function gt_tenant_head(index_key, tenant)
+  local found = redis.call('ZRANGEBYLEX', index_key, '[' .. tenant .. '|', '[' .. tenant .. '|\255',
+                           'LIMIT', 0, 1)
+  return found[1]
+end

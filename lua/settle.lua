@@ -5,13 +5,13 @@
 --
 -- KEYS[1] bucket hash of the pool (tokens, requests, ts_ms, blocked_until_ms)
 -- KEYS[2] stats hash of the pool
--- KEYS[3] learned completion hash of the tenant (model -> EWMA of completion tokens)
--- KEYS[4] bell list
+-- KEYS[3] learned completion hash of the pool ('<tenant>|<model>' -> EWMA of completion tokens)
+-- KEYS[4] the pool's bell list
 -- ARGV[1] token capacity    ARGV[2] tokens per ms
 -- ARGV[3] request capacity  ARGV[4] requests per ms
 -- ARGV[5] estimated tokens debited at dispatch
 -- ARGV[6] actual tokens charged (prompt + completion); 0 when the call never reached the upstream
--- ARGV[7] model   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
+-- ARGV[7] learned field '<tenant>|<model>'   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
 -- ARGV[10] max bell tokens kept
 -- ARGV[11] 1 = also give back the request slot (the upstream never saw the request)
 -- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed

@@ -44,13 +44,12 @@ def test_stats_bucket_queues_and_inflight(r, settings):
     now = redis_now_ms(r)
     r.hset(keys.bucket(pool.name), mapping={"tokens": 1234.5, "requests": 7, "ts_ms": now - 1_000,
                                             "blocked_until_ms": now + 5_000})
-    r.lpush(keys.queue(settings.queue_name("vip", pool.name)), "a", "b", "c")
-    r.lpush(keys.queue(settings.queue_name("batch", pool.name)), "d")
+    r.hset(keys.depth(pool.name), mapping={"vip": 3, "batch": 1})
     tenants = TenantRegistry(r, settings)
     tenants.register("acme", "vip")
     tenants.register("bigco", "enterprise")
     tenants.register("tiny", "batch")
-    r.hset(keys.inflight, mapping={"acme": 2, "bigco": 3, "tiny": 1, "gone": 4, "idle": 0})
+    r.hset(keys.inflight(pool.name), mapping={"acme": 2, "bigco": 3, "tiny": 1, "gone": 4, "idle": 0})
     r.hset(keys.cron_stats, mapping={"fired": 9, "quota": 1})
 
     got = samples(render(r, settings))

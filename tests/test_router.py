@@ -11,8 +11,11 @@ from collections import Counter
 
 import pytest
 
+from gateway_tasks.core.enqueue import EnqueueCall
 from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
+from gateway_tasks.core.index_entry import IndexEntry
+from workers.release import ReleaseCall, Released
 from workers.router import PickPlan, Picked, Wait
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, default_tiers
@@ -27,16 +30,18 @@ def redis_now_ms(r) -> int:
 
 
 def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None = None,
-         enq_ms: int | None = None, pool: str = "default") -> str:
-    """Push a minimal kombu envelope the way enqueue.lua stores it (LPUSH, consumers take the tail)."""
+         enq_ms: int | None = None, pool: str = "default", weight: float = 1.0) -> str:
+    """Queue a minimal kombu envelope through enqueue.lua (as the producer's transport does)."""
     queue = settings.queue_name(tier, pool)
     tag = uuid.uuid4().hex
     tenant = tenant or f"tenant-{tag[:8]}"
-    msg = {"gt_enq_ms": enq_ms if enq_ms is not None else redis_now_ms(r),
-           "body": "", "headers": {"gt_est_tokens": est, "gt_tenant": tenant, "id": tag},
+    msg = {"body": "", "headers": {"gt_est_tokens": est, "gt_tenant": tenant, "id": tag},
            "properties": {"delivery_tag": tag,
                           "delivery_info": {"exchange": "", "routing_key": queue}}}
-    r.lpush(Keys(settings.key_prefix).queue(queue), json.dumps(msg))
+    done = scripts_for(r).run(EnqueueCall(Keys(settings.key_prefix), settings.tier(tier), pool,
+                                          tenant, tag, est, json.dumps(msg), tenant_weight=weight,
+                                          enqueued_ms=enq_ms))
+    assert done.accepted
     return tag
 
 
@@ -88,9 +93,9 @@ def test_aging_score_promotes_old_batch_over_fresh_vip(r, settings):
     assert drain_order(r, plan, 2) == ["vip", "batch"]
 
 
-def test_fifo_within_a_queue(r, settings):
+def test_fifo_within_a_tenant(r, settings):
     s, plan = make(settings, "wfq")
-    tags = [push(r, s, "normal") for _ in range(5)]
+    tags = [push(r, s, "normal", tenant="acme") for _ in range(5)]
     got = [pick(r, plan).payload["properties"]["delivery_tag"] for _ in range(5)]
     assert got == tags
 
@@ -226,8 +231,13 @@ def test_tenant_concurrency_cap_skips_to_next_tenant(r, settings):
     assert first.payload["headers"]["gt_tenant"] == "hog"
     second = pick(r, plan)
     assert second.payload["properties"]["delivery_tag"] == other
-    assert isinstance(pick(r, plan), Wait)           # hog is at its cap
-    r.hincrby(Keys(s.key_prefix).inflight, "hog", -1)  # ack releases the slot
+    assert isinstance(pick(r, plan), Wait)           # hog is at its cap: parked, not blocking
+    keys = Keys(s.key_prefix)
+    assert r.hget(keys.parked("default"), "hog") == b"normal"
+    assert r.zscore(keys.active("default", "normal"), "hog") is None
+    released = scripts_for(r).run(ReleaseCall(keys, s, "default", first.tag))   # the ack frees the slot
+    assert released == Released(True, "hog", "normal")
+    assert r.hget(keys.parked("default"), "hog") is None
     assert pick(r, plan).payload["headers"]["gt_tenant"] == "hog"
 
 
@@ -236,10 +246,12 @@ def test_pick_records_unacked_atomically(r, settings):
     tag = push(r, s, "vip")
     got = pick(r, plan)
     keys = Keys(s.key_prefix)
-    stored = json.loads(r.hget(keys.unacked, tag))
-    assert stored[0]["properties"]["delivery_tag"] == tag
-    assert stored[2] == "gt.vip.default"
-    assert r.zscore(keys.unacked_index, tag) is not None
+    tier, _, entry = r.hget(keys.dispatched("default"), tag).decode().partition("|")
+    assert tier == "vip" and IndexEntry.decode(entry).tag == tag == got.tag
+    assert r.zscore(keys.dispatched_at("default"), tag) is not None
+    assert json.loads(r.hget(keys.messages("default"), tag))["properties"]["delivery_tag"] == tag
+    assert r.zcard(keys.index("default", "vip")) == 0 and r.hget(keys.depth("default"), "vip") == b"0"
+    assert int(r.hget(keys.inflight("default"), got.tenant)) == 1
     assert got.payload["headers"]["gt_disp_ms"] >= got.payload["headers"]["gt_enq_ms"]
 
 
@@ -339,3 +351,89 @@ def test_wfq_vip_past_its_reservation_waits_in_fair_order(r, settings):
     r.hset(keys.bucket("default"), mapping={"tokens": 5_900, "requests": 100,
                                             "ts_ms": redis_now_ms(r)})
     assert isinstance(pick(r, plan), Wait)
+
+
+# -- tenant fair queuing inside a tier ------------------------------------------------------
+def tenants_of(r, plan: PickPlan, n: int) -> list[str]:
+    """The tenants of the next n dispatches, each acked at once (so caps never bind)."""
+    out = []
+    for _ in range(n):
+        got = pick(r, plan)
+        assert isinstance(got, Picked), got
+        assert scripts_for(r).run(ReleaseCall(plan.keys, plan.settings, got.pool, got.tag)).released
+        out.append(got.tenant)
+    return out
+
+
+def test_quiet_tenants_go_ahead_of_a_flooding_tenants_backlog(r, settings):
+    s, plan = make(settings, "wfq")
+    for _ in range(400):
+        push(r, s, "normal", tenant="flood", est=500)
+    assert tenants_of(r, plan, 3) == ["flood"] * 3
+    for i in range(4):
+        push(r, s, "normal", tenant=f"quiet{i}", est=500)
+    # the next five picks serve every quiet tenant once, the flood at most once
+    nxt = tenants_of(r, plan, 5)
+    assert sorted(t for t in nxt if t != "flood") == ["quiet0", "quiet1", "quiet2", "quiet3"]
+    assert r.zcard(Keys(s.key_prefix).index("default", "normal")) == 400 - 3 - 1
+
+
+def test_tenant_weights_share_a_tier_by_tokens(r, settings):
+    s, plan = make(settings, "wfq")
+    for _ in range(300):
+        push(r, s, "batch", tenant="big", est=100, weight=3)
+        push(r, s, "batch", tenant="small", est=100, weight=1)
+    counts = Counter(tenants_of(r, plan, 200))
+    assert counts["big"] == pytest.approx(150, abs=3) and counts["small"] == pytest.approx(50, abs=3)
+
+
+def test_token_weighted_not_request_weighted_between_tenants(r, settings):
+    s, plan = make(settings, "wfq")
+    for _ in range(200):
+        push(r, s, "batch", tenant="long", est=400)
+        push(r, s, "batch", tenant="short", est=100)
+    counts = Counter(tenants_of(r, plan, 100))
+    assert counts["short"] == pytest.approx(80, abs=3)    # 4 short for every long: equal tokens
+
+
+def test_an_idle_tenant_banks_no_credit(r, settings):
+    s, plan = make(settings, "wfq")
+    for _ in range(300):
+        push(r, s, "normal", tenant="busy")
+    assert tenants_of(r, plan, 100) == ["busy"] * 100     # a lone tenant may use the whole tier
+    for _ in range(100):
+        push(r, s, "normal", tenant="late")
+    counts = Counter(tenants_of(r, plan, 100))
+    # 'late' was idle while 'busy' was served: it starts at the tier's virtual time, not 100 behind
+    assert counts["late"] == pytest.approx(50, abs=2)
+
+
+def test_requeue_returns_to_the_front_of_its_tenants_line_with_its_enqueue_time(r, settings):
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    now = redis_now_ms(r)
+    first = push(r, s, "vip", tenant="acme", enq_ms=now - 5_000)
+    push(r, s, "vip", tenant="acme")
+    got = pick(r, plan)
+    assert got.tag == first
+    assert scripts_for(r).run(ReleaseCall(keys, s, "default", first, "requeue")).released
+    assert not scripts_for(r).run(ReleaseCall(keys, s, "default", first, "requeue")).released  # once
+    again = pick(r, plan)
+    assert again.tag == first and again.payload["headers"]["gt_enq_ms"] == now - 5_000
+    assert r.hget(keys.inflight("default"), "acme") == b"1"
+
+
+def test_every_key_of_a_dispatch_shares_the_pools_hash_slot(r, settings):
+    from gateway_tasks.devtools.redis_cluster import slot_of
+    two = (BIG, Pool("other", base_url="http://127.0.0.1:1/v1", api_key="x", models=("n",),
+                     tpm=10**9, rpm=10**9))
+    s = settings.with_(pools=two)
+    keys = Keys(s.key_prefix)
+    for pool in two:
+        tier = s.tiers[0]
+        calls = [PickPlan(s, [s.queue_name(t.name, pool.name) for t in s.tiers]),
+                 EnqueueCall(keys, tier, pool.name, "acme", "tag", 1, "{}"),
+                 ReleaseCall(keys, s, pool.name, "tag")]
+        slots = {slot_of(k) for call in calls for k in call.script_keys}
+        assert slots == {slot_of(keys.pool_tag(pool.name))}, pool.name
+    assert slot_of(keys.bucket("default")) != slot_of(keys.bucket("other"))

@@ -10,7 +10,7 @@ from typing import Mapping
 
 import redis
 
-from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
 from workers.bucket_calls import DrainCall, SettleCall, SyncLimitsCall
@@ -104,5 +104,5 @@ class PoolBucket:
         return {k.decode(): float(v) for k, v in raw.items()}
 
     def learned_completion(self, tenant_id: str, model: str) -> float | None:
-        v = self.r.hget(self.keys.learned(tenant_id), model)
+        v = self.r.hget(self.keys.learned(self.pool.name), learned_field(tenant_id, model))
         return float(v) if v is not None else None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway_tasks.core.bell import BELL_MAX
-from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_429, tier_field
 
@@ -48,11 +48,13 @@ class SettleCall(PoolCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.bucket_key, self.stats_key, self.keys.learned(self.tenant_id), self.keys.bell]
+        return [self.bucket_key, self.stats_key, self.keys.learned(self.pool.name),
+                self.keys.bell(self.pool.name)]
 
     @property
     def script_args(self) -> list[str | int | float]:
-        return [*self.pool.rates(), self.est_tokens, self.actual_tokens, self.model,
+        return [*self.pool.rates(), self.est_tokens, self.actual_tokens,
+                learned_field(self.tenant_id, self.model),
                 self.completion_tokens, self.learn_weight, self.bell_max,
                 1 if self.give_back_request else 0,
                 tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier)]

@@ -13,11 +13,10 @@ from typing import Any, ClassVar, Sequence
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
+from gateway_tasks.core.request import HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
+from gateway_tasks.core.scripts import text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
-
-LOOKAHEAD = 8  # messages examined per queue to skip tenants at their concurrency cap
-
 
 @dataclass(frozen=True)
 class QueueRef:
@@ -32,6 +31,10 @@ class Picked:
     queue: str
     dispatched_ms: int
     est_tokens: int
+    tenant: str
+    tag: str
+    tier: str
+    pool: str
 
 
 @dataclass(frozen=True)
@@ -67,17 +70,21 @@ class PickPlan:
                 pools.append(q.pool)
         self.pools = pools
         reserve_share = max((t.reserved_share for t in settings.tiers), default=0.0)
-        keys = [self.keys.unacked, self.keys.unacked_index, self.keys.inflight]
-        argv: list[Any] = [settings.policy, len(pools), len(self.queues), LOOKAHEAD]
+        k = self.keys
+        keys: list[str] = []
+        argv: list[Any] = [settings.policy, len(pools), len(self.queues)]
         for pool in pools:
-            keys += [self.keys.bucket(pool.name), self.keys.fair(pool.name), self.keys.stats(pool.name)]
+            p = pool.name
+            keys += [k.bucket(p), k.fair(p), k.stats(p), k.messages(p), k.finish(p), k.parked(p),
+                     k.inflight(p), k.dispatched(p), k.dispatched_at(p), k.depth(p)]
             argv += [*pool.rates(), pool.token_capacity * reserve_share]
         for q in self.queues:
-            keys.append(self.keys.queue(q.name))
+            keys += [k.index(q.pool.name, q.tier.name), k.active(q.pool.name, q.tier.name)]
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
                      1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant,
                      *(tier_field(c, q.tier.name) for c in (DISPATCHED, EST_TOKENS, WAIT_MS))]
+        self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
         self.script_args = [str(x).encode() for x in argv]
@@ -85,13 +92,11 @@ class PickPlan:
     def parse(self, reply: Sequence[Any]) -> Picked | Wait:
         if int(reply[0]) == 0:
             return Wait(int(reply[1]))
-        raw = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
-        payload = json.loads(raw)
-        queue = self.queues[int(reply[2]) - 1].name
-        dispatched_ms = int(reply[3])
+        queue = self.queues[int(reply[2]) - 1]
+        dispatched_ms, enqueued_ms = int(reply[3]), int(reply[5])
+        payload = json.loads(text(reply[1])) if reply[1] else {}
         headers = payload.setdefault("headers", {})
-        enq = payload.pop("gt_enq_ms", None)
-        if enq is not None:
-            headers["gt_enq_ms"] = enq
-        headers["gt_disp_ms"] = dispatched_ms
-        return Picked(payload, queue, dispatched_ms, int(reply[4]))
+        headers[HEADER_ENQUEUED_MS] = enqueued_ms
+        headers[HEADER_DISPATCHED_MS] = dispatched_ms
+        return Picked(payload, queue.name, dispatched_ms, int(reply[4]), tenant=text(reply[6]),
+                      tag=text(reply[7]), tier=queue.tier.name, pool=queue.pool.name)

@@ -24,10 +24,10 @@ import redis
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
 from gateway_tasks.core import broker
 from gateway_tasks.core.stats import DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS
+from workers.release import ACK, REQUEUE, ReleaseCall, Released
 from workers.router import PickPlan, Picked
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,17 @@ def bell_timeout(wait_s: float) -> str:
 
 
 class QoS(kredis.QoS):
-    """kombu's ack emulation, aware that pick.lua already recorded the unacked entry."""
+    """kombu's ack emulation for gateway queues: pick.lua already recorded the task as
+    dispatched; ack, reject and every restore run lua/release.lua (exactly once).
+    Messages of other queues keep kombu's own bookkeeping."""
+
+    def _gt_release(self, delivery_tag: Any, mode: str) -> bool:
+        tag = bytes_to_str(delivery_tag)
+        pool = self.channel._gt_picked.pop(tag, None)
+        if pool is None:
+            return False
+        self.channel._gt_run_release(pool, tag, mode)
+        return True
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel._gt_picked:
@@ -58,43 +68,29 @@ class QoS(kredis.QoS):
             super().append(message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        with self.pipe_or_acquire() as pipe:
-            self._remove_from_indices(delivery_tag, pipe)
-            self.channel._gt_release(delivery_tag, pipe)
-            pipe.execute()
-        virtual.QoS.ack(self, delivery_tag)
+        if self._gt_release(delivery_tag, ACK):
+            virtual.QoS.ack(self, delivery_tag)
+        else:
+            super().ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        if requeue:
-            # front of the line (RPUSH: consumers take the tail), keeping its enqueue time
-            self.restore_by_tag(delivery_tag, leftmost=False)
+        # requeue: back to the front of its tenant's line, keeping its enqueue time
+        if self._gt_release(delivery_tag, REQUEUE if requeue else ACK):
+            virtual.QoS.ack(self, delivery_tag)
         else:
-            with self.pipe_or_acquire() as pipe:
-                self._remove_from_indices(delivery_tag, pipe)
-                self.channel._gt_release(delivery_tag, pipe)
-                pipe.execute()
-        virtual.QoS.ack(self, delivery_tag)
+            super().reject(delivery_tag, requeue=requeue)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
-        channel = self.channel
-        keys = channel._gt_keys
+        if not self._gt_release(tag, REQUEUE):
+            super().restore_by_tag(tag, client, leftmost)
 
-        def restore_transaction(pipe: Any) -> None:
-            p = pipe.hget(self.unacked_key, tag)
-            pipe.multi()
-            self._remove_from_indices(tag, pipe)
-            if p:
-                message, exchange, routing_key = loads(bytes_to_str(p))
-                tenant = (message.get("headers") or {}).get("gt_tenant")
-                if tenant:
-                    pipe.execute_command("HINCRBY", keys.inflight, tenant, -1)
-                channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
-                # the pipeline prefixes LPUSH's key itself
-                pipe.lpush(keys.bell[len(channel.global_keyprefix or ""):], "1")
-        tag_str = bytes_to_str(tag)
-        channel._gt_picked.pop(tag_str, None)
-        with channel.conn_or_acquire(client) as client:
-            client.transaction(restore_transaction, self.unacked_key)
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's visibility-timeout restore, plus the gateway's dispatched tasks: any
+        dispatched longer ago than the visibility timeout goes back to its queue."""
+        super().restore_visible(start, num, interval)
+        if (self._vrestore_count - 1) % (interval or 1):
+            return
+        self.channel._gt_restore_expired(self.visibility_timeout, num)
 
 
 class Channel(broker.Channel):
@@ -102,7 +98,7 @@ class Channel(broker.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._gt_picked: dict[str, str] = {}  # delivery tag -> tenant (in-flight slot to release)
+        self._gt_picked: dict[str, str] = {}  # delivery tag -> pool of a task this channel dispatched
         self._gt_plan: PickPlan | None = None
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_mode = "pick"
@@ -130,10 +126,25 @@ class Channel(broker.Channel):
         self._gt_flush_counts()
         super().close()
 
-    def _gt_release(self, delivery_tag: str, pipe: Any) -> None:
-        tenant = self._gt_picked.pop(bytes_to_str(delivery_tag), None)
-        if tenant:
-            pipe.execute_command("HINCRBY", self._gt_keys.inflight, tenant, -1)
+    def _gt_run_release(self, pool: str, tag: str, mode: str) -> Released:
+        return self._gt_scripts.run(ReleaseCall(self._gt_keys, self._gt_settings, pool, tag, mode))
+
+    def _gt_restore_expired(self, visibility_timeout_s: float, limit: int) -> int:
+        """Put back every task dispatched more than visibility_timeout_s ago (Redis clock)."""
+        sec, usec = self._gt_raw.time()
+        ceiling_s = int(sec) + int(usec) / 1e6 - visibility_timeout_s
+        restored = 0
+        for pool in self._gt_settings.pools:
+            tags = self._gt_raw.zrange(self._gt_keys.dispatched_at(pool.name), "-inf", ceiling_s,
+                                       byscore=True, offset=0, num=limit or 10)
+            for tag in tags:
+                tag_str = bytes_to_str(tag)
+                self._gt_picked.pop(tag_str, None)
+                if self._gt_run_release(pool.name, tag_str, REQUEUE).released:
+                    restored += 1
+                    logger.warning("restored task %s: dispatched over %.0f s ago and never acked",
+                                   tag_str, visibility_timeout_s)
+        return restored
 
     # -- consuming ------------------------------------------------------------
     def _gt_plan_now(self) -> PickPlan | None:
@@ -155,7 +166,7 @@ class Channel(broker.Channel):
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
             self._gt_count(DISPATCH_WAITS)
-            conn.send_command("BLPOP", self._gt_keys.bell, bell_timeout(self._gt_wait_s))
+            conn.send_command("BLPOP", *plan.bell_keys, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"
             self._gt_count(DISPATCH_PICKS)
@@ -181,9 +192,7 @@ class Channel(broker.Channel):
                 raise virtual.Empty()
             result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
             if isinstance(result, Picked):
-                tag = result.payload.get("properties", {}).get("delivery_tag")
-                if tag:
-                    self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
+                self._gt_picked[result.tag] = result.pool
                 self._gt_counts[DISPATCH_DISPATCHED] += 1
                 self.connection._deliver(result.payload, result.queue)
                 return True
@@ -201,9 +210,7 @@ class Channel(broker.Channel):
         result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked):
             raise virtual.Empty()
-        tag = result.payload.get("properties", {}).get("delivery_tag")
-        if tag:
-            self._gt_picked[tag] = result.payload["headers"].get("gt_tenant", "")
+        self._gt_picked[result.tag] = result.pool
         return result.payload
 
 

@@ -25,7 +25,8 @@ def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
 
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
-    return {"tenant_id": tenant.tenant_id, "tier": tenant.tier, "created_ms": tenant.created_ms}
+    return {"tenant_id": tenant.tenant_id, "tier": tenant.tier, "weight": tenant.weight,
+            "created_ms": tenant.created_ms}
 
 
 def _print(obj: Any) -> None:
@@ -34,7 +35,7 @@ def _print(obj: Any) -> None:
 
 
 def _add(args: argparse.Namespace) -> int:
-    tenant, api_key = registry_from_env().register(args.tenant, args.tier, args.api_key)
+    tenant, api_key = registry_from_env().register(args.tenant, args.tier, args.api_key, args.weight)
     _print({**tenant_json(tenant), "api_key": api_key})
     return 0
 
@@ -59,6 +60,9 @@ def register(subparsers: Any) -> None:
     add = sub.add_parser("add", help="register a tenant (or change its tier and rotate its key)")
     add.add_argument("tenant", metavar="TENANT", help="tenant id (A-Z a-z 0-9 _ . -)")
     add.add_argument("--tier", required=True, help="tier name or alias, e.g. vip, normal, batch")
+    add.add_argument("--weight", type=float, default=1.0,
+                     help="share against the tier's other tenants while both have work queued "
+                          "(default %(default)s)")
     add.add_argument("--api-key", default=None,
                      help="use this API key instead of generating one")
     add.set_defaults(func=_add)

@@ -13,6 +13,7 @@ A channel reads the deployment's settings from the broker's transport options
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import redis
@@ -21,13 +22,17 @@ from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.enqueue import EnqueueCall
-from gateway_tasks.core.errors import QueueFull
+from gateway_tasks.core.errors import InvalidRequest, QueueFull
+from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
+from gateway_tasks.core.tenants import TENANT_ID_RE
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
 
 # transport option holding the settings' public view (no API keys)
 PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
+ANONYMOUS_TENANT = "_anonymous"  # messages on a gateway queue without a (valid) tenant header
 
 
 def channel_settings(transport_options: dict[str, Any]) -> Settings:
@@ -66,15 +71,61 @@ class Channel(kredis.Channel):
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
         headers = message.get("headers") or {}
         parts = split_queue_name(queue)
-        if parts is None or "gt_est_tokens" not in headers:
+        if parts is None or HEADER_EST_TOKENS not in headers:
             return super()._put(queue, message, **kwargs)
         kwargs.pop("_publish_batch", None)
         tier = self._gt_settings.tier(parts[0])
-        done = self._gt_scripts.run(EnqueueCall(self._gt_keys, queue, json.dumps(message),
-                                                tier.queue_max_len))
+        call = EnqueueCall(self._gt_keys, tier, parts[1], tenant=_tenant_of(headers),
+                           tag=str((message.get("properties") or {}).get("delivery_tag") or uuid.uuid4()),
+                           est_tokens=_whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS),
+                           message_json=json.dumps(message),
+                           tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
+        done = self._gt_scripts.run(call)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued")
+
+    def _size(self, queue: str) -> int:
+        parts = split_queue_name(queue)
+        if parts is None:
+            return super()._size(queue)
+        return int(self._gt_raw.hget(self._gt_keys.depth(parts[1]), parts[0]) or 0)
+
+    def _purge(self, queue: str) -> int:
+        parts = split_queue_name(queue)
+        if parts is None:
+            return super()._purge(queue)
+        return purge_tier(self._gt_raw, self._gt_keys, parts[1], parts[0])
+
+
+def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
+    """Drop every queued (not dispatched) task of one tier on one pool; returns how many."""
+    entries = client.zrange(keys.index(pool, tier), 0, -1)
+    tags = [IndexEntry.decode(e).tag for e in entries]
+    with client.pipeline() as pipe:
+        if tags:
+            pipe.hdel(keys.messages(pool), *tags)
+        pipe.delete(keys.index(pool, tier), keys.active(pool, tier))
+        pipe.hset(keys.depth(pool), tier, 0)
+        pipe.execute()
+    return len(tags)
+
+
+def _tenant_of(headers: dict[str, Any]) -> str:
+    tenant = headers.get(HEADER_TENANT)
+    return tenant if isinstance(tenant, str) and TENANT_ID_RE.fullmatch(tenant) else ANONYMOUS_TENANT
+
+
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InvalidRequest(f"header {name}={value!r} is invalid; expected a non-negative number")
+    return int(value)
+
+
+def _weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidRequest(f"header {HEADER_TENANT_WEIGHT}={value!r} is invalid; expected > 0")
+    return float(value)
 
 
 class Transport(kredis.Transport):

@@ -1,5 +1,6 @@
-"""lua/enqueue.lua as a typed call: push one Celery message onto its tier queue,
-stamped with Redis TIME, unless the queue is full (tail drop); ring the bell."""
+"""lua/enqueue.lua as a typed call: queue one task of a tier on a pool -- its
+message into the pool's message hash, a small index entry into the tier's
+index -- unless the tier's queue is full (tail drop); ring the pool's bell."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Tier
 
 
 @dataclass(frozen=True)
 class Enqueued:
-    accepted: bool            # False: the queue was at its length limit, nothing was pushed
-    queue_length: int         # after the push (or when refused)
-    enqueued_ms: int | None   # the Redis TIME stamped on the message (None when refused)
+    accepted: bool            # False: the tier's queue was at its length limit, nothing was queued
+    queue_length: int         # tasks queued in the tier after the push (or when refused)
+    enqueued_ms: int | None   # the Redis TIME of the enqueue (None when refused)
 
 
 @dataclass(frozen=True)
@@ -22,18 +24,27 @@ class EnqueueCall:
     SCRIPT: ClassVar[str] = "enqueue"
 
     keys: Keys
-    queue: str              # the Celery queue, gt.<tier>.<pool>
-    message_json: str       # the kombu envelope: a JSON object ('{...}')
-    queue_max_len: int      # the tier's queue_max_len
+    tier: Tier
+    pool: str
+    tenant: str
+    tag: str                # the message's delivery tag
+    est_tokens: int
+    message_json: str       # the kombu envelope
+    tenant_weight: float = 1.0
     bell_max: int = BELL_MAX
+    enqueued_ms: int | None = None   # None: now on the Redis clock (a given time: tools, tests)
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.queue(self.queue), self.keys.bell]
+        k, p, t = self.keys, self.pool, self.tier.name
+        return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
+                k.inflight(p), k.depth(p), k.seq(p), k.fair(p), k.bell(p)]
 
     @property
-    def script_args(self) -> list[str | int]:
-        return [self.message_json, self.queue_max_len, self.bell_max]
+    def script_args(self) -> list[str | int | float]:
+        return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
+                self.message_json, self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
+                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:

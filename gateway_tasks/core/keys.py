@@ -27,6 +27,11 @@ def split_queue_name(name: str) -> tuple[str, str] | None:
     return parts[0], parts[1]
 
 
+def learned_field(tenant: str, model: str) -> str:
+    """The field of ``Keys.learned(pool)`` holding one tenant's completion length on a model."""
+    return f"{tenant}|{model}"
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "gt:"
@@ -59,32 +64,80 @@ class Keys:
         """Hash: sha256(api key) -> tenant id."""
         return f"{self.prefix}apikeys"
 
-    def learned(self, tenant_id: str) -> str:
-        """Hash: learned completion length (EWMA) of a tenant, per model."""
-        return f"{self.prefix}learned:{tenant_id}"
+    # -- one pool's dispatch state -------------------------------------------
+    # Every key a dispatch touches (enqueue, pick, ack/requeue, settle, drain)
+    # lives under the pool's Redis Cluster hash tag, ``<prefix>{p:<pool>}:``, so
+    # a pool's state sits in one hash slot: pools spread over Cluster shards and
+    # no script call ever crosses slots.
+    def pool_tag(self, pool: str) -> str:
+        """The common start of a pool's keys, hash tag included: 'gt:{p:default}:'."""
+        return f"{self.prefix}{{p:{pool}}}:"
 
-    @property
-    def inflight(self) -> str:
-        """Hash: tenant id -> tasks dispatched and not yet acked (concurrency cap)."""
-        return f"{self.prefix}inflight"
-
-    # -- router and upstream buckets ---------------------------------------
     def bucket(self, pool: str) -> str:
         """Hash: tokens, requests, ts_ms, blocked_until_ms of one pool."""
-        return f"{self.prefix}bucket:{pool}"
+        return f"{self.pool_tag(pool)}bucket"
 
     def fair(self, pool: str) -> str:
-        """Hash: WFQ virtual time and per-tier finish tags of one pool."""
-        return f"{self.prefix}fair:{pool}"
-
-    @property
-    def bell(self) -> str:
-        """List: wake-up tokens for idle dispatchers (one per enqueue/refund)."""
-        return f"{self.prefix}bell"
+        """Hash: tier WFQ virtual time 'v', per-tier finish tags 'f:<tier>' and per-tier
+        tenant virtual times 'tv:<tier>' of one pool."""
+        return f"{self.pool_tag(pool)}fair"
 
     def stats(self, pool: str) -> str:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
-        return f"{self.prefix}stats:{pool}"
+        return f"{self.pool_tag(pool)}stats"
+
+    def bell(self, pool: str) -> str:
+        """List: wake-up tokens for a pool's idle dispatchers (one per enqueue/refund)."""
+        return f"{self.pool_tag(pool)}bell"
+
+    def messages(self, pool: str) -> str:
+        """Hash: delivery tag -> the Celery message (JSON) of every queued or dispatched
+        task of one pool; the router never decodes it, it only hands it over."""
+        return f"{self.pool_tag(pool)}messages"
+
+    def index(self, pool: str, tier: str) -> str:
+        """Sorted set (every score 0, ordered by member): one small entry per queued task
+        of a tier, '<tenant>|<seq>|<tag>|<est>|<enq_ms>|<weight>'; each tenant's own
+        FIFO is a lexicographic range of it (``gateway_tasks.core.index_entry``)."""
+        return f"{self.pool_tag(pool)}index:{tier}"
+
+    def active(self, pool: str, tier: str) -> str:
+        """Sorted set: tenant -> virtual start tag, for the tier's tenants that have
+        queued work and are under their concurrency cap (tenant fair queuing)."""
+        return f"{self.pool_tag(pool)}active:{tier}"
+
+    def finish(self, pool: str) -> str:
+        """Hash: tenant -> virtual finish tag of its last dispatched task."""
+        return f"{self.pool_tag(pool)}finish"
+
+    def parked(self, pool: str) -> str:
+        """Hash: tenant -> tier, for tenants with queued work held out of their tier's
+        active set because they are at their concurrency cap."""
+        return f"{self.pool_tag(pool)}parked"
+
+    def inflight(self, pool: str) -> str:
+        """Hash: tenant id -> tasks dispatched to this pool, not yet acked (concurrency cap)."""
+        return f"{self.pool_tag(pool)}inflight"
+
+    def dispatched(self, pool: str) -> str:
+        """Hash: delivery tag -> '<tier>|<index entry>' of every dispatched, unacked task."""
+        return f"{self.pool_tag(pool)}dispatched"
+
+    def dispatched_at(self, pool: str) -> str:
+        """Sorted set: delivery tag -> dispatch time (s); the visibility-timeout restore scans it."""
+        return f"{self.pool_tag(pool)}dispatched-at"
+
+    def depth(self, pool: str) -> str:
+        """Hash: tier -> tasks queued (tail drop, metrics, Celery's queue size)."""
+        return f"{self.pool_tag(pool)}depth"
+
+    def seq(self, pool: str) -> str:
+        """Integer: the pool's enqueue sequence (orders each tenant's FIFO)."""
+        return f"{self.pool_tag(pool)}seq"
+
+    def learned(self, pool: str) -> str:
+        """Hash: '<tenant>|<model>' -> learned completion length (EWMA) on one pool."""
+        return f"{self.pool_tag(pool)}learned"
 
     @property
     def dispatch_stats(self) -> str:

@@ -21,6 +21,7 @@ HEADER_TENANT = "gt_tenant"
 HEADER_TIER = "gt_tier"
 HEADER_EST_TOKENS = "gt_est_tokens"
 HEADER_SOURCE = "gt_source"
+HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (registry, default 1)
 HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
 HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
 
@@ -40,6 +41,7 @@ class InferenceRequest:
     deadline_s: float | None = None
     source: str = "api"
     extra_body: dict[str, Any] = field(default_factory=dict)
+    tenant_weight: float = 1.0
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -47,7 +49,8 @@ class InferenceRequest:
 
     def routing_headers(self) -> dict[str, Any]:
         return {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,
-                HEADER_EST_TOKENS: self.est_tokens, HEADER_SOURCE: self.source}
+                HEADER_EST_TOKENS: self.est_tokens, HEADER_SOURCE: self.source,
+                HEADER_TENANT_WEIGHT: self.tenant_weight}
 
     def argsrepr(self) -> str:
         """What Flower and logs show instead of the arguments: never the prompt."""
@@ -82,7 +85,10 @@ class InferenceRequest:
         _check(isinstance(source, str), "source", source, "a string")
         extra = body.get("extra_body") or {}
         _check(isinstance(extra, dict), "extra_body", "...", "an object")
-        return cls(tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
+        weight = body.get("tenant_weight", 1.0)
+        _check(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0,
+               "tenant_weight", weight, "> 0")
+        return cls(tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,

@@ -28,6 +28,7 @@ class Tenant:
     tier: str
     api_key_sha256: str = ""
     created_ms: int = 0
+    weight: float = 1.0   # share of its tier against the tier's other tenants (fair queuing)
 
 
 class TenantRegistry:
@@ -36,21 +37,27 @@ class TenantRegistry:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
 
-    def register(self, tenant_id: str, tier: str, api_key: str | None = None) -> tuple[Tenant, str]:
-        """Create or update a tenant; returns it and its API key (generated if not given)."""
+    def register(self, tenant_id: str, tier: str, api_key: str | None = None,
+                 weight: float = 1.0) -> tuple[Tenant, str]:
+        """Create or update a tenant; returns it and its API key (generated if not given).
+        ``weight`` is its share inside its tier: a tenant of weight 2 gets twice the
+        tokens of a weight-1 tenant of the same tier while both have work queued."""
         if not isinstance(tenant_id, str) or not TENANT_ID_RE.match(tenant_id):
             raise InvalidRequest(f"tenant id {tenant_id!r} is invalid: use 1-128 of A-Z a-z 0-9 _ . - "
                                  "starting with a letter or digit")
         tier_name = self.settings.tier(tier).name
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000:
+            raise InvalidRequest(f"tenant weight {weight!r} is invalid; expected a number in (0, 1000]")
         api_key = api_key or f"gt-{secrets.token_urlsafe(24)}"
         digest = hash_api_key(api_key)
-        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000))
+        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight))
         old = self.r.hget(self.keys.tenant(tenant_id), "api_key_sha256")
         with self.r.pipeline() as pipe:
             if old and old.decode() != digest:
                 pipe.hdel(self.keys.api_keys, old)
             pipe.hset(self.keys.tenant(tenant_id), mapping={
-                "tier": tier_name, "api_key_sha256": digest, "created_ms": tenant.created_ms})
+                "tier": tier_name, "api_key_sha256": digest, "created_ms": tenant.created_ms,
+                "weight": tenant.weight})
             pipe.hset(self.keys.api_keys, digest, tenant_id)
             pipe.sadd(self.keys.tenants, tenant_id)
             pipe.execute()
@@ -62,7 +69,8 @@ class TenantRegistry:
             raise UnknownTenant(f"unknown tenant {tenant_id!r}; register it first "
                                 "(gateway tenant add TENANT --tier TIER)")
         d = {k.decode(): v.decode() for k, v in raw.items()}
-        return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)))
+        return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)),
+                      float(d.get("weight", 1.0)))
 
     def authenticate(self, api_key: str) -> Tenant:
         """The tenant of an API key, else UnknownTenant("invalid API key").

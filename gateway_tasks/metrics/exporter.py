@@ -73,32 +73,33 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     """Read every metric source in one pipeline (plus one for in-flight tenants' tiers)."""
     keys = Keys(settings.key_prefix)
     pools = [p.name for p in settings.pools]
-    queues = settings.queue_names()
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for pool in pools:
             pipe.hgetall(keys.stats(pool))
             pipe.hgetall(keys.bucket(pool))
-        for queue in queues:
-            pipe.llen(keys.queue(queue))
-        pipe.hgetall(keys.inflight)
+            pipe.hgetall(keys.depth(pool))
+            pipe.hgetall(keys.inflight(pool))
+            pipe.hlen(keys.dispatched(pool))
         pipe.scard(keys.tenants)
-        pipe.hlen(keys.unacked)
         pipe.hgetall(keys.cron_stats)
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
     i = 1
+    inflight: dict[str, int] = {}
     for pool in pools:
         snap.stats[pool] = _num_hash(replies[i])
         snap.buckets[pool] = _num_hash(replies[i + 1])
-        i += 2
-    for queue in queues:
-        snap.depth[queue] = int(replies[i])
-        i += 1
-    inflight = {k.decode(): int(float(v)) for k, v in replies[i].items()}
-    snap.tenants, snap.unacked = int(replies[i + 1]), int(replies[i + 2])
-    snap.cron = _num_hash(replies[i + 3])
+        depth = _num_hash(replies[i + 2])
+        for tier in settings.tiers:
+            snap.depth[settings.queue_name(tier.name, pool)] = int(depth.get(tier.name, 0))
+        for tenant, n in _num_hash(replies[i + 3]).items():
+            inflight[tenant] = inflight.get(tenant, 0) + int(n)
+        snap.unacked += int(replies[i + 4])
+        i += 5
+    snap.tenants = int(replies[i])
+    snap.cron = _num_hash(replies[i + 1])
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -124,7 +125,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     tiers = [t.name for t in settings.tiers]
 
     depth = GaugeMetricFamily("gateway_queue_depth_messages",
-                              "Messages waiting in a tier's queue to a pool (LLEN of the list).",
+                              "Tasks waiting in a tier's queue to a pool.",
                               labels=["queue", "tier", "pool"])
     for pool in settings.pools:
         for tier in tiers:

@@ -22,7 +22,7 @@ from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
-from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
@@ -67,9 +67,11 @@ class Gateway:
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
 
-    def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None) -> str:
-        """Register (or update) a tenant; returns its API key."""
-        return self.tenants.register(tenant_id, tier, api_key)[1]
+    def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
+                        weight: float = 1.0) -> str:
+        """Register (or update) a tenant; returns its API key.  ``weight``: its share
+        against the other tenants of its tier (default 1)."""
+        return self.tenants.register(tenant_id, tier, api_key, weight)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
                  max_tokens: int | None = None) -> InferenceRequest:
@@ -99,12 +101,12 @@ class Gateway:
                 f"(TPM {pool.tpm}); it could never be admitted")
         completion_est = max_tokens
         if pool.charge == "actual":
-            learned = self.r.hget(self.keys.learned(tenant_id), model)
+            learned = self.r.hget(self.keys.learned(pool.name), learned_field(tenant_id, model))
             if learned is not None:
                 completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
         return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                                 messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                                est_tokens=prompt_tokens + completion_est)
+                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight)
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,

@@ -1,0 +1,49 @@
+"""The router's index entry of one queued task: small, fixed, never the prompt.
+
+    <tenant>|<seq>|<delivery tag>|<est tokens>|<enqueued ms>|<tenant weight>
+
+Entries live in one sorted set per tier and pool (``Keys.index``), every score
+0, so Redis orders them by their bytes: a tenant's entries form one contiguous
+range (tenant ids never contain '|', which sorts after every character they
+may contain), in enqueue order inside it (``seq`` is 16 hex digits).  A task
+put back (requeue, crash restore) re-enters with its original entry, so it
+returns to the front of its tenant's line with its original enqueue time.
+lua/enqueue.lua builds entries, lua/pick.lua and lua/release.lua read them;
+this module is the same format for Python (tests, tools).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEP = "|"
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    tenant: str
+    seq: int
+    tag: str
+    est_tokens: int
+    enqueued_ms: int
+    weight: float
+
+    def encode(self) -> str:
+        return SEP.join([self.tenant, f"{self.seq:016x}", self.tag, str(self.est_tokens),
+                         str(self.enqueued_ms), _num(self.weight)])
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> "IndexEntry":
+        if isinstance(text, bytes):
+            text = text.decode()
+        tenant, seq, tag, est, enq, weight = text.split(SEP)
+        return cls(tenant, int(seq, 16), tag, int(est), int(enq), float(weight))
+
+
+def tenant_range(tenant: str) -> tuple[str, str]:
+    """ZRANGEBYLEX bounds of one tenant's entries."""
+    return f"[{tenant}{SEP}", f"[{tenant}{SEP}\xff"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

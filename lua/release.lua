@@ -1,0 +1,55 @@
+-- uses: prelude
+-- release.lua: a dispatched task is done with -- acked, rejected, or put back
+-- (requeue after a 429 or a retryable error; restore after a crash or past the
+-- visibility timeout).  Frees its tenant's in-flight slot, wakes the tenant if
+-- it was parked at its cap, and either forgets the message or returns it to the
+-- FRONT of its tenant's line with its original enqueue time.  Exactly once: a
+-- tag that is no longer dispatched is left alone (returns 0).
+--
+-- KEYS[1] dispatched hash (tag -> '<tier>|<entry>')   KEYS[2] dispatched-at zset
+-- KEYS[3] messages hash     KEYS[4] in-flight (tenant -> n)   KEYS[5] parked (tenant -> tier)
+-- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] depth (tier -> n)
+-- KEYS[9] bell list
+-- then for each tier t of the pool (T tiers), two keys: its index, its active tenants
+-- ARGV[1] delivery tag   ARGV[2] mode: 'ack' (forget it) | 'requeue' (put it back)
+-- ARGV[3] max bell tokens kept   ARGV[4] T
+-- then per tier, 2 values: tier name, its max in-flight per tenant
+--
+-- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched.
+
+local tag, mode = ARGV[1], ARGV[2]
+local record = redis.call('HGET', KEYS[1], tag)
+if not record then return {0} end
+local _, _, tier, entry = string.find(record, '^([^|]+)|(.*)$')
+local _, _, tenant = string.find(entry, '^([^|]+)|')
+local index_key, active_key, cap = nil, nil, 0
+for t = 1, tonumber(ARGV[4]) do
+  if ARGV[4 + 2 * t - 1] == tier then
+    index_key, active_key = KEYS[9 + 2 * t - 1], KEYS[9 + 2 * t]
+    cap = tonumber(ARGV[4 + 2 * t])
+  end
+end
+redis.call('HDEL', KEYS[1], tag)
+redis.call('ZREM', KEYS[2], tag)
+local n = redis.call('HINCRBY', KEYS[4], tenant, -1)
+if n <= 0 then redis.call('HDEL', KEYS[4], tenant) end
+if index_key == nil then
+  -- a tier no longer configured: nothing to put back into
+  redis.call('HDEL', KEYS[3], tag)
+  return {1, tenant, tier}
+end
+if mode == 'requeue' then
+  redis.call('ZADD', index_key, 0, entry)
+  redis.call('HINCRBY', KEYS[8], tier, 1)
+else
+  redis.call('HDEL', KEYS[3], tag)
+end
+-- the tenant becomes eligible again if it has work and is not already in line
+if not redis.call('ZSCORE', active_key, tenant) and gt_tenant_head(index_key, tenant) then
+  redis.call('HDEL', KEYS[5], tenant)
+  gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
+elseif not gt_tenant_head(index_key, tenant) then
+  redis.call('HDEL', KEYS[5], tenant)
+end
+gt_ring(KEYS[9], ARGV[3])
+return {1, tenant, tier}

@@ -140,13 +140,14 @@ class EmbeddedRedisCluster:
             server.launch()
 
     def _assign_slots_and_meet(self) -> None:
-        first_port = self.ports[0]
         for epoch, (port, slots) in enumerate(zip(self.ports, slot_ranges(self.nodes)), start=1):
             with self.node_client(port) as node:
                 node.cluster("SET-CONFIG-EPOCH", epoch)  # distinct epochs: no collision to resolve
                 node.cluster("ADDSLOTS", *slots)  # ADDSLOTSRANGE would need Redis 7
-                if port != first_port:
-                    node.cluster("MEET", HOST, first_port)
+        for i, port in enumerate(self.ports):
+            with self.node_client(port) as node:
+                for earlier in self.ports[:i]:  # every pair meets: nobody waits for gossip to hear of a node
+                    node.cluster("MEET", HOST, earlier)
 
     def _wait_until_formed(self, deadline: float, timeout_s: float) -> None:
         problems: list[str] = []

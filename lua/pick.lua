@@ -6,7 +6,8 @@
 -- its cost does not grow with prompt size, queue depth or the number of tenants
 -- (O(log n) sorted-set steps).
 --
--- for each pool p (P pools), ten keys from KEYS[10(p-1)+1], all under the pool's hash tag:
+-- for each pool p (P pools), ten keys KEYS[10(p-1)+1] .. KEYS[10p] (the first pool's: KEYS[1] ..
+-- KEYS[10]), all under the pool's hash tag:
 --   bucket hash (tokens, requests, ts_ms, blocked_until_ms)   fair hash (v, f:<tier>, tv:<tier>)
 --   stats hash   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)

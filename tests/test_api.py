@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 from gateway_tasks.rest import cli as api_module
 from gateway_tasks.cli import tenant as tenant_cli
 from gateway_tasks.rest.app import create_app
-from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.core.keys import Keys, split_queue_name
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.errors import DeadlineExceeded
@@ -59,7 +60,8 @@ def auth(key: str) -> dict[str, str]:
 
 
 def queue_len(gateway: Gateway, queue: str) -> int:
-    return gateway.r.llen(Keys(gateway.settings.key_prefix).queue(queue))
+    tier, pool = split_queue_name(queue)
+    return len(queued_messages(gateway.r, Keys(gateway.settings.key_prefix), pool, tier))
 
 
 def task_id_for(tenant: str, idempotency_key: str) -> str:
@@ -387,7 +389,7 @@ def test_chat_completions_returns_the_upstream_body(client, gateway, vip_key):
     assert resp.headers["X-Gateway-Task-Id"] == task_id
     assert resp.headers["X-Gateway-Queue-Wait-Ms"] == "7"
     # the task was enqueued with the unknown OpenAI field forwarded upstream
-    raw = json.loads(gateway.r.lindex(Keys(gateway.settings.key_prefix).queue("gt.vip.default"), 0))
+    [raw] = queued_messages(gateway.r, Keys(gateway.settings.key_prefix), "default", "vip")
     assert raw["headers"]["id"] == task_id
     args, _kwargs, _embed = json.loads(base64.b64decode(raw["body"]))
     assert args[0]["extra_body"] == {"temperature": 0.1} and args[0]["source"] == "api-sync"

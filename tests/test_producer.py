@@ -9,6 +9,8 @@ import uuid
 import pytest
 
 from gateway_tasks.core.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
+from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from beat.entry import CronEntry
 from beat.fire import gateway_fire, task_id_of
@@ -26,8 +28,7 @@ def gw(settings, r):
 
 
 def queued(gw: Gateway, tier: str) -> list[dict]:
-    key = Keys(gw.settings.key_prefix).queue(gw.settings.queue_name(tier, "default"))
-    return [json.loads(m) for m in gw.r.lrange(key, 0, -1)]
+    return queued_messages(gw.r, Keys(gw.settings.key_prefix), "default", gw.settings.tier(tier).name)
 
 
 def total_queued(gw: Gateway) -> int:
@@ -44,7 +45,11 @@ def test_submit_routes_to_tier_queue_with_estimate(gw):
     assert m["headers"]["gt_tenant"] == "acme"
     assert m["headers"]["gt_est_tokens"] == h.est_tokens
     assert m["headers"]["id"] == h.id
-    assert isinstance(m["gt_enq_ms"], int)          # stamped with Redis TIME by enqueue.lua
+    [entry] = gw.r.zrange(Keys(gw.settings.key_prefix).index("default", "vip"), 0, -1)
+    entry = IndexEntry.decode(entry)                 # the router's index: no prompt, Redis TIME
+    assert (entry.tenant, entry.tag, entry.est_tokens) == ("acme", m["properties"]["delivery_tag"], h.est_tokens)
+    assert entry.enqueued_ms > 1_700_000_000_000 and b"hello" not in gw.r.zrange(
+        Keys(gw.settings.key_prefix).index("default", "vip"), 0, -1)[0]
     assert "hello world" not in m["headers"]["argsrepr"]  # prompts stay out of Flower
 
 

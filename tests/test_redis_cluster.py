@@ -179,3 +179,48 @@ def test_a_script_on_keys_of_two_slots_fails_with_crossslot(redis_cluster, rc, k
             node.eval(TAGGED_SCRIPT, 2, *keys, "v")
     assert through_cluster_client.value.status_code == on_the_node.value.status_code == "CROSSSLOT"
     assert not ports_holding(redis_cluster, f"{key_prefix}*")
+
+
+def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_prefix):
+    """enqueue -> pick -> release for two pools whose hash tags live on different shards:
+    no script call crosses a slot (Redis would refuse it with CROSSSLOT)."""
+    import json
+
+    from gateway_tasks.core.enqueue import EnqueueCall
+    from gateway_tasks.core.keys import Keys
+    from gateway_tasks.core.scripts import scripts_for
+    from gateway_tasks.core.settings import Pool, Settings
+    from workers.release import ReleaseCall
+    from workers.router import PickPlan, Picked
+
+    client = redis_cluster.client()
+    keys = Keys(key_prefix)
+    owners = {}
+    for i in range(200):                       # two pool names owned by different masters
+        name = f"pool{i}"
+        node = client.get_node_from_key(keys.pool_tag(name))
+        owners.setdefault(node.name, name)
+        if len(owners) == 2:
+            break
+    names = list(owners.values())
+    pools = tuple(Pool(n, base_url="http://127.0.0.1:1/v1", api_key="x", models=(f"m{n}",),
+                       tpm=10**9, rpm=10**9) for n in names)
+    s = Settings(key_prefix=key_prefix, pools=pools)
+    scripts = scripts_for(client)
+    try:
+        for pool in names:
+            for i in range(3):
+                msg = {"body": "", "headers": {"gt_est_tokens": 10, "gt_tenant": f"t{i}"},
+                       "properties": {"delivery_tag": f"{pool}-{i}"}}
+                assert scripts.run(EnqueueCall(keys, s.tier("vip"), pool, f"t{i}", f"{pool}-{i}", 10,
+                                               json.dumps(msg))).accepted
+        for pool in names:
+            plan = PickPlan(s, [s.queue_name(t.name, pool) for t in s.tiers])
+            got = [scripts.run(plan) for _ in range(3)]
+            assert all(isinstance(g, Picked) and g.pool == pool for g in got)
+            assert sorted(g.tenant for g in got) == ["t0", "t1", "t2"]
+            for g in got:
+                assert scripts.run(ReleaseCall(keys, s, pool, g.tag)).released
+            assert client.hlen(keys.dispatched(pool)) == 0 and client.hlen(keys.messages(pool)) == 0
+    finally:
+        delete_prefix(client, key_prefix)

@@ -19,7 +19,7 @@ def test_body_round_trips_through_json():
     body = json.loads(json.dumps(GOOD.to_body()))
     assert InferenceRequest.from_body(body) == GOOD
     assert GOOD.routing_headers() == {"gt_tenant": "acme", "gt_tier": "vip", "gt_est_tokens": 73,
-                                      "gt_source": "api"}
+                                      "gt_source": "api", "gt_weight": 1.0}
     assert "secret" not in GOOD.argsrepr() and "tenant=acme" in GOOD.argsrepr()
 
 

@@ -98,6 +98,14 @@ class Channel(kredis.Channel):
         return purge_tier(self._gt_raw, self._gt_keys, parts[1], parts[0])
 
 
+def queued_messages(client: redis.Redis, keys: Keys, pool: str, tier: str) -> list[dict[str, Any]]:
+    """The queued (not dispatched) messages of one tier on one pool, tenant by tenant in
+    each tenant's order (tools and tests; O(queue length))."""
+    tags = [IndexEntry.decode(e).tag for e in client.zrange(keys.index(pool, tier), 0, -1)]
+    raw = client.hmget(keys.messages(pool), tags) if tags else []
+    return [json.loads(m) for m in raw if m is not None]
+
+
 def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
     """Drop every queued (not dispatched) task of one tier on one pool; returns how many."""
     entries = client.zrange(keys.index(pool, tier), 0, -1)

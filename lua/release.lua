@@ -44,12 +44,14 @@ if mode == 'requeue' then
 else
   redis.call('HDEL', KEYS[3], tag)
 end
--- the tenant becomes eligible again if it has work and is not already in line
+-- the tenant becomes eligible again if it has work and is not already in line;
+-- the bell rings only when that made work dispatchable (a plain ack wakes nobody)
+local woke = false
 if not redis.call('ZSCORE', active_key, tenant) and gt_tenant_head(index_key, tenant) then
   redis.call('HDEL', KEYS[5], tenant)
-  gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
+  woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
 elseif not gt_tenant_head(index_key, tenant) then
   redis.call('HDEL', KEYS[5], tenant)
 end
-gt_ring(KEYS[9], ARGV[3])
+if woke or mode == 'requeue' then gt_ring(KEYS[9], ARGV[3]) end
 return {1, tenant, tier}

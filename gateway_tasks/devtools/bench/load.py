@@ -48,6 +48,7 @@ import redis
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.broker import purge_tier
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.results import count_existing, result_metas
 from gateway_tasks.devtools.measure import counter_delta, percentile
@@ -298,7 +299,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
         a1 = snapshot(client, keys, pool.name)
 
         # phase B: the VIP backlog goes; VIP now arrives steadily
-        client.delete(keys.queue(settings.queue_name("vip", pool.name)))
+        purge_tier(client, keys, pool.name, "vip")
         time.sleep(spec.settle_s)
         vip_b: list[str] = []
         b0 = snapshot(client, keys, pool.name)

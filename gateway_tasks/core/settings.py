@@ -124,14 +124,14 @@ def bucket_capacity(per_minute: float, burst_s: float) -> float:
 def default_tiers() -> tuple[Tier, ...]:
     return (
         Tier("vip", base_weight=100, aging_alpha_per_ms=0.05, share=70, jitter_window_s=0,
-             max_wait_ms=2_000, max_concurrency_per_tenant=64, max_tasks_per_hour=1_000_000,
+             max_wait_ms=2_000, max_concurrency_per_tenant=50, max_tasks_per_hour=1_000_000,
              retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2,
              aliases=("enterprise",)),
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
-             max_wait_ms=30_000, max_concurrency_per_tenant=16, max_tasks_per_hour=100_000,
+             max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=100_000,
              retry_budget_ratio=0.1, can_degrade=True, aliases=("pro",)),
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
-             max_wait_ms=300_000, max_concurrency_per_tenant=8, max_tasks_per_hour=10_000,
+             max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10_000,
              retry_budget_ratio=0.05, can_degrade=True, aliases=("free",)),
     )
 

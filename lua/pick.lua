@@ -11,11 +11,13 @@
 --   bucket hash (tokens, requests, ts_ms, blocked_until_ms)   fair hash (v, f:<tier>, tv:<tier>)
 --   stats hash   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
---   dispatched hash (tag -> '<tier>|<entry>')   dispatched-at zset (tag -> s)   depth (tier -> n)
+--   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease
+--   expiry, s)   depth (tier -> n)
 -- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[10P+2(q-1)+1]:
 --   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag)
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
+-- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
 -- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
@@ -23,19 +25,21 @@
 --                          and the pool stats fields its dispatches count in: dispatched,
 --                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
--- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag}  dispatched,
+-- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag}  dispatched
+--         (now_ms is also the dispatch's token: release and renew name it),
 --         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
 
 local policy = ARGV[1]
 local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
+local lease_ms = tonumber(ARGV[4])
 local PARKS_PER_PICK = 8  -- capped tenants parked by one call at most (each once per cap)
 
 local now = gt_now_ms()
 
 -- pools: refilled bucket levels (not yet written back)
 local pools = {}
-local a = 4
+local a = 5
 for p = 1, P do
   local base = 10 * (p - 1)
   local pool = {
@@ -220,7 +224,7 @@ end
 redis.call('HINCRBY', pool.stats, qd.dispatched_field, 1)
 redis.call('HINCRBY', pool.stats, qd.est_tokens_field, est)
 redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
-redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. c.entry)
-redis.call('ZADD', pool.dispatched_at, now / 1000, c.tag)
+redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now .. '|' .. c.entry)
+redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
 local message = redis.call('HGET', pool.messages, c.tag) or ''
 return {1, message, best, now, est, c.enq, c.tenant, c.tag}

@@ -6,27 +6,39 @@
 -- FRONT of its tenant's line with its original enqueue time.  Exactly once: a
 -- tag that is no longer dispatched is left alone (returns 0).
 --
--- KEYS[1] dispatched hash (tag -> '<tier>|<entry>')   KEYS[2] dispatched-at zset
+-- KEYS[1] dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched-at zset
 -- KEYS[3] messages hash     KEYS[4] in-flight (tenant -> n)   KEYS[5] parked (tenant -> tier)
 -- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] depth (tier -> n)
--- KEYS[9] bell list
--- then for each tier t of the pool (T tiers), two keys: its index, its active tenants
+-- KEYS[9] bell list         KEYS[10] stats hash
+-- then for each tier t of the pool (T tiers), two keys from KEYS[11]: its index, its active tenants
 -- ARGV[1] delivery tag   ARGV[2] mode: 'ack' (forget it) | 'requeue' (put it back)
 -- ARGV[3] max bell tokens kept   ARGV[4] T
--- then per tier, 2 values: tier name, its max in-flight per tenant
+-- ARGV[5] the dispatch's token (its dispatch ms) or '' for whichever dispatch holds the tag
+-- ARGV[6] stats field counting stale releases (gateway_tasks/core/stats.py)
+-- ARGV[7] '1': only if the task's lease has expired (the sweep of a dead holder's tasks)
+-- then per tier, 2 values from ARGV[8]: tier name, its max in-flight per tenant
 --
--- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched.
+-- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched, {2} when it is
+-- dispatched again under another token (this holder lost its lease: a duplicate, counted).
 
 local tag, mode = ARGV[1], ARGV[2]
 local record = redis.call('HGET', KEYS[1], tag)
 if not record then return {0} end
-local _, _, tier, entry = string.find(record, '^([^|]+)|(.*)$')
+local _, _, tier, token, entry = string.find(record, '^([^|]+)|([^|]+)|(.*)$')
+if ARGV[5] ~= '' and ARGV[5] ~= token then
+  redis.call('HINCRBY', KEYS[10], ARGV[6], 1)
+  return {2}
+end
+if ARGV[7] == '1' then
+  local expiry_s = tonumber(redis.call('ZSCORE', KEYS[2], tag)) or 0
+  if expiry_s * 1000 > gt_now_ms() then return {0} end
+end
 local _, _, tenant = string.find(entry, '^([^|]+)|')
 local index_key, active_key, cap = nil, nil, 0
 for t = 1, tonumber(ARGV[4]) do
-  if ARGV[4 + 2 * t - 1] == tier then
-    index_key, active_key = KEYS[9 + 2 * t - 1], KEYS[9 + 2 * t]
-    cap = tonumber(ARGV[4 + 2 * t])
+  if ARGV[7 + 2 * t - 1] == tier then
+    index_key, active_key = KEYS[10 + 2 * t - 1], KEYS[10 + 2 * t]
+    cap = tonumber(ARGV[7 + 2 * t])
   end
 end
 redis.call('HDEL', KEYS[1], tag)

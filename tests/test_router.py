@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -246,8 +247,9 @@ def test_pick_records_unacked_atomically(r, settings):
     tag = push(r, s, "vip")
     got = pick(r, plan)
     keys = Keys(s.key_prefix)
-    tier, _, entry = r.hget(keys.dispatched("default"), tag).decode().partition("|")
+    tier, token, entry = r.hget(keys.dispatched("default"), tag).decode().split("|", 2)
     assert tier == "vip" and IndexEntry.decode(entry).tag == tag == got.tag
+    assert int(token) == got.dispatched_ms                      # the dispatch's token
     assert r.zscore(keys.dispatched_at("default"), tag) is not None
     assert json.loads(r.hget(keys.messages("default"), tag))["properties"]["delivery_tag"] == tag
     assert r.zcard(keys.index("default", "vip")) == 0 and r.hget(keys.depth("default"), "vip") == b"0"
@@ -437,3 +439,43 @@ def test_every_key_of_a_dispatch_shares_the_pools_hash_slot(r, settings):
         slots = {slot_of(k) for call in calls for k in call.script_keys}
         assert slots == {slot_of(keys.pool_tag(pool.name))}, pool.name
     assert slot_of(keys.bucket("default")) != slot_of(keys.bucket("other"))
+
+
+# -- leases ---------------------------------------------------------------------------------
+def test_an_expired_lease_is_swept_once_and_its_late_holder_is_told_it_is_stale(r, settings):
+    from workers.leases import sweep_expired
+    from workers.release import RenewCall
+
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    scripts = scripts_for(r)
+    tag = push(r, s, "vip", tenant="acme")
+    first = pick(r, plan)
+    token = str(first.dispatched_ms)
+    # a live holder renews its lease; nobody may renew a dispatch that is not theirs
+    assert scripts.run(RenewCall(keys, "default", ((tag, token),), 60_000, 3_600_000)) == 1
+    assert scripts.run(RenewCall(keys, "default", ((tag, "123"),), 60_000, 3_600_000)) == 0
+    assert sweep_expired(r, scripts, keys, s) == 0                  # not expired: left alone
+    r.zadd(keys.dispatched_at("default"), {tag: 1.0})               # the holder died long ago
+    assert sweep_expired(r, scripts, keys, s) == 1
+    assert sweep_expired(r, scripts, keys, s) == 0                  # exactly once
+    assert r.hget(keys.inflight("default"), "acme") is None         # its slot is free
+    time.sleep(0.002)                # a dispatch's token is its Redis ms: a lease lasts >= 0.5 s
+    second = pick(r, plan)
+    assert second.tag == tag and second.dispatched_ms > first.dispatched_ms
+    # the first holder wakes up (SIGSTOP) and acks: detected, counted, the new dispatch untouched
+    late = scripts.run(ReleaseCall(keys, s, "default", tag, "ack", token))
+    assert late == Released(False, stale=True)
+    assert r.hget(keys.stats("default"), "stale_releases") == b"1"
+    assert r.hexists(keys.dispatched("default"), tag)
+    assert scripts.run(ReleaseCall(keys, s, "default", tag, "ack", str(second.dispatched_ms))).released
+
+
+def test_a_lease_is_not_renewed_past_the_visibility_timeout(r, settings):
+    from workers.release import RenewCall
+
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    tag = push(r, s, "vip")
+    got = pick(r, plan)
+    assert scripts_for(r).run(RenewCall(keys, "default", ((tag, str(got.dispatched_ms)),), 5_000, 0)) == 0

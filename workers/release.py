@@ -10,6 +10,7 @@ from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import text
 from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.stats import STALE_RELEASES
 
 ACK = "ack"          # done (acked, or rejected without requeue): forget the message
 REQUEUE = "requeue"  # put it back where it was: 429, retryable error, crash, visibility timeout
@@ -17,9 +18,10 @@ REQUEUE = "requeue"  # put it back where it was: 429, retryable error, crash, vi
 
 @dataclass(frozen=True)
 class Released:
-    released: bool      # False: the tag was not dispatched (already released by someone)
+    released: bool      # False: not released by this call (see stale)
     tenant: str = ""
     tier: str = ""
+    stale: bool = False  # the tag is dispatched again under another token: this holder lost it
 
 
 @dataclass(frozen=True)
@@ -31,20 +33,23 @@ class ReleaseCall:
     pool: str
     tag: str
     mode: str = ACK
+    token: str = ""      # the dispatch's token; "" releases whichever dispatch holds the tag
+    expired_only: bool = False   # only if its lease has expired (sweeping a dead holder's tasks)
     bell_max: int = BELL_MAX
 
     @property
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
         out = [k.dispatched(p), k.dispatched_at(p), k.messages(p), k.inflight(p), k.parked(p),
-               k.finish(p), k.fair(p), k.depth(p), k.bell(p)]
+               k.finish(p), k.fair(p), k.depth(p), k.bell(p), k.stats(p)]
         for tier in self.settings.tiers:
             out += [k.index(p, tier.name), k.active(p, tier.name)]
         return out
 
     @property
     def script_args(self) -> list[str | int]:
-        args: list[str | int] = [self.tag, self.mode, self.bell_max, len(self.settings.tiers)]
+        args: list[str | int] = [self.tag, self.mode, self.bell_max, len(self.settings.tiers),
+                                 self.token, STALE_RELEASES, 1 if self.expired_only else 0]
         for tier in self.settings.tiers:
             args += [tier.name, tier.max_concurrency_per_tenant]
         return args
@@ -52,4 +57,30 @@ class ReleaseCall:
     def parse(self, reply: Any) -> Released:
         if int(reply[0]) == 0:
             return Released(False)
+        if int(reply[0]) == 2:
+            return Released(False, stale=True)
         return Released(True, text(reply[1]), text(reply[2]))
+
+
+@dataclass(frozen=True)
+class RenewCall:
+    """lua/renew.lua: extend the leases of the tasks one dispatcher still holds."""
+
+    SCRIPT: ClassVar[str] = "renew"
+
+    keys: Keys
+    pool: str
+    held: tuple[tuple[str, str], ...]   # (delivery tag, dispatch token)
+    lease_ms: int
+    visibility_timeout_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.keys.dispatched(self.pool), self.keys.dispatched_at(self.pool)]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.lease_ms, self.visibility_timeout_ms, *(x for pair in self.held for x in pair)]
+
+    def parse(self, reply: Any) -> int:
+        return int(reply)

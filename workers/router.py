@@ -72,7 +72,7 @@ class PickPlan:
         reserve_share = max((t.reserved_share for t in settings.tiers), default=0.0)
         k = self.keys
         keys: list[str] = []
-        argv: list[Any] = [settings.policy, len(pools), len(self.queues)]
+        argv: list[Any] = [settings.policy, len(pools), len(self.queues), int(settings.lease_s * 1000)]
         for pool in pools:
             p = pool.name
             keys += [k.bucket(p), k.fair(p), k.stats(p), k.messages(p), k.finish(p), k.parked(p),

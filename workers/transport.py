@@ -26,8 +26,10 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core import broker
-from gateway_tasks.core.stats import DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS
-from workers.release import ACK, REQUEUE, ReleaseCall, Released
+from gateway_tasks.core.stats import (DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS,
+                                      STALE_RELEASES)
+from workers.leases import LeaseKeeper, sweep_expired
+from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickPlan, Picked
 
 logger = logging.getLogger(__name__)
@@ -55,10 +57,15 @@ class QoS(kredis.QoS):
 
     def _gt_release(self, delivery_tag: Any, mode: str) -> bool:
         tag = bytes_to_str(delivery_tag)
-        pool = self.channel._gt_picked.pop(tag, None)
-        if pool is None:
+        held = self.channel._gt_picked.pop(tag, None)
+        if held is None:
             return False
-        self.channel._gt_run_release(pool, tag, mode)
+        pool, token = held
+        done = self.channel._gt_scripts.run(ReleaseCall(self.channel._gt_keys, self.channel._gt_settings,
+                                                        pool, tag, mode, token))
+        if done.stale:
+            logger.warning("task %s finished after its lease expired and it was dispatched again: "
+                           "a duplicate execution (counted in %s)", tag, STALE_RELEASES)
         return True
 
     def append(self, message: Any, delivery_tag: str) -> None:
@@ -85,12 +92,13 @@ class QoS(kredis.QoS):
             super().restore_by_tag(tag, client, leftmost)
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
-        """kombu's visibility-timeout restore, plus the gateway's dispatched tasks: any
-        dispatched longer ago than the visibility timeout goes back to its queue."""
+        """kombu's visibility-timeout restore, plus a sweep of expired gateway leases
+        (the lease keeper sweeps too; this is the event loop's fallback)."""
         super().restore_visible(start, num, interval)
         if (self._vrestore_count - 1) % (interval or 1):
             return
-        self.channel._gt_restore_expired(self.visibility_timeout, num)
+        channel = self.channel
+        sweep_expired(channel._gt_raw, channel._gt_scripts, channel._gt_keys, channel._gt_settings, num)
 
 
 class Channel(broker.Channel):
@@ -98,7 +106,10 @@ class Channel(broker.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._gt_picked: dict[str, str] = {}  # delivery tag -> pool of a task this channel dispatched
+        # delivery tag -> (pool, dispatch token) of each task this channel holds
+        self._gt_picked: dict[str, tuple[str, str]] = {}
+        self._gt_leases = LeaseKeeper(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
+                                      lambda: self._gt_picked)
         self._gt_plan: PickPlan | None = None
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_mode = "pick"
@@ -123,28 +134,12 @@ class Channel(broker.Channel):
                 logger.debug("could not flush dispatch counters", exc_info=True)
 
     def close(self) -> None:
+        self._gt_leases.stop()
         self._gt_flush_counts()
         super().close()
 
-    def _gt_run_release(self, pool: str, tag: str, mode: str) -> Released:
-        return self._gt_scripts.run(ReleaseCall(self._gt_keys, self._gt_settings, pool, tag, mode))
-
-    def _gt_restore_expired(self, visibility_timeout_s: float, limit: int) -> int:
-        """Put back every task dispatched more than visibility_timeout_s ago (Redis clock)."""
-        sec, usec = self._gt_raw.time()
-        ceiling_s = int(sec) + int(usec) / 1e6 - visibility_timeout_s
-        restored = 0
-        for pool in self._gt_settings.pools:
-            tags = self._gt_raw.zrange(self._gt_keys.dispatched_at(pool.name), "-inf", ceiling_s,
-                                       byscore=True, offset=0, num=limit or 10)
-            for tag in tags:
-                tag_str = bytes_to_str(tag)
-                self._gt_picked.pop(tag_str, None)
-                if self._gt_run_release(pool.name, tag_str, REQUEUE).released:
-                    restored += 1
-                    logger.warning("restored task %s: dispatched over %.0f s ago and never acked",
-                                   tag_str, visibility_timeout_s)
-        return restored
+    def _gt_hold(self, picked: Picked) -> None:
+        self._gt_picked[picked.tag] = (picked.pool, str(picked.dispatched_ms))
 
     # -- consuming ------------------------------------------------------------
     def _gt_plan_now(self) -> PickPlan | None:
@@ -154,6 +149,7 @@ class Channel(broker.Channel):
         if queues != self._gt_plan_for:
             self._gt_plan = PickPlan(self._gt_settings, sorted(queues))
             self._gt_plan_for = queues
+            self._gt_leases.start()   # a consuming dispatcher renews its leases and sweeps others'
         return self._gt_plan
 
     def _brpop_start(self, timeout: float | None = None) -> None:
@@ -192,7 +188,7 @@ class Channel(broker.Channel):
                 raise virtual.Empty()
             result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
             if isinstance(result, Picked):
-                self._gt_picked[result.tag] = result.pool
+                self._gt_hold(result)
                 self._gt_counts[DISPATCH_DISPATCHED] += 1
                 self.connection._deliver(result.payload, result.queue)
                 return True
@@ -210,7 +206,7 @@ class Channel(broker.Channel):
         result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked):
             raise virtual.Empty()
-        self._gt_picked[result.tag] = result.pool
+        self._gt_hold(result)
         return result.payload
 
 

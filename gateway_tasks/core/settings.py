@@ -155,6 +155,9 @@ class Settings:
     default_max_tokens: int = 256
     result_ttl_s: int = 86_400
     visibility_timeout_s: int = 3_600
+    # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
+    # expired (its worker died) goes back to the front of its tenant's line
+    lease_s: float = 5.0
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -164,6 +167,8 @@ class Settings:
         _require(len(self.pools) > 0, "settings", "pools", self.pools, "at least one pool")
         _require(self.max_prompt_tokens > 0, "settings", "max_prompt_tokens",
                  self.max_prompt_tokens, "> 0")
+        _require(0.5 <= self.lease_s < self.visibility_timeout_s, "settings", "lease_s", self.lease_s,
+                 f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",

@@ -34,6 +34,8 @@ def tier_field(counter: str, tier: str) -> str:
 
 # -- pool-wide counters of a pool's stats hash ----------------------------------
 UPSTREAM_429 = "upstream_429"      # drain.lua: 429 responses of the pool's upstream
+STALE_RELEASES = "stale_releases"  # release.lua: a holder finished a task it had lost (lease expired,
+                                   # restored and dispatched again): a duplicate execution
 
 # -- Keys.dispatch_stats: dispatcher round trips, flushed by every worker ------
 DISPATCH_PICKS = "picks"           # EVALSHA pick.lua sent

@@ -1,0 +1,27 @@
+-- uses: prelude
+-- renew.lua: a live dispatcher extends the lease of the tasks it still holds.
+-- A tag is extended only while it is still this holder's dispatch (same token)
+-- and younger than the visibility timeout -- the last resort for a task whose
+-- holder keeps renewing but never finishes.
+--
+-- KEYS[1] dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched-at zset
+-- ARGV[1] lease ms   ARGV[2] visibility timeout ms
+-- then pairs: delivery tag, dispatch token (its dispatch ms)
+--
+-- Returns how many leases were extended.
+
+local now = gt_now_ms()
+local expiry_s = (now + tonumber(ARGV[1])) / 1000
+local oldest = now - tonumber(ARGV[2])
+local renewed = 0
+for i = 3, #ARGV, 2 do
+  local record = redis.call('HGET', KEYS[1], ARGV[i])
+  if record then
+    local _, _, token = string.find(record, '^[^|]+|([^|]+)|')
+    if token == ARGV[i + 1] and tonumber(token) >= oldest then
+      redis.call('ZADD', KEYS[2], 'XX', expiry_s, ARGV[i])
+      renewed = renewed + 1
+    end
+  end
+end
+return renewed

@@ -157,9 +157,9 @@ def test_killed_workers_tasks_run_again_elsewhere_within_seconds(settings, r, tm
     runs all N again within 10 s, nothing lost, the tenant's slots freed."""
     import time
 
-    with SimulatorThread(SimConfig(base_latency_ms=3_000)) as sim:
+    with SimulatorThread(SimConfig(base_latency_ms=12_000)) as sim:     # still running at the kill
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
-                    tpm=600_000, rpm=6_000)
+                    tpm=600_000, rpm=6_000, timeout_s=30)
         s = settings.with_(pools=(pool,), lease_s=2.0)
         gw = Gateway(s, client=r)
         gw.register_tenant("acme", "vip")
@@ -176,9 +176,10 @@ def test_killed_workers_tasks_run_again_elsewhere_within_seconds(settings, r, tm
             survivor = processes.worker(s, concurrency=4, name="survivor",
                                         log_path=str(tmp_path / "w2.log")).start()
             processes.wait_for_workers(gw.app, 2)
+            assert r.hlen(keys.dispatched("default")) == 4          # still held, still running
             kill_ms = redis_now_ms(r)
             doomed.kill()                                           # SIGKILL: no ack, no reject
-            results = [h.get(timeout=40) for h in handles]
+            results = [h.get(timeout=60) for h in handles]
             upstream_ok = sim.stats()["requests_ok"]
         finally:
             if survivor:

@@ -478,4 +478,5 @@ def test_a_lease_is_not_renewed_past_the_visibility_timeout(r, settings):
     keys = Keys(s.key_prefix)
     tag = push(r, s, "vip")
     got = pick(r, plan)
-    assert scripts_for(r).run(RenewCall(keys, "default", ((tag, str(got.dispatched_ms)),), 5_000, 0)) == 0
+    time.sleep(0.002)                                  # older than a visibility timeout of 1 ms
+    assert scripts_for(r).run(RenewCall(keys, "default", ((tag, str(got.dispatched_ms)),), 5_000, 1)) == 0

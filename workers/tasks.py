@@ -48,13 +48,19 @@ def _settings(task: Any) -> Settings:
     return settings_of(task.app)
 
 
+def _count_attempt(r: redis.Redis, keys: Keys, settings: Settings, task_id: str) -> int:
+    """One more upstream attempt of a task (every requeue counts: 429s too); returns the count."""
+    with r.pipeline() as pipe:
+        pipe.incr(keys.attempts(task_id))
+        pipe.expire(keys.attempts(task_id), settings.result_ttl_s)
+        return int(pipe.execute()[0])
+
+
 def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
                    task_id: str) -> bool:
     tier = settings.tier(req.tier)
     stats = keys.stats(req.pool)
-    attempts = r.incr(keys.attempts(task_id))
-    r.expire(keys.attempts(task_id), settings.result_ttl_s)
-    if attempts >= MAX_ATTEMPTS:
+    if _count_attempt(r, keys, settings, task_id) >= MAX_ATTEMPTS:
         return False
     retries_field = tier_field(RETRIES, tier.name)
     retries, completed = r.hmget(stats, retries_field, tier_field(COMPLETED, tier.name))
@@ -103,7 +109,12 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
-        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s", pool.name, wait, self.request.id)
+        attempts = _count_attempt(r, keys, settings, self.request.id)
+        if attempts >= MAX_ATTEMPTS:
+            raise UpstreamError(f"the upstream answered 429 to {attempts} attempts of this task; "
+                                f"giving up (retry after {wait / 1000:.1f} s)") from None
+        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (attempt %d of %d)",
+                       pool.name, wait, self.request.id, attempts, MAX_ATTEMPTS)
         raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
     except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
         refund()

@@ -105,7 +105,7 @@ class Pool:
 
     @property
     def request_capacity(self) -> float:
-        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+        return request_bucket_capacity(self.rpm, self.burst_s)
 
     def rates(self) -> tuple[float, float, float, float]:
         """(token capacity, tokens per ms, request capacity, requests per ms) of its bucket."""
@@ -119,6 +119,11 @@ class Pool:
 def bucket_capacity(per_minute: float, burst_s: float) -> float:
     """A per-minute quota's bucket size when it may burst for burst_s seconds."""
     return per_minute * burst_s / 60.0
+
+
+def request_bucket_capacity(rpm: float, burst_s: float) -> float:
+    """The request bucket's size: ``bucket_capacity``, but room for at least one request."""
+    return max(1.0, bucket_capacity(rpm, burst_s))
 
 
 def default_tiers() -> tuple[Tier, ...]:

@@ -49,7 +49,7 @@ import redis
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.devtools.measure import percentile
-from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded
+from gateway_tasks.devtools.redis_server import delete_prefix, redis_or_embedded, shown_redis
 
 from beat.engine import CronEngine
 from beat.schedule import cron_period_s, iso_utc, validate_cron
@@ -371,7 +371,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                   batch_size=args.batch_size, seed=args.seed)
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         result = run_bench(redis.Redis.from_url(url), settings, **kwargs)
-        result["redis"] = f"embedded ({url})" if embedded else url
+        result["redis"] = shown_redis(url, embedded)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 

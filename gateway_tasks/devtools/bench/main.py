@@ -34,7 +34,7 @@ from gateway_tasks.core.settings import POLICIES, Settings, load_settings
 from gateway_tasks.devtools.bench import load as bench_load
 from gateway_tasks.devtools.bench import plain as bench_plain
 from gateway_tasks.devtools.bench import report as bench_report
-from gateway_tasks.devtools.redis_server import redis_or_embedded
+from gateway_tasks.devtools.redis_server import redis_or_embedded, shown_redis
 from gateway_tasks.devtools.simulator import SimulatorProcess
 
 QUICK = {"seconds": 4.0, "batch": 1000, "plain_tasks": 1000, "repeats": 1,
@@ -48,10 +48,7 @@ def redis_for_bench(settings: Settings) -> Iterator[tuple[str, str]]:
     """(url, how it was found): settings/REDIS_URL, else an embedded server."""
     given = settings.redis_url or os.environ.get("REDIS_URL", "")
     with redis_or_embedded(given) as (url, embedded):
-        if embedded:
-            yield url, "embedded redis-server (REDIS_URL unset)"
-        else:
-            yield url, url.split("@", 1)[-1] if "@" in url else url   # never print a password
+        yield url, shown_redis(url, embedded)
 
 
 def parse_policies(text: str) -> list[str]:

@@ -61,6 +61,7 @@ def test_tiny_bench_json_structure(settings, r, tmp_path):
     text = bench_report.format_report(result)
     assert "policy wfq" in text and "plain Celery" in text
     assert sum(line.strip().startswith(("PASS", "FAIL")) for line in text.splitlines()) == 4
+    assert text.splitlines()[-1] == f"bench took {result['runtime_s']:.0f} s"
 
     # every run's keys are gone
     prefixes = [run["prefix"], plain["runs"]["plain"][0]["prefix"], plain["runs"]["gateway"][0]["prefix"]]

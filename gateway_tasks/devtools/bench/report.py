@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway_tasks.devtools.bench.wall_time import took_line
+
 VIP_P99_MS = 50.0
 SHARE_POINTS = 3.0
 TPM_MIN_PCT = 95.0
@@ -200,5 +202,5 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append("")
     lines.append("== targets")
     lines += ["  " + format_target(t) for t in result["targets"]]
-    lines.append(f"total bench time {result['runtime_s']:.0f} s")
+    lines.append(took_line(result.get("elapsed_s", result["runtime_s"])))
     return "\n".join(lines)

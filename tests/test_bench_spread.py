@@ -228,11 +228,9 @@ def test_repeated_runs_once_per_run_and_combines():
 
 def test_runs_flag():
     parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    bench.register(sub)
-    assert parser.parse_args(["bench"]).runs == 1
-    args = parser.parse_args(["bench", "--runs", "3", "--policies", "wfq"])
-    assert args.runs == 3
-    args = parser.parse_args(["bench", "--runs", "0", "--quick"])
+    bench.add_arguments(parser)
+    assert parser.parse_args([]).runs == 1
+    assert parser.parse_args(["--runs", "3", "--policies", "wfq"]).runs == 3
+    args = parser.parse_args(["--runs", "0", "--quick"])
     with pytest.raises(ConfigError, match="--runs"):
         bench.run(args)                                 # before any Redis or process starts

@@ -28,7 +28,8 @@ bench: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench
 
 # the README's headline numbers (wfq and the plain-Celery comparison) as median (min-max) of
-# 3 runs, at make bench's sizes: about 7-8 minutes on 2 cores (make bench is one run of 4 policies)
+# 3 runs at make bench's sizes: 3 x (~70 s wfq + ~70 s plain comparison), about 7-9 minutes on
+# 2 cores.  The whole table (all four policies) with its spread: `gateway bench --runs 3`, ~20 min.
 bench-spread: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench --runs 3 --policies wfq
 

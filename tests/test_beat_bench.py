@@ -30,6 +30,7 @@ def test_small_bench(r, settings):
     assert sum(v for s, v in hist.items() if int(s) < 0 or int(s) >= 600) == 0
     text = format_report(result)
     assert "peak fires/s" in text and "batch (free)" in text
+    assert text.splitlines()[-1] == f"bench took {result['elapsed_s']:.0f} s"
 
 
 def test_helpers():

@@ -61,6 +61,7 @@ def test_tiny_bench_json_structure(settings, r, tmp_path):
     text = bench_report.format_report(result)
     assert "policy wfq" in text and "plain Celery" in text
     assert sum(line.strip().startswith(("PASS", "FAIL")) for line in text.splitlines()) == 4
+    assert text.splitlines()[-1] == f"bench took {result['runtime_s']:.0f} s"
 
     # every run's keys are gone
     prefixes = [run["prefix"], plain["runs"]["plain"][0]["prefix"], plain["runs"]["gateway"][0]["prefix"]]
@@ -93,3 +94,16 @@ def test_helpers():
     got = bench_load.served_in_window(series, 100.5, 103.9, tokens_per_s=10.0)
     assert got == {"seconds": 2, "served_tokens": 20, "served_tokens_per_s": 10.0,
                    "tpm_utilisation_pct": 100.0}
+
+
+def test_shown_redis_url_has_no_credentials():
+    from gateway_tasks.core.urls import without_credentials
+    from gateway_tasks.devtools.redis_server import shown_redis
+
+    assert shown_redis("redis://user:s3cret@db.example:6380/2", embedded=False) == \
+        "redis://db.example:6380/2"
+    assert shown_redis("rediss://:s3cret@db.example/0?password=s3cret&ssl_cert_reqs=none",
+                       embedded=False) == "rediss://db.example/0?ssl_cert_reqs=none"
+    assert shown_redis("redis://127.0.0.1:6399/0", embedded=True) == \
+        "embedded redis-server at redis://127.0.0.1:6399/0 (REDIS_URL unset)"
+    assert without_credentials("http://127.0.0.1:8099/v1") == "http://127.0.0.1:8099/v1"

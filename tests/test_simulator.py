@@ -174,6 +174,10 @@ def test_sim_config_validation_and_pool():
     assert (cfg.tpm, cfg.rpm, cfg.burst_s, cfg.charge, cfg.models, cfg.seed) == \
         (1200, 30, 30, "actual", ("m",), 3)
     assert (cfg.token_capacity, cfg.request_capacity) == (600, 15)
+    assert (cfg.token_capacity, cfg.request_capacity) == (pool.token_capacity, pool.request_capacity)
+    tiny = SimConfig(rpm=1, burst_s=1)                 # 1/60 of a request: the floor of one
+    assert tiny.request_capacity == Pool("t", base_url="http://x/v1", api_key="k", models=("m",),
+                                         tpm=1, rpm=1, burst_s=1).request_capacity == 1.0
 
 
 # -- HTTP through the openai SDK --------------------------------------------------

@@ -13,10 +13,10 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import queue_name
+from gateway_tasks.core.urls import without_credentials
 
 POLICIES = ("fifo", "strict", "aging", "wfq")
 CHARGE_MODES = ("reserve", "actual")
@@ -105,7 +105,7 @@ class Pool:
 
     @property
     def request_capacity(self) -> float:
-        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+        return request_bucket_capacity(self.rpm, self.burst_s)
 
     def rates(self) -> tuple[float, float, float, float]:
         """(token capacity, tokens per ms, request capacity, requests per ms) of its bucket."""
@@ -113,12 +113,17 @@ class Pool:
 
     def public(self) -> "Pool":
         """This pool without its secret: no API key, no credentials in the URL."""
-        return replace(self, api_key="", base_url=_without_userinfo(self.base_url))
+        return replace(self, api_key="", base_url=without_credentials(self.base_url))
 
 
 def bucket_capacity(per_minute: float, burst_s: float) -> float:
     """A per-minute quota's bucket size when it may burst for burst_s seconds."""
     return per_minute * burst_s / 60.0
+
+
+def request_bucket_capacity(rpm: float, burst_s: float) -> float:
+    """The request bucket's size: ``bucket_capacity``, but room for at least one request."""
+    return max(1.0, bucket_capacity(rpm, burst_s))
 
 
 def default_tiers() -> tuple[Tier, ...]:
@@ -232,13 +237,6 @@ class Settings:
         """These settings without secrets (the pools' API keys): safe to show, log or
         pass in the broker's transport options."""
         return replace(self, pools=tuple(p.public() for p in self.pools))
-
-
-def _without_userinfo(url: str) -> str:
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:

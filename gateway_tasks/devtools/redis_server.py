@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import redis
 
 from gateway_tasks.core.errors import ConfigError, StartupError
+from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.processes import stop_process
 
@@ -130,6 +131,13 @@ def redis_or_embedded(url: str) -> Iterator[tuple[str, bool]]:
         return
     with EmbeddedRedis() as server:
         yield server.url, True
+
+
+def shown_redis(url: str, embedded: bool) -> str:
+    """Where the Redis of ``redis_or_embedded`` is, for output: never a password."""
+    if embedded:
+        return f"embedded redis-server at {url} (REDIS_URL unset)"
+    return without_credentials(url)
 
 
 def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:

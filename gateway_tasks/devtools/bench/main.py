@@ -6,14 +6,20 @@ token shares, upstream TPM utilisation, 429s, dispatch round trips) -- then
 steady VIP arrivals under the batch flood (phase B: per-tier queue waits);
 and, in the same run, the gateway transport against plain Celery on a no-op
 task.  Prints a table per policy and PASS/FAIL per target; ``--json`` prints
-one JSON document with every number instead.
+one JSON document with every number instead.  ``--runs N`` repeats all of it
+N times and reports each headline number as median (min-max) over the runs,
+the targets judged on the medians and how many runs passed each.  The last
+line is the whole command's wall time.
 
-    python -m gateway_tasks.devtools.bench.main [--policies wfq] [--seconds 20] [--quick] [--json]
+    python -m gateway_tasks.devtools.bench.main [--policies wfq] [--seconds 20] [--quick]
+                                               [--runs 3] [--json]
 
-Modules: bench_load (one policy's run), bench_plain (plain Celery
-comparison), bench_report (targets and text).  Redis: the settings' REDIS_URL,
-else an embedded redis-server; every run uses its own key prefix, deleted
-afterwards.  Worker logs stay in --log-dir (a temporary directory by default).
+Modules: load (one policy's run), plain (plain Celery comparison), headline
+(the numbers the targets judge), report (targets and text of one run), spread
+and spread_report (several runs), wall_time (the last line).  Redis: the
+settings' REDIS_URL, else an embedded redis-server; every policy's run uses its
+own key prefix, deleted afterwards.  Worker logs stay in --log-dir (a temporary
+directory by default).
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Any, Callable, Iterator, Sequence
 
 import redis
@@ -34,7 +39,10 @@ from gateway_tasks.core.settings import POLICIES, Settings, load_settings
 from gateway_tasks.devtools.bench import load as bench_load
 from gateway_tasks.devtools.bench import plain as bench_plain
 from gateway_tasks.devtools.bench import report as bench_report
-from gateway_tasks.devtools.redis_server import redis_or_embedded
+from gateway_tasks.devtools.bench import spread as bench_spread
+from gateway_tasks.devtools.bench import spread_report as bench_spread_report
+from gateway_tasks.devtools.bench.wall_time import Stopwatch
+from gateway_tasks.devtools.redis_server import redis_or_embedded, shown_redis
 from gateway_tasks.devtools.simulator import SimulatorProcess
 
 QUICK = {"seconds": 4.0, "batch": 1000, "plain_tasks": 1000, "repeats": 1,
@@ -48,10 +56,7 @@ def redis_for_bench(settings: Settings) -> Iterator[tuple[str, str]]:
     """(url, how it was found): settings/REDIS_URL, else an embedded server."""
     given = settings.redis_url or os.environ.get("REDIS_URL", "")
     with redis_or_embedded(given) as (url, embedded):
-        if embedded:
-            yield url, "embedded redis-server (REDIS_URL unset)"
-        else:
-            yield url, url.split("@", 1)[-1] if "@" in url else url   # never print a password
+        yield url, shown_redis(url, embedded)
 
 
 def parse_policies(text: str) -> list[str]:
@@ -81,7 +86,7 @@ def run_bench(base: Settings, redis_url: str, spec: bench_load.LoadSpec, policie
               *, plain_tasks: int, repeats: int, log_dir: str, redis_note: str = "",
               progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every policy on the simulator, then the plain-Celery comparison; the result is JSON-able."""
-    started = time.monotonic()
+    clock = Stopwatch()
     base = base.with_(redis_url=redis_url)
     client = redis.Redis.from_url(redis_url)
     result: dict[str, Any] = {
@@ -112,27 +117,46 @@ def run_bench(base: Settings, redis_url: str, spec: bench_load.LoadSpec, policie
                 concurrency=spec.concurrency, pool=spec.pool, log_dir=log_dir, progress=progress)
     finally:
         client.close()
-    result["runtime_s"] = round(time.monotonic() - started, 1)
+    result["runtime_s"] = clock.elapsed_s()
     return bench_report.evaluate(result)
 
 
+def repeated(runs: int, once: Callable[[], dict[str, Any]],
+             progress: Callable[[str], None]) -> dict[str, Any]:
+    """``once()`` ``runs`` (>= 1) times: one run's result as it is, several combined
+    (bench/spread.py)."""
+    results = []
+    for i in range(runs):
+        if runs > 1:
+            progress(f"== run {i + 1} of {runs}")
+        results.append(once())
+    return results[0] if runs == 1 else bench_spread.combine(results)
+
+
+def format_result(result: dict[str, Any]) -> str:
+    return (bench_spread_report if "runs" in result else bench_report).format_report(result)
+
+
 def run(args: argparse.Namespace) -> int:
+    clock = Stopwatch()
     policies = parse_policies(args.policies)
     spec = load_spec(args)
+    if args.runs < 1:
+        raise ConfigError(f"--runs {args.runs}: expected at least 1")
     plain_tasks = 0 if args.no_plain else preset_value(args, "plain_tasks")
     repeats = preset_value(args, "repeats")
     base = load_settings()
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="gateway-bench-")
     os.makedirs(log_dir, exist_ok=True)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    progress(f"gateway bench: policies {','.join(policies)}; worker logs in {log_dir}")
+    progress(f"gateway bench: policies {','.join(policies)}, {args.runs} run(s); "
+             f"worker logs in {log_dir}")
     with redis_for_bench(base) as (url, note):
-        result = run_bench(base, url, spec, policies, plain_tasks=plain_tasks, repeats=repeats,
-                           log_dir=log_dir, redis_note=note, progress=progress)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(bench_report.format_report(result))
+        result = repeated(args.runs, lambda: run_bench(
+            base, url, spec, policies, plain_tasks=plain_tasks, repeats=repeats, log_dir=log_dir,
+            redis_note=note, progress=progress), progress)
+    result["elapsed_s"] = clock.elapsed_s()   # the whole command, Redis start-up included
+    print(json.dumps(result, indent=2) if args.json else format_result(result))
     if args.check and not result["all_targets_pass"]:
         return 1
     return 0
@@ -147,6 +171,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=None,
                         help=f"measurement window of each phase (default {DEFAULTS['seconds']:g}, "
                              f"--quick {QUICK['seconds']:g})")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="repeat the whole bench N times and report each headline number as "
+                             "median (min-max), the targets judged on the medians (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: smaller backlog and windows, one plain/gateway pair")

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway_tasks.devtools.bench.headline import plain_headline, policy_headline
+from gateway_tasks.devtools.bench.wall_time import took_line
+
 VIP_P99_MS = 50.0
 SHARE_POINTS = 3.0
 TPM_MIN_PCT = 95.0
@@ -33,52 +36,64 @@ def _status(ok: bool | None) -> str:
     return "PASS" if ok else ("FAIL" if ok is not None else "n/a")
 
 
-def policy_checks(run: dict[str, Any], shares: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """The four scheduling checks for one policy's run."""
-    vip = run["vip_arrivals"]["waits"]["vip"]
-    p99 = vip["wait_p99_ms"]
-    a = run["all_backlogged"]
-    got = {tier: row["share_pct"] for tier, row in a["tiers"].items()}
+def policy_checks(headline: dict[str, Any], shares: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """The three scheduling checks on one policy's headline numbers (bench/headline.py)."""
+    p99, undispatched = headline["vip_p99_wait_ms"], headline["vip_undispatched"]
+    got = headline["share_pct"]
     worst = max(abs(got.get(t, 0.0) - s) for t, s in shares.items())
-    util = a["tpm_utilisation_pct"]
-    rate = run["upstream"]["rate_429_pct"]
+    util, rate = headline["tpm_utilisation_pct"], headline["rate_429_pct"]
     return {
         "vip_p99_wait": {
-            "ok": p99 is not None and p99 < VIP_P99_MS and vip["undispatched"] == 0,
-            "value_ms": p99, "limit_ms": VIP_P99_MS, "undispatched": vip["undispatched"]},
+            "ok": p99 is not None and p99 < VIP_P99_MS and undispatched == 0,
+            "value_ms": p99, "limit_ms": VIP_P99_MS, "undispatched": undispatched},
         "token_shares": {
             "ok": worst <= SHARE_POINTS, "shares_pct": got,
             "target_pct": {t: round(s, 2) for t, s in shares.items()},
             "worst_deviation_points": round(worst, 2), "limit_points": SHARE_POINTS},
         "tpm_and_429": {
-            "ok": util is not None and util >= TPM_MIN_PCT and rate <= RATE_429_MAX_PCT,
+            "ok": util is not None and util >= TPM_MIN_PCT and rate is not None
+                  and rate <= RATE_429_MAX_PCT,
             "tpm_utilisation_pct": util, "min_pct": TPM_MIN_PCT,
             "rate_429_pct": rate, "max_429_pct": RATE_429_MAX_PCT},
     }
 
 
-def evaluate(result: dict[str, Any]) -> dict[str, Any]:
-    """Adds ``checks`` to every policy and the final ``targets`` to the result."""
-    shares = target_shares(result["config"]["tiers"])
-    for run in result["policies"].values():
-        run["checks"] = policy_checks(run, shares)
-    policies = list(result["policies"])
-    judged = TARGET_POLICY if TARGET_POLICY in policies else (policies[0] if policies else None)
+def overhead_target(headline: dict[str, Any]) -> dict[str, Any]:
+    """The transport-overhead target on the plain-Celery comparison's headline numbers."""
+    x = headline["overhead_x"]
+    return {"target": "overhead_vs_plain_celery", "policy": None,
+            "ok": x is not None and x <= OVERHEAD_MAX_X, "value_x": x, "limit_x": OVERHEAD_MAX_X}
+
+
+def judged_policy(policies: list[str]) -> str | None:
+    return TARGET_POLICY if TARGET_POLICY in policies else (policies[0] if policies else None)
+
+
+def add_targets(result: dict[str, Any], checks: dict[str, dict[str, Any]],
+                plain: dict[str, Any] | None) -> dict[str, Any]:
+    """Sets judged_policy, targets and all_targets_pass from per-policy checks and the
+    plain comparison's headline (None when it was not run)."""
+    judged = judged_policy(list(checks))
     targets: list[dict[str, Any]] = []
     if judged:
-        checks = result["policies"][judged]["checks"]
         for name in ("vip_p99_wait", "token_shares", "tpm_and_429"):
-            targets.append({"target": name, "policy": judged, **checks[name]})
-    plain = result.get("plain_celery")
+            targets.append({"target": name, "policy": judged, **checks[judged][name]})
     if plain:
-        x = plain.get("overhead_x")
-        targets.append({"target": "overhead_vs_plain_celery", "policy": None,
-                        "ok": x is not None and x <= OVERHEAD_MAX_X, "value_x": x,
-                        "limit_x": OVERHEAD_MAX_X})
+        targets.append(overhead_target(plain))
     result["judged_policy"] = judged
     result["targets"] = targets
     result["all_targets_pass"] = bool(targets) and all(t["ok"] for t in targets)
     return result
+
+
+def evaluate(result: dict[str, Any]) -> dict[str, Any]:
+    """Adds ``checks`` to every policy and the final ``targets`` to one run's result."""
+    shares = target_shares(result["config"]["tiers"])
+    for run in result["policies"].values():
+        run["checks"] = policy_checks(policy_headline(run), shares)
+    plain = result.get("plain_celery")
+    return add_targets(result, {name: run["checks"] for name, run in result["policies"].items()},
+                       plain_headline(plain) if plain else None)
 
 
 # -- text -------------------------------------------------------------------------
@@ -178,27 +193,55 @@ def format_target(t: dict[str, Any]) -> str:
     return f"{_status(t['ok'])}  {text}{where}"
 
 
+def format_header(result: dict[str, Any], runs_note: str = "") -> list[str]:
+    spec = result["config"]["load"]
+    return [f"gateway bench: upstream simulator {spec['tpm']} TPM / {spec['rpm']} RPM, burst "
+            f"{spec['burst_s']:g} s, latency {spec['base_latency_ms']:g} ms + "
+            f"{spec['ms_per_output_token']:g} ms/token; one worker, {spec['concurrency']} "
+            f"{spec['pool']}; Redis {result['config']['redis']}{runs_note}", ""]
+
+
+def _cell(check: dict[str, Any], runs: int | None) -> str:
+    return _status(check["ok"]) + (f" {check['runs_passed']}/{runs}" if runs else "")
+
+
+def format_checks(checks: dict[str, dict[str, Any]], judged: str | None,
+                  runs: int | None = None) -> list[str]:
+    """The checks-per-policy matrix (only when several policies ran); with ``runs``, the
+    checks are on the medians and each cell also says how many runs passed it."""
+    if len(checks) < 2:
+        return []
+    width = 8 if runs is None else 10
+    out = [f"== checks per policy (the targets below are judged on {judged})",
+           f"     {'policy':<8} {'vip p99':>{width}} {'shares':>{width}} {'tpm+429':>{width}}"]
+    for name, c in checks.items():
+        out.append(f"     {name:<8} " + " ".join(f"{_cell(c[k], runs):>{width}}" for k in
+                                                   ("vip_p99_wait", "token_shares", "tpm_and_429")))
+    return out + [""]
+
+
+def format_targets(targets: list[dict[str, Any]], runs: int | None = None) -> list[str]:
+    """PASS/FAIL per target; with ``runs``, judged on the medians, and how many runs passed."""
+    if runs is None:
+        return ["== targets"] + ["  " + format_target(t) for t in targets]
+    return ([f"== targets (judged on the medians of {runs} runs)"]
+            + [f"  {format_target(t)}; {t['runs_passed']} of {runs} runs pass" for t in targets])
+
+
+def took(result: dict[str, Any]) -> str:
+    """The last line: the whole command's wall time (else, outside the CLI, the runs')."""
+    return took_line(result.get("elapsed_s", result.get("runtime_s", 0.0)))
+
+
 def format_report(result: dict[str, Any]) -> str:
     spec = result["config"]["load"]
-    lines = [f"gateway bench: upstream simulator {spec['tpm']} TPM / {spec['rpm']} RPM, burst "
-             f"{spec['burst_s']:g} s, latency {spec['base_latency_ms']:g} ms + "
-             f"{spec['ms_per_output_token']:g} ms/token; one worker, {spec['concurrency']} "
-             f"{spec['pool']}; Redis {result['config']['redis']}", ""]
+    lines = format_header(result)
     for run in result["policies"].values():
         lines += format_policy(run, spec) + [""]
     if result.get("plain_celery"):
         lines += format_plain(result["plain_celery"]) + [""]
-    policies = list(result["policies"])
-    if len(policies) > 1:
-        lines.append("== checks per policy (the targets below are judged on "
-                     f"{result['judged_policy']})")
-        lines.append(f"     {'policy':<8} {'vip p99':>8} {'shares':>8} {'tpm+429':>8}")
-        for name, run in result["policies"].items():
-            c = run["checks"]
-            lines.append(f"     {name:<8} {_status(c['vip_p99_wait']['ok']):>8} "
-                         f"{_status(c['token_shares']['ok']):>8} {_status(c['tpm_and_429']['ok']):>8}")
-        lines.append("")
-    lines.append("== targets")
-    lines += ["  " + format_target(t) for t in result["targets"]]
-    lines.append(f"total bench time {result['runtime_s']:.0f} s")
+    lines += format_checks({name: run["checks"] for name, run in result["policies"].items()},
+                           result["judged_policy"])
+    lines += format_targets(result["targets"])
+    lines.append(took(result))
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.settings import CHARGE_MODES, Pool, bucket_capacity
+from gateway_tasks.core.settings import CHARGE_MODES, Pool, bucket_capacity, request_bucket_capacity
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class SimConfig:
 
     @property
     def request_capacity(self) -> float:
-        return max(1.0, bucket_capacity(self.rpm, self.burst_s))
+        return request_bucket_capacity(self.rpm, self.burst_s)
 
     @classmethod
     def for_pool(cls, pool: Pool, **overrides: Any) -> "SimConfig":

@@ -112,3 +112,5 @@ def test_public_view_drops_credentials_from_urls():
     s = load_settings(env={}).with_(pools=(Pool("p", base_url="https://user:pw@llm.example/v1",
                                                 api_key="k", models=("m",), tpm=1, rpm=1),))
     assert s.public().pools[0].base_url == "https://llm.example/v1"
+    with_password = s.with_(redis_url="redis://:hunter2@redis.example:6379/0?password=hunter2")
+    assert "hunter2" not in settings_to_json(with_password.public())

@@ -234,9 +234,10 @@ class Settings:
         return self.redis_url
 
     def public(self) -> "Settings":
-        """These settings without secrets (the pools' API keys): safe to show, log or
-        pass in the broker's transport options."""
-        return replace(self, pools=tuple(p.public() for p in self.pools))
+        """These settings without secrets (the pools' API keys, credentials in the Redis
+        URL): safe to show, log or pass in the broker's transport options."""
+        return replace(self, redis_url=without_credentials(self.redis_url),
+                       pools=tuple(p.public() for p in self.pools))
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:

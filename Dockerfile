@@ -8,7 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY gateway_tasks ./gateway_tasks
 COPY lua ./lua
 COPY workers ./workers

@@ -8,7 +8,7 @@
 --
 -- for each pool p (P pools), ten keys KEYS[10(p-1)+1] .. KEYS[10p] (the first pool's: KEYS[1] ..
 -- KEYS[10]), all under the pool's hash tag:
---   bucket hash (tokens, requests, ts_ms, blocked_until_ms)   fair hash (v, f:<tier>, tv:<tier>)
+--   bucket hash (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)   fair hash (v, f:<tier>, tv:<tier>)
 --   stats hash   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
 --   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease
@@ -25,7 +25,8 @@
 --                          and the pool stats fields its dispatches count in: dispatched,
 --                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
--- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag}  dispatched
+-- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag,
+--          pool tokens debited so far, pool dispatches so far}  dispatched
 --         (now_ms is also the dispatch's token: release and renew name it),
 --         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
 
@@ -196,6 +197,10 @@ redis.call('ZREM', qd.index, c.entry)
 redis.call('HINCRBY', pool.depth, qd.tier, -1)
 local est = math.min(c.est, pool.tcap)
 redis.call('HSET', pool.bucket, 'tokens', pool.tokens - est, 'requests', pool.requests - 1, 'ts_ms', now)
+-- running totals: sync_limits.lua subtracts what was dispatched after this task
+-- from the upstream's x-ratelimit-remaining, which cannot have seen it yet
+local debited = redis.call('HINCRBYFLOAT', pool.bucket, 'debited_tokens', est)
+local dispatches = redis.call('HINCRBY', pool.bucket, 'dispatches', 1)
 if policy == 'wfq' then
   local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
   local start = math.max(pool.v, f)
@@ -227,4 +232,4 @@ redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
 redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now .. '|' .. c.entry)
 redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
 local message = redis.call('HGET', pool.messages, c.tag) or ''
-return {1, message, best, now, est, c.enq, c.tenant, c.tag}
+return {1, message, best, now, est, c.enq, c.tenant, c.tag, debited, dispatches}

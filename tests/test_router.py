@@ -306,6 +306,31 @@ def test_settle_refunds_and_sync_only_lowers(r, settings):
     assert same[0] < 1300   # never raised by the upstream's view
 
 
+def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
+    """x-ratelimit-remaining describes the upstream when it answered task A; tasks the
+    gateway dispatched after A cannot be in it yet, so the sync keeps their debits."""
+    from gateway_tasks.core.request import HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES
+    from workers.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)
+    s, plan = make(settings, "wfq", pools=(pool,))
+    bucket = PoolBucket(r, Keys(s.key_prefix), pool)
+    push(r, s, "vip", est=1_000, tenant="a")
+    push(r, s, "vip", est=2_000, tenant="b")
+    a = pick(r, plan)
+    b = pick(r, plan)                                     # dispatched after a, not seen upstream yet
+    assert (a.tenant, b.tenant) == ("a", "b")
+    level = bucket.level()["tokens"]                      # ~ 6000 - 3000
+    # a's reply: the upstream saw only a (6000 - 1000 left); b's 2000 must stay debited
+    synced = bucket.sync({"x-ratelimit-remaining-tokens": "5000", "x-ratelimit-remaining-requests": "99"},
+                         a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
+    assert synced[0] <= min(level + 5, 3_000 + 5)          # not raised back to 5000: b is still counted
+    assert synced[1] <= 98                                # b's request slot too
+    stale = bucket.sync({"x-ratelimit-remaining-tokens": "2500"},
+                        a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
+    assert stale[0] <= 500 + 5                            # 2500 seen at a, minus b's 2000
+
+
 def test_drain_blocks_the_pool_until_retry_after(r, settings):
     from workers.bucket import PoolBucket
     s, plan = make(settings, "wfq")

@@ -89,11 +89,15 @@ class PoolBucket:
             est_tokens=est_tokens, actual_tokens=actual_tokens, completion_tokens=completion_tokens,
             learn_weight=LEARN_EWMA_WEIGHT if learn else 0, give_back_request=not reached_upstream))
 
-    def sync(self, headers: Mapping[str, str]) -> tuple[float, float] | None:
+    def sync(self, headers: Mapping[str, str], debited_tokens_at_dispatch: float | None = None,
+             dispatches_at_dispatch: int | None = None) -> tuple[float, float] | None:
+        """Follow the upstream's x-ratelimit-remaining-*, minus what was dispatched after
+        this task (pass the pool's totals pick.lua reported with it)."""
         rem = remaining_from_headers(headers)
         if rem.tokens is None and rem.requests is None:
             return None
-        levels = self.scripts.run(SyncLimitsCall(self.keys, self.pool, rem.tokens, rem.requests))
+        levels = self.scripts.run(SyncLimitsCall(self.keys, self.pool, rem.tokens, rem.requests,
+                                                 debited_tokens_at_dispatch, dispatches_at_dispatch))
         return levels.tokens, levels.requests
 
     def drain(self, retry_after: float) -> int:

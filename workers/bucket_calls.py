@@ -78,6 +78,9 @@ class SyncLimitsCall(PoolCall):
 
     remaining_tokens: float | None
     remaining_requests: float | None
+    # the pool's running totals right after the task was dispatched (None: unknown)
+    debited_tokens_at_dispatch: float | None = None
+    dispatches_at_dispatch: int | None = None
 
     @property
     def script_keys(self) -> list[str]:
@@ -85,9 +88,10 @@ class SyncLimitsCall(PoolCall):
 
     @property
     def script_args(self) -> list[float]:
-        return [*self.pool.rates(),
-                NOT_REPORTED if self.remaining_tokens is None else self.remaining_tokens,
-                NOT_REPORTED if self.remaining_requests is None else self.remaining_requests]
+        def given(value: float | None) -> float:
+            return NOT_REPORTED if value is None else value
+        return [*self.pool.rates(), given(self.remaining_tokens), given(self.remaining_requests),
+                given(self.debited_tokens_at_dispatch), given(self.dispatches_at_dispatch)]
 
     def parse(self, reply: Any) -> Levels:
         return Levels(float(reply[0]), float(reply[1]))

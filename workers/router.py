@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Sequence
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
-from gateway_tasks.core.request import HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
+from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_POOL_DEBITED,
+                                         HEADER_POOL_DISPATCHES)
 from gateway_tasks.core.scripts import text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
@@ -98,5 +99,7 @@ class PickPlan:
         headers = payload.setdefault("headers", {})
         headers[HEADER_ENQUEUED_MS] = enqueued_ms
         headers[HEADER_DISPATCHED_MS] = dispatched_ms
+        headers[HEADER_POOL_DEBITED] = float(text(reply[8]))
+        headers[HEADER_POOL_DISPATCHES] = int(reply[9])
         return Picked(payload, queue.name, dispatched_ms, int(reply[4]), tenant=text(reply[6]),
                       tag=text(reply[7]), tier=queue.tier.name, pool=queue.pool.name)

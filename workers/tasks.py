@@ -23,7 +23,7 @@ from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
-                                         InferenceRequest)
+                                         HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
@@ -128,7 +128,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
                   model=req.model, completion_tokens=reply.completion_tokens)
-    bucket.sync(reply.headers)
+    bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
     done_ms = _now_ms(r)
     return {
         "task_id": self.request.id,

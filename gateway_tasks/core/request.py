@@ -24,6 +24,8 @@ HEADER_SOURCE = "gt_source"
 HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (registry, default 1)
 HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
 HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
+HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
+HEADER_POOL_DISPATCHES = "gt_pool_dispatches"  # the pool's dispatches so far, at dispatch
 
 SOURCES = ("api", "api-sync", "cron", "bench", "demo")
 

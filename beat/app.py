@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 
-from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.celery_app import lazy_app, make_app
 from gateway_tasks.core.settings import Settings, get_settings
 
 SCHEDULER = "beat.scheduler:TenantCronScheduler"
@@ -20,12 +19,4 @@ def make_beat_app(settings: Settings, redis_url: str | None = None, **conf: Any)
     return make_app(settings, redis_url, "gateway-beat", beat_scheduler=SCHEDULER, **conf)
 
 
-@lru_cache(maxsize=1)
-def default_app() -> Celery:
-    return make_beat_app(get_settings())
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("app", "celery"):
-        return default_app()
-    raise AttributeError(name)
+default_app, __getattr__ = lazy_app(lambda: make_beat_app(get_settings()))

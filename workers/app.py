@@ -6,12 +6,11 @@ transport (``workers.transport``), with the inference task registered.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 
-from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.celery_app import lazy_app, make_app
 from gateway_tasks.core.settings import Settings, get_settings
 
 WORKER_TRANSPORT = "workers.transport:Transport"
@@ -25,12 +24,4 @@ def make_worker_app(settings: Settings, redis_url: str | None = None, name: str 
     return app
 
 
-@lru_cache(maxsize=1)
-def default_app() -> Celery:
-    return make_worker_app(get_settings())
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("app", "celery"):
-        return default_app()
-    raise AttributeError(name)
+default_app, __getattr__ = lazy_app(lambda: make_worker_app(get_settings()))

@@ -18,12 +18,9 @@ import argparse
 import os
 import secrets
 import sys
-from functools import lru_cache
 from typing import Any, Mapping
 
-from celery import Celery
-
-from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.celery_app import lazy_app, make_app
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import get_settings
 
@@ -89,13 +86,5 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_run)
 
 
-@lru_cache(maxsize=1)
-def flower_app() -> Celery:
-    return make_app(get_settings(), name="gateway-flower", transport="redis")
-
-
-def __getattr__(name: str) -> Any:
-    # `celery -A gateway_tasks.cli.flower flower` looks up `app` lazily
-    if name in ("app", "celery"):
-        return flower_app()
-    raise AttributeError(name)
+flower_app, __getattr__ = lazy_app(
+    lambda: make_app(get_settings(), name="gateway-flower", transport="redis"))

@@ -15,7 +15,7 @@ the settings' public view (API keys removed).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from celery import Celery
 
@@ -75,14 +75,18 @@ def settings_of(app: Celery) -> Settings:
     return found if isinstance(found, Settings) else get_settings()
 
 
-@lru_cache(maxsize=1)
-def default_app() -> Celery:
-    return make_app(get_settings())
+def lazy_app(factory: Callable[[], Celery]) -> tuple[Callable[[], Celery], Callable[[str], Any]]:
+    """(default_app, module __getattr__) for a module that ``celery -A`` names: its
+    ``app`` is built from the environment on first use, so importing the module
+    never needs REDIS_URL."""
+    default = lru_cache(maxsize=1)(factory)
+
+    def module_getattr(name: str) -> Any:
+        if name in ("app", "celery"):
+            return default()
+        raise AttributeError(name)
+
+    return default, module_getattr
 
 
-def __getattr__(name: str) -> Any:
-    # `celery -A gateway_tasks.core.celery_app` looks up `app` / `celery` lazily, so
-    # importing this module never needs REDIS_URL.
-    if name in ("app", "celery"):
-        return default_app()
-    raise AttributeError(name)
+default_app, __getattr__ = lazy_app(lambda: make_app(get_settings()))

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-embedded bench bench-beat clean
+.PHONY: install demo test test-embedded bench bench-fairness bench-dispatch bench-beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,17 @@ test: $(STAMP)
 test-embedded: $(STAMP)
 	GATEWAY_TEST_REDIS=embedded $(PY) -m pytest -q tests
 
+# the router bench, then the noisy-neighbour and dispatch-ceiling benches of router v2
 bench: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench
+	$(PY) -m gateway_tasks.cli bench-fairness
+	$(PY) -m gateway_tasks.cli bench-dispatch
+
+bench-fairness: $(STAMP)
+	$(PY) -m gateway_tasks.cli bench-fairness
+
+bench-dispatch: $(STAMP)
+	$(PY) -m gateway_tasks.cli bench-dispatch
 
 bench-beat: $(STAMP)
 	$(PY) -m gateway_tasks.cli cron bench

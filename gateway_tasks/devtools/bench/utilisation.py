@@ -26,7 +26,10 @@ bucket).  So the quota the window really used is
 
 and ``utilisation = used / (R*T)``: 100 % exactly when the bucket never
 overflowed, whatever it held at either end.  ``wasted`` is read too, as a
-check of the identity (they agree to rounding).
+check of the identity (they agree to rounding).  Tokens a window banked in
+the bucket (a negative drawdown) count as not lost -- they stay spendable;
+the drawdown is printed beside the figure, so a window that ended on a stall
+shows it.
 """
 
 from __future__ import annotations

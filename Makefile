@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-embedded bench bench-spread bench-beat clean
+.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,17 @@ test: $(STAMP)
 test-embedded: $(STAMP)
 	GATEWAY_TEST_REDIS=embedded $(PY) -m pytest -q tests
 
+# the router bench, then the noisy-neighbour and dispatch-ceiling benches of router v2
 bench: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench
+	$(PY) -m gateway_tasks.cli bench-fairness
+	$(PY) -m gateway_tasks.cli bench-dispatch
+
+bench-fairness: $(STAMP)
+	$(PY) -m gateway_tasks.cli bench-fairness
+
+bench-dispatch: $(STAMP)
+	$(PY) -m gateway_tasks.cli bench-dispatch
 
 # the README's headline numbers (wfq and the plain-Celery comparison) as median (min-max) of
 # 3 runs at make bench's sizes: 3 x (~70 s wfq + ~70 s plain comparison), about 7-9 minutes on

@@ -43,6 +43,8 @@ COMMAND_MODULES = (
     "gateway_tasks.cli.tenant",  # tenant add/list/delete
     "gateway_tasks.metrics.exporter",     # metrics
     "gateway_tasks.devtools.bench.main",       # bench
+    "gateway_tasks.devtools.bench.fairness",   # bench-fairness
+    "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
 )

@@ -5,6 +5,10 @@ each request, charged as ``config.charge`` says (reserve or actual; see the
 package docstring); a refusal is a 429 ApiError with ``Retry-After``.  It
 also renders the ``x-ratelimit-*`` headers, keeps the ``stats.SimStats`` and
 draws the injected failures (``fail_rate``) from ``random.Random(seed)``.
+``held_tokens`` is what the token bucket holds for requests in flight (their
+``prompt + max_tokens`` under ``charge="reserve"``, nothing under
+``"actual"``): with the bucket's level and ``wasted`` refill, it lets a
+benchmark account for every token of quota over a window.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Simulator:
         self.requests = TokenBucket(config.request_capacity, config.rpm / 60.0, clock)
         self.stats = SimStats(clock)
         self.rng = random.Random(config.seed)
+        self.held_tokens = 0
 
     def admission_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
         if self.config.charge == "reserve":
@@ -61,12 +66,14 @@ class Simulator:
         self.requests.take(1)
         if self.config.charge == "reserve":
             self.tokens.take(need)
+            self.held_tokens += need
         return Admission(True, requested_tokens=need)
 
     def complete(self, prompt_tokens: int, max_tokens: int, completion_tokens: int) -> None:
         """Settle the token bucket once the reply is done."""
         if self.config.charge == "reserve":
             self.tokens.give(max_tokens - completion_tokens)
+            self.held_tokens -= prompt_tokens + max_tokens
         else:
             self.tokens.take(prompt_tokens + completion_tokens)
 

@@ -49,6 +49,10 @@ def create_app(config: SimConfig) -> FastAPI:
         snap["config"] = asdict(config)
         snap["remaining_tokens"] = sim.tokens.remaining()
         snap["remaining_requests"] = sim.requests.remaining()
+        # the exact token accounting at now_monotonic (devtools/bench/utilisation.py)
+        snap["tokens_level"] = sim.tokens.level
+        snap["tokens_held"] = sim.held_tokens
+        snap["tokens_wasted"] = sim.tokens.wasted
         return snap
 
     @app.post("/stats/reset")

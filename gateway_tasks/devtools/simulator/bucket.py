@@ -26,7 +26,9 @@ class TokenBucket:
 
     It starts full.  ``take`` may push the level below zero (a debt paid back
     by refill), which is how charging actual usage after the fact behaves;
-    ``give`` credits units back but never above capacity.
+    ``give`` credits units back but never above capacity.  ``wasted`` counts
+    the units that refill or ``give`` could not add because the bucket was
+    full: quota nobody used (``fill`` starts the count again).
     """
 
     def __init__(self, capacity: float, refill_per_s: float,
@@ -40,12 +42,18 @@ class TokenBucket:
         self._clock = clock
         self._level = self.capacity
         self._updated_s = clock()
+        self.wasted = 0.0
+
+    def _add(self, amount: float) -> None:
+        """Credit ``amount``, capped at capacity; what the cap cuts off is wasted."""
+        room = max(0.0, self.capacity - self._level)
+        self.wasted += max(0.0, amount - room)
+        self._level = min(self.capacity, self._level + amount)
 
     def _refill(self) -> None:
         now_s = self._clock()
         if now_s > self._updated_s:
-            elapsed_s = now_s - self._updated_s
-            self._level = min(self.capacity, self._level + elapsed_s * self.refill_per_s)
+            self._add((now_s - self._updated_s) * self.refill_per_s)
             self._updated_s = now_s
 
     @property
@@ -76,7 +84,7 @@ class TokenBucket:
     def give(self, amount: float) -> None:
         """Credit ``amount`` back, capped at capacity."""
         self._refill()
-        self._level = min(self.capacity, self._level + amount)
+        self._add(amount)
 
     def wait_s(self, amount: float) -> float:
         """Seconds until ``amount`` is available (inf if it exceeds capacity)."""
@@ -93,6 +101,7 @@ class TokenBucket:
         """Refill to capacity at once (used when statistics are reset)."""
         self._level = self.capacity
         self._updated_s = self._clock()
+        self.wasted = 0.0
 
 
 def ceil_ms(seconds: float) -> int:

@@ -1,0 +1,230 @@
+"""`gateway bench-dispatch`, part 1: Redis time per pick, server side.
+
+On a private Redis (nobody else's commands), per scenario -- prompt size x
+tenants queued -- ``messages`` copies of the real message ``Gateway.submit``
+queues for such a prompt are enqueued (lua/enqueue.lua, pipelined) on a pool
+whose bucket never waits, spread round-robin over the tenants, all in the
+``normal`` tier.  Then ``picks`` pick.lua calls (``PickPlan`` of all the
+pool's tiers, as a worker runs it, through ``scripts_for(client).run``), in
+batches; between batches the picked tasks are acked (lua/release.lua).
+INFO commandstats is read around every batch, so ``cmdstat_evalsha`` counts
+only pick calls in the pick windows and only release calls in the ack
+windows: usec / calls is Redis's execution time per pick (and per ack, and
+per enqueue during the fill).
+
+Beside it, the same messages through a plain list: LPUSH each, then RPOP
+each, timed the same way (``cmdstat_lpush``, ``cmdstat_rpop``).
+
+The anatomy of a pick: one more batch with the slowlog recording every
+command (``redis_stats.recording``), the commands pick.lua ran (client
+``?:0``) grouped by name -- calls and microseconds per pick -- and the rest of
+the EVALSHA time, the script's own (Lua, KEYS/ARGV set-up, the reply).  The
+slowlog's own bookkeeping inflates that batch a little: its shares, not its
+total, are the point.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import redis
+
+from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for, source
+from gateway_tasks.core.settings import Settings
+from gateway_tasks.devtools.bench.plain import UNLIMITED
+from gateway_tasks.devtools.bench import redis_stats
+from gateway_tasks.devtools.bench.redis_stats import Cost, commandstats, stats_delta
+from gateway_tasks.devtools.redis_server import discard_prefix
+from gateway_tasks.producer.gateway import Gateway
+from workers.release import ReleaseCall
+from workers.router import PickPlan, Picked
+
+TIER = "normal"
+PIPELINE_CHUNK = 500
+PICK_BATCH = 50          # picks between two acks; <= tenants x their concurrency cap
+FILLER = "The quick brown fox jumps over the lazy dog while the support queue keeps growing. "
+PROMPT_SIZES_B = (600, 8192)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    prompt_b: int
+    tenants: int
+    messages: int     # queued before the picks (>= picks)
+    picks: int
+
+    @property
+    def name(self) -> str:
+        size = f"{self.prompt_b // 1024} KB" if self.prompt_b >= 1024 else f"{self.prompt_b} B"
+        return f"{size} prompts, {self.tenants} tenants"
+
+
+def scenarios(picks: int, many_tenants: int, few_tenants: int = 10) -> list[Scenario]:
+    """Both prompt sizes with few tenants, then both with ``many_tenants`` queued
+    (one message each, ``picks`` of them picked)."""
+    out = [Scenario(b, few_tenants, picks, picks) for b in PROMPT_SIZES_B]
+    out += [Scenario(b, many_tenants, max(many_tenants, picks), picks) for b in PROMPT_SIZES_B]
+    return out
+
+
+def prompt_of(size_b: int) -> str:
+    """An ASCII prompt of exactly ``size_b`` bytes."""
+    return (FILLER * (size_b // len(FILLER) + 1))[:size_b]
+
+
+def bench_settings(base: Settings, prefix: str) -> Settings:
+    return base.with_(key_prefix=prefix, pools=(UNLIMITED,))
+
+
+def real_message(client: redis.Redis, base: Settings, prompt: str) -> str:
+    """The kombu message (JSON) that Gateway.submit queues for ``prompt``, read back."""
+    prefix = f"gt-bench-probe-{uuid.uuid4().hex[:8]}:"
+    settings = bench_settings(base, prefix)
+    gw = Gateway(settings, client=client)
+    try:
+        gw.register_tenant("probe", TIER)
+        gw.submit("probe", prompt, max_tokens=16, source="bench")
+        (message,) = client.hvals(Keys(prefix).messages(UNLIMITED.name))
+        return message.decode()
+    finally:
+        discard_prefix(client, prefix)
+        gw.app.close()
+
+
+def chunks(n: int, size: int) -> Iterator[range]:
+    for start in range(0, n, size):
+        yield range(start, min(n, start + size))
+
+
+def measured(client: redis.Redis, command: str, action: Callable[[], Any]) -> tuple[Cost, Any]:
+    """Run ``action``; what ``command`` cost meanwhile (commandstats delta) and its value."""
+    before = commandstats(client)
+    value = action()
+    return stats_delta(before, commandstats(client)).get(command, Cost()), value
+
+
+def fill(client: redis.Redis, settings: Settings, scenario: Scenario, message: str) -> Cost:
+    """Enqueue the scenario's messages (pipelined enqueue.lua); the evalsha cost."""
+    scripts = scripts_for(client)
+    keys, tier = Keys(settings.key_prefix), settings.tier(TIER)
+    total = Cost()
+    for part in chunks(scenario.messages, PIPELINE_CHUNK):
+        def push(part: range = part) -> None:
+            with client.pipeline(transaction=False) as pipe:
+                for i in part:
+                    scripts.queue(EnqueueCall(keys, tier, UNLIMITED.name, f"t{i % scenario.tenants}",
+                                              f"tag-{i}", 100, message), pipe)
+                pipe.execute()
+        cost, _ = measured(client, "evalsha", push)
+        total += cost
+    return total
+
+
+def pick_and_ack(client: redis.Redis, settings: Settings, picks: int) -> dict[str, Any]:
+    """``picks`` pick.lua calls in batches, each batch acked after its window."""
+    scripts = scripts_for(client)
+    keys = Keys(settings.key_prefix)
+    plan = PickPlan(settings, settings.queue_names())
+    pick_cost, ack_cost, dispatched = Cost(), Cost(), 0
+    for part in chunks(picks, PICK_BATCH):
+        cost, got = measured(client, "evalsha", lambda part=part: [scripts.run(plan) for _ in part])
+        pick_cost += cost
+        tags = [p for p in got if isinstance(p, Picked)]
+        dispatched += len(tags)
+        cost, _ = measured(client, "evalsha", lambda tags=tags: [
+            scripts.run(ReleaseCall(keys, settings, p.pool, p.tag)) for p in tags])
+        ack_cost += cost
+    return {"picks": pick_cost.calls, "dispatched": dispatched,
+            "us_per_pick": pick_cost.us_per_call, "acks": ack_cost.calls,
+            "us_per_ack": ack_cost.us_per_call}
+
+
+def anatomy_of(entries: list[dict[str, Any]], picks: int) -> dict[str, Any]:
+    """Per pick: the EVALSHA time, and the commands it ran by name (calls, us)."""
+    evalsha, inner = Cost(), {}
+    for entry in entries:
+        words = redis_stats.entry_words(entry)
+        cost = Cost(1, int(entry.get("duration", 0)))
+        if redis_stats.is_script_call(entry):
+            name = words[0].lower()
+            inner[name] = inner.get(name, Cost()) + cost
+        elif words[0].lower() == "evalsha":
+            evalsha += cost
+    n = max(picks, 1)
+    ran_us = sum(c.usec for c in inner.values())
+    return {"picks": picks, "logged_us_per_pick": round(evalsha.usec / n, 2),
+            "ran_us_per_pick": round(ran_us / n, 2),
+            "commands_per_pick": round(sum(c.calls for c in inner.values()) / n, 2),
+            "ran": {name: {"calls_per_pick": round(c.calls / n, 2), "us_per_pick": round(c.usec / n, 2)}
+                    for name, c in sorted(inner.items(), key=lambda kv: -kv[1].usec)}}
+
+
+def pick_anatomy(client: redis.Redis, base: Settings, message: str, picks: int) -> dict[str, Any]:
+    """One batch of picks with every command logged (module docstring)."""
+    prefix = f"gt-bench-anatomy-{uuid.uuid4().hex[:8]}:"
+    settings = bench_settings(base, prefix)
+    plan = PickPlan(settings, settings.queue_names())
+    scripts = scripts_for(client)
+    try:
+        fill(client, settings, Scenario(PROMPT_SIZES_B[0], 10, picks, picks), message)
+        with redis_stats.recording(client):
+            got = [scripts.run(plan) for _ in range(picks)]
+            entries = redis_stats.slowlog_entries(client)
+        out = anatomy_of(entries, sum(1 for p in got if isinstance(p, Picked)))
+        return out
+    finally:
+        discard_prefix(client, prefix)
+
+
+def run_scenario(client: redis.Redis, base: Settings, scenario: Scenario, message: str) -> dict[str, Any]:
+    prefix = f"gt-bench-pick-{uuid.uuid4().hex[:8]}:"
+    settings = bench_settings(base, prefix)
+    for name in ("enqueue", "pick", "release"):   # loaded before any window
+        client.script_load(source(name))
+    try:
+        enqueue = fill(client, settings, scenario, message)
+        out = {"scenario": scenario.name, "prompt_b": scenario.prompt_b, "message_b": len(message),
+               "tenants": scenario.tenants, "queued": scenario.messages,
+               "us_per_enqueue": enqueue.us_per_call}
+        out.update(pick_and_ack(client, settings, scenario.picks))
+        return out
+    finally:
+        discard_prefix(client, prefix)
+
+
+def run_plain_list(client: redis.Redis, prompt_b: int, message: str, n: int) -> dict[str, Any]:
+    """LPUSH then RPOP ``n`` copies of the message on a plain list."""
+    key = f"gt-bench-list-{uuid.uuid4().hex[:8]}:queue"
+    push = Cost()
+    try:
+        for part in chunks(n, PIPELINE_CHUNK):
+            def lpush(part: range = part) -> None:
+                with client.pipeline(transaction=False) as pipe:
+                    for _ in part:
+                        pipe.lpush(key, message)
+                    pipe.execute()
+            push += measured(client, "lpush", lpush)[0]
+        pop, got = measured(client, "rpop", lambda: [client.rpop(key) for _ in range(n)])
+    finally:
+        client.delete(key)
+    return {"prompt_b": prompt_b, "message_b": len(message), "us_per_lpush": push.us_per_call,
+            "rpops": pop.calls, "popped": sum(1 for m in got if m is not None),
+            "us_per_rpop": pop.us_per_call}
+
+
+def run(client: redis.Redis, base: Settings, *, picks: int, many_tenants: int,
+        progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every scenario, then the plain list at each prompt size (same messages)."""
+    client.config_resetstat()
+    messages = {b: real_message(client, base, prompt_of(b)) for b in PROMPT_SIZES_B}
+    rows = []
+    for scenario in scenarios(picks, many_tenants):
+        rows.append(run_scenario(client, base, scenario, messages[scenario.prompt_b]))
+        progress(f"  {scenario.name}: {rows[-1]['us_per_pick']} us per pick")
+    plain = [run_plain_list(client, b, messages[b], picks) for b in PROMPT_SIZES_B]
+    anatomy = pick_anatomy(client, base, messages[PROMPT_SIZES_B[0]], min(picks, PICK_BATCH))
+    return {"picks_per_scenario": picks, "pick": rows, "plain_list": plain, "pick_anatomy": anatomy}

@@ -50,6 +50,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.broker import purge_tier
 from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.bench.utilisation import UpstreamPoint, window_utilisation
 from gateway_tasks.devtools.bench.results import count_existing, result_metas
 from gateway_tasks.devtools.measure import counter_delta, percentile
 from gateway_tasks.devtools.redis_server import discard_prefix
@@ -205,6 +206,20 @@ def served_in_window(sim_stats: dict[str, Any], start_mono: float, end_mono: flo
             "tpm_utilisation_pct": round(100.0 * per_s / tokens_per_s, 2)}
 
 
+def used_in_window(sim_stats: dict[str, Any], a: Snapshot, b: Snapshot, up_a: UpstreamPoint,
+                   up_b: UpstreamPoint, tokens_per_s: float) -> dict[str, Any]:
+    """The window's TPM use: ``tpm_utilisation_pct`` is the quota really used (the
+    simulator's own accounting, ``bench.utilisation``); the tokens-served figure,
+    which moves with what the bucket holds at either end, stays as ``served_pct``."""
+    out = served_in_window(sim_stats, a.monotonic, b.monotonic, tokens_per_s)
+    exact = window_utilisation(up_a, up_b, tokens_per_s)
+    out["served_pct"] = out["tpm_utilisation_pct"]
+    out["tpm_utilisation_pct"] = exact["utilisation_pct"]
+    out["bucket_drawdown_tokens"] = exact["bucket_drawdown_tokens"]
+    out["wasted_tokens"] = exact["wasted_tokens"]
+    return out
+
+
 def wait_stats(waits: Sequence[float], missing: int = 0) -> dict[str, Any]:
     """p50/p99/max of queue waits; `missing` tasks never dispatched count as +infinity."""
     values = list(waits) + [math.inf] * missing
@@ -294,15 +309,15 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
 
         # phase A: all tiers backlogged
         time.sleep(spec.warmup_s)
-        a0 = snapshot(client, keys, pool.name)
+        a0, up_a0 = snapshot(client, keys, pool.name), UpstreamPoint.from_stats(sim.stats())
         time.sleep(spec.seconds)
-        a1 = snapshot(client, keys, pool.name)
+        a1, up_a1 = snapshot(client, keys, pool.name), UpstreamPoint.from_stats(sim.stats())
 
         # phase B: the VIP backlog goes; VIP now arrives steadily
         purge_tier(client, keys, pool.name, "vip")
         time.sleep(spec.settle_s)
         vip_b: list[str] = []
-        b0 = snapshot(client, keys, pool.name)
+        b0, up_b0 = snapshot(client, keys, pool.name), UpstreamPoint.from_stats(sim.stats())
         interval = 1.0 / spec.vip_rate
         n_vip = max(1, int(round(spec.seconds * spec.vip_rate)))
         t_next = time.monotonic()
@@ -312,7 +327,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
                 time.sleep(delay)
             vip_b.append(sub.submit("vip"))
             t_next += interval
-        b1 = snapshot(client, keys, pool.name)
+        b1, up_b1 = snapshot(client, keys, pool.name), UpstreamPoint.from_stats(sim.stats())
         deadline = time.monotonic() + spec.grace_s
         while time.monotonic() < deadline and count_results(client, gw.app, vip_b) < len(vip_b):
             time.sleep(0.1)
@@ -334,7 +349,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
         "window_s": round(a1.monotonic - a0.monotonic, 3),
         "tiers": window_tiers(a0, a1),
         "dispatch": window_dispatch(a0, a1),
-        **served_in_window(upstream, a0.monotonic, a1.monotonic, spec.tokens_per_s()),
+        **used_in_window(upstream, a0, a1, up_a0, up_a1, spec.tokens_per_s()),
     }
     waits: dict[str, dict[str, Any]] = {}
     for tier in TIERS:
@@ -354,7 +369,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
         "waits": waits,
         "tiers": window_tiers(b0, b1),
         "dispatch": window_dispatch(b0, b1),
-        **served_in_window(upstream, b0.monotonic, b1.monotonic, spec.tokens_per_s()),
+        **used_in_window(upstream, b0, b1, up_b0, up_b1, spec.tokens_per_s()),
     }
     answered = upstream["requests_ok"] + upstream["requests_429"] + upstream["requests_error"]
     return {

@@ -123,8 +123,10 @@ def format_policy(run: dict[str, Any], spec: dict[str, Any]) -> list[str]:
                    f"{row['share_pct']:>8.1f} {row['share_est_pct']:>8.1f} "
                    f"{targets.get(tier, 0.0):>9.0f}")
     util = a["tpm_utilisation_pct"]
-    out.append(f"     upstream TPM used: {'-' if util is None else f'{util:.1f} %'} "
-               f"({a['served_tokens_per_s'] or 0:.0f} of {spec['tpm'] / 60:.0f} tokens/s)")
+    out.append(f"     upstream TPM used: {'-' if util is None else f'{util:.1f} %'} of the quota "
+               f"(the simulator's accounting; tokens served {a['served_tokens_per_s'] or 0:.0f} of "
+               f"{spec['tpm'] / 60:.0f} /s = {a.get('served_pct') or 0:.1f} %, bucket drawdown "
+               f"{a.get('bucket_drawdown_tokens', 0)} tokens)")
     d = a["dispatch"]
     out.append(f"     dispatch: {d['round_trips_per_msg'] or 0:.2f} Redis round trips per message "
                f"({d['picks']} picks + {d['waits']} bell waits for {d['dispatched']} messages)")

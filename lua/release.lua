@@ -59,10 +59,13 @@ end
 -- the tenant becomes eligible again if it has work and is not already in line;
 -- the bell rings only when that made work dispatchable (a plain ack wakes nobody)
 local woke = false
-if not redis.call('ZSCORE', active_key, tenant) and gt_tenant_head(index_key, tenant) then
+local has_work = gt_tenant_head(index_key, tenant) ~= nil
+if not redis.call('ZSCORE', active_key, tenant) then
   redis.call('HDEL', KEYS[5], tenant)
-  woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
-elseif not gt_tenant_head(index_key, tenant) then
+  if has_work then
+    woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
+  end
+elseif not has_work then
   redis.call('HDEL', KEYS[5], tenant)
 end
 if woke or mode == 'requeue' then gt_ring(KEYS[9], ARGV[3]) end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway_tasks.devtools import processes
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.settings import Pool
@@ -194,7 +195,3 @@ def test_killed_workers_tasks_run_again_elsewhere_within_seconds(settings, r, tm
     # the 4 killed calls were in flight at the kill: the upstream saw them, then 4 more
     assert upstream_ok >= 4
 
-
-def redis_now_ms(r) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000

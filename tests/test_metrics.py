@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_tasks.metrics import exporter as metrics
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.core.settings import Pool
@@ -28,10 +29,6 @@ def samples(text: bytes | str) -> dict[tuple[str, frozenset], float]:
 def value(got: dict, name: str, **labels: str) -> float:
     return got[(name, frozenset(labels.items()))]
 
-
-def redis_now_ms(r) -> int:
-    sec, usec = r.time()
-    return sec * 1000 + usec // 1000
 
 
 def test_stats_bucket_queues_and_inflight(r, settings):

@@ -3,7 +3,6 @@ their tier's queue with the estimate the router needs."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
 from gateway_tasks.core.index_entry import IndexEntry
@@ -24,10 +25,6 @@ from gateway_tasks.core.settings import Pool, Settings, default_tiers
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
            tpm=10**9, rpm=10**9)
 
-
-def redis_now_ms(r) -> int:
-    sec, usec = r.time()
-    return sec * 1000 + usec // 1000
 
 
 def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None = None,

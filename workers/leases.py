@@ -22,6 +22,7 @@ from typing import Callable
 
 import redis
 
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import Scripts
 from gateway_tasks.core.settings import Settings
@@ -34,8 +35,7 @@ SWEEP_LIMIT = 200  # expired tasks restored per pool per sweep
 def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: Settings,
                   limit: int | None = SWEEP_LIMIT) -> int:
     """Restore every task whose lease expired (Redis clock); returns how many this call did."""
-    sec, usec = client.time()
-    now_s = int(sec) + int(usec) / 1e6
+    now_s = redis_now_ms(client) / 1000.0
     restored = 0
     for pool in settings.pools:
         tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_s, byscore=True,

@@ -21,6 +21,7 @@ from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
@@ -37,11 +38,6 @@ RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio appl
 @lru_cache(maxsize=8)
 def redis_for(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
-
-
-def _now_ms(r: redis.Redis) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def _settings(task: Any) -> Settings:
@@ -129,7 +125,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
                   model=req.model, completion_tokens=reply.completion_tokens)
     bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
-    done_ms = _now_ms(r)
+    done_ms = redis_now_ms(r)
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

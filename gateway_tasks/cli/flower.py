@@ -46,6 +46,12 @@ def basic_auth_from(env: Mapping[str, str]) -> tuple[str, bool]:
     return generated_basic_auth(), True
 
 
+def first_credentials(basic_auth: str) -> tuple[str, str]:
+    """(user, password) of the first user of a FLOWER_BASIC_AUTH value."""
+    user, _, password = basic_auth.split(",")[0].partition(":")
+    return user, password
+
+
 def flower_argv(*, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT) -> list[str]:
     """The command line of a Flower process for this deployment (auth comes from the env)."""
     return [sys.executable, "-m", "celery", "-A", FLOWER_APP, "flower",
@@ -61,7 +67,7 @@ def flower_env(basic_auth: str, base: Mapping[str, str] | None = None) -> dict[s
 
 def _run(args: argparse.Namespace) -> int:
     auth, generated = basic_auth_from(os.environ)
-    user, password = auth.split(",")[0].split(":", 1)
+    user, password = first_credentials(auth)
     where = f"http://{args.address}:{args.port}"
     if generated:
         print(f"Flower at {where}  user {user}  password {password}  (generated; set {AUTH_ENV} "

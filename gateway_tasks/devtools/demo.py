@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 processes.wait_for_workers(gw.app, 1)
                 print(f"worker up ({args.concurrency} threads, policy={settings.policy}); "
                       f"logs in {logdir}")
-                user, password = flower_auth.split(",")[0].split(":", 1)
+                user, password = flower_cli.first_credentials(flower_auth)
                 print(f"Flower at http://127.0.0.1:{flower_port}  user {user}  password {password}")
                 handles = load(gw, args)
                 print(f"submitted {len(handles)} tasks; waiting for results...")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import redis
 
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, queue_enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for, source
 from gateway_tasks.core.settings import Settings
@@ -115,10 +115,10 @@ def fill(client: redis.Redis, settings: Settings, scenario: Scenario, message: s
     total = Cost()
     for part in chunks(scenario.messages, PIPELINE_CHUNK):
         def push(part: range = part) -> None:
-            with client.pipeline(transaction=False) as pipe:
+            with client.pipeline(transaction=True) as pipe:   # one MULTI of HSET + EVALSHA pairs
                 for i in part:
-                    scripts.queue(EnqueueCall(keys, tier, UNLIMITED.name, f"t{i % scenario.tenants}",
-                                              f"tag-{i}", 100, message), pipe)
+                    queue_enqueue(scripts, EnqueueCall(keys, tier, UNLIMITED.name, f"t{i % scenario.tenants}",
+                                                       f"tag-{i}", 100, message), pipe)
                 pipe.execute()
         cost, _ = measured(client, "evalsha", push)
         total += cost

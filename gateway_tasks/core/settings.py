@@ -18,6 +18,7 @@ from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import queue_name
 from gateway_tasks.core.urls import without_credentials
 
+MIN_SECRET_CHARS = 16
 POLICIES = ("fifo", "strict", "aging", "wfq")
 CHARGE_MODES = ("reserve", "actual")
 
@@ -163,6 +164,10 @@ class Settings:
     # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
     # expired (its worker died) goes back to the front of its tenant's line
     lease_s: float = 5.0
+    # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
+    # logged or passed to Celery (public() blanks them)
+    api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
+    admin_key: str = field(default="", repr=False)        # the REST admin credential (/v1/admin/*)
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -178,6 +183,12 @@ class Settings:
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
                  self.max_request_bytes, "> 0 bytes")
+        for name in ("api_key_secret", "admin_key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and len(value) < MIN_SECRET_CHARS):
+                # never echo a secret, not even a bad one
+                raise ConfigError(f"settings: {name} is invalid; expected empty (off) or a string of at "
+                                  f"least {MIN_SECRET_CHARS} characters")
         names: set[str] = set()
         for tier in self.tiers:
             tier.validate()
@@ -235,9 +246,9 @@ class Settings:
 
     def public(self) -> "Settings":
         """These settings without secrets (the pools' API keys, credentials in the Redis
-        URL): safe to show, log or pass in the broker's transport options."""
+        URL, the API-key hashing secret and the admin credential): safe to show, log or pass in the broker's transport options."""
         return replace(self, redis_url=without_credentials(self.redis_url),
-                       pools=tuple(p.public() for p in self.pools))
+                       pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="")
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
@@ -317,6 +328,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_KEY_PREFIX": ("key_prefix", str),
         "GATEWAY_POLICY": ("policy", str),
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
+        "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
+        "GATEWAY_ADMIN_KEY": ("admin_key", str),
     }
     for var, (name, conv) in env_map.items():
         if env.get(var):

@@ -24,7 +24,7 @@ import redis
 from celery import states
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
@@ -33,6 +33,7 @@ from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.limits import BodySizeLimit
+from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
 
@@ -57,6 +58,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
+    install_openapi(app)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
     def submit_task(body: TaskRequest, request: Request, response: Response,
@@ -119,7 +121,9 @@ def create_app(gateway: Gateway) -> FastAPI:
                                 status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics", name="metrics")
+    @app.get("/metrics", name="metrics", response_class=PlainTextResponse, responses={
+        200: {"description": "Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics(_admin: AdminDep) -> Response:
         return Response(render(gateway, gateway.settings), media_type=CONTENT_TYPE)
 

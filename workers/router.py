@@ -36,6 +36,7 @@ class Picked:
     tag: str
     tier: str
     pool: str
+    undecodable: str = ""   # the stored message when it is not a JSON object (payload is {})
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,25 @@ class PickPlan:
             return Wait(int(reply[1]))
         queue = self.queues[int(reply[2]) - 1]
         dispatched_ms, enqueued_ms = int(reply[3]), int(reply[5])
-        payload = json.loads(text(reply[1])) if reply[1] else {}
+        payload, undecodable = _decoded(text(reply[1]) if reply[1] else "")
         headers = payload.setdefault("headers", {})
+        if not isinstance(headers, dict):
+            payload, undecodable = {"headers": {}}, text(reply[1])
+            headers = payload["headers"]
         headers[HEADER_ENQUEUED_MS] = enqueued_ms
         headers[HEADER_DISPATCHED_MS] = dispatched_ms
         headers[HEADER_POOL_DEBITED] = float(text(reply[8]))
         headers[HEADER_POOL_DISPATCHES] = int(reply[9])
         return Picked(payload, queue.name, dispatched_ms, int(reply[4]), tenant=text(reply[6]),
-                      tag=text(reply[7]), tier=queue.tier.name, pool=queue.pool.name)
+                      tag=text(reply[7]), tier=queue.tier.name, pool=queue.pool.name,
+                      undecodable=undecodable)
+
+
+def _decoded(raw: str) -> tuple[dict[str, Any], str]:
+    """(the message, "") or, when it is not a JSON object, ({}, the raw text): a crafted
+    message must reach workers.dead_letter, not crash the dispatcher."""
+    try:
+        payload = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}, raw or " "
+    return (payload, "") if isinstance(payload, dict) else ({}, raw)

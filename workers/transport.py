@@ -28,6 +28,7 @@ from kombu.utils.encoding import bytes_to_str
 from gateway_tasks.core import broker
 from gateway_tasks.core.stats import (DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS,
                                       STALE_RELEASES)
+from workers.dead_letter import DeadLetterer, problem_of
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickPlan, Picked
@@ -138,6 +139,15 @@ class Channel(broker.Channel):
         self._gt_flush_counts()
         super().close()
 
+    def _gt_runnable(self, picked: Picked) -> bool:
+        """False when the picked message cannot be run: it is dead-lettered instead."""
+        problem = problem_of(picked, self._gt_settings)
+        if problem is None:
+            return True
+        DeadLetterer(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
+                     _mark_failed)(picked, problem)
+        return False
+
     def _gt_hold(self, picked: Picked) -> None:
         self._gt_picked[picked.tag] = (picked.pool, str(picked.dispatched_ms))
 
@@ -187,6 +197,8 @@ class Channel(broker.Channel):
                 self._gt_mode = "pick"
                 raise virtual.Empty()
             result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
+            if isinstance(result, Picked) and not self._gt_runnable(result):
+                raise virtual.Empty()   # dead-lettered; pick again at once
             if isinstance(result, Picked):
                 self._gt_hold(result)
                 self._gt_counts[DISPATCH_DISPATCHED] += 1
@@ -204,10 +216,16 @@ class Channel(broker.Channel):
         if not broker.is_gateway_queue(queue):
             return super()._get(queue)
         result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
-        if not isinstance(result, Picked):
+        if not isinstance(result, Picked) or not self._gt_runnable(result):
             raise virtual.Empty()
         self._gt_hold(result)
         return result.payload
+
+
+def _mark_failed(task_id: str, exc: BaseException) -> None:
+    """Store a task's failure with the worker's Celery app (its result backend)."""
+    from celery import current_app
+    current_app.backend.mark_as_failure(task_id, exc)
 
 
 class Transport(broker.Transport):

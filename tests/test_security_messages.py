@@ -1,0 +1,156 @@
+"""Crafted messages published straight to a queue (bad JSON, not a Celery message,
+pickle, missing headers, a huge or forged token estimate, bad task arguments):
+a real worker survives them, each is dead-lettered or failed with its reason,
+and the good messages queued behind them still complete."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import time
+import uuid
+
+import pytest
+
+from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.errors import InvalidRequest
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from gateway_tasks.producer.gateway import Gateway
+from workers.dead_letter import dead_letters
+
+pytestmark = pytest.mark.slow
+TPM = 120_000   # bucket capacity 120k tokens (burst 60 s)
+
+
+def _body(args: list) -> str:
+    return base64.b64encode(json.dumps([args, {}, {"callbacks": None, "errbacks": None,
+                                                    "chain": None, "chord": None}]).encode()).decode()
+
+
+def crafted(template: dict) -> dict[str, tuple[str, int, str]]:
+    """name -> (message text, index est_tokens, expected reason fragment or '' for a task failure)."""
+    good_est = template["headers"]["gt_est_tokens"]
+
+    def envelope(**changes) -> dict:
+        msg = json.loads(json.dumps(template))
+        msg["headers"]["id"] = str(uuid.uuid4())
+        for path, value in changes.items():
+            where, _, key = path.partition("__")
+            target = msg if not key else msg[where]
+            target[key or where] = value
+        return msg
+
+    no_headers = envelope()
+    no_headers["headers"] = {}
+    pickled = envelope(**{"content-type": "application/x-python-serialize"})
+    pickled["body"] = base64.b64encode(pickle.dumps(("not", "allowed"))).decode()
+    return {
+        "bad json": ('{"body": "eyJ4Ijog', good_est, "not a JSON object"),
+        "json array": ("[1, 2, 3]", good_est, "not a JSON object"),
+        "no envelope": (json.dumps({"hello": "world"}), good_est, "not a kombu message envelope"),
+        "pickle": (json.dumps(pickled), good_est, "JSON only"),
+        "no headers": (json.dumps(no_headers), good_est, "lacks the Celery task headers"),
+        "body not json": (json.dumps(envelope(body="////")), good_est, "body is not JSON"),
+        "huge est_tokens": (json.dumps(envelope(headers__gt_est_tokens=10 ** 15)), 10 ** 15,
+                            "over the pool's bucket capacity"),
+        "forged est_tokens": (json.dumps(envelope(headers__gt_est_tokens=good_est + 50_000)), good_est,
+                              "does not match its queue entry"),
+        "bad task argument": (json.dumps(envelope(body=_body([{"tenant_id": 5}]))), good_est, ""),
+    }
+
+
+def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings, r, tmp_path):
+    with SimulatorThread(SimConfig(tpm=TPM, rpm=6_000, base_latency_ms=2)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=TPM,
+                    rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s, client=r)
+        keys = Keys(s.key_prefix)
+        gw.register_tenant("acme", "vip")
+        before = gw.submit("acme", "first good question", max_tokens=16)
+        [template] = queued_messages(r, keys, "default", "vip")
+        cases = crafted(template)
+        scripts = scripts_for(r)
+        tags = {}
+        for name, (text, est, _) in cases.items():
+            tag = str(uuid.uuid4())
+            try:
+                msg = json.loads(text)
+                if isinstance(msg, dict) and isinstance(msg.get("properties"), dict):
+                    msg["properties"]["delivery_tag"] = tag
+                    text = json.dumps(msg)
+            except ValueError:
+                pass
+            # the raw broker path: what enqueue.lua stores, straight into the tier's queue
+            done = scripts.run(EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
+                                           est_tokens=est, message_json=text))
+            assert done.accepted
+            tags[tag] = name
+        after = [gw.submit("acme", f"good question {i} behind the crafted ones", max_tokens=16)
+                 for i in range(3)]
+        log = tmp_path / "worker.log"
+        worker = processes.worker(s, concurrency=2, log_path=str(log)).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            results = [h.get(timeout=60) for h in [before, *after]]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(dead_letters(r, keys, "default")) < len(cases) - 1:
+                time.sleep(0.1)
+            alive = worker.alive()
+            pings = gw.app.control.ping(timeout=1.0)
+        finally:
+            worker.stop()
+    assert alive and pings, "the worker died"
+    assert all(res["response"]["choices"][0]["message"]["role"] == "assistant" for res in results)
+
+    records = {tags[d["tag"]]: d for d in dead_letters(r, keys, "default")}
+    expected = {n for n, (_, _, why) in cases.items() if why}
+    assert set(records) == expected, set(records) ^ expected
+    for name, record in records.items():
+        assert cases[name][2] in record["reason"], (name, record["reason"])
+        assert record["tenant"] == "acme" and record["queue"] == "gt.vip.default"
+    # a crafted message that names a task id fails that task with the reason
+    named = records["huge est_tokens"]["task_id"]
+    failed = gw.app.AsyncResult(named)
+    assert failed.state == "FAILURE" and "bucket capacity" in str(failed.result)
+    # a well-formed message with a bad task argument runs and fails with InvalidRequest
+    bad_arg_id = json.loads(cases["bad task argument"][0])["headers"]["id"]
+    res = gw.app.AsyncResult(bad_arg_id)
+    deadline = time.monotonic() + 10
+    while res.state not in ("FAILURE", "SUCCESS") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert res.state == "FAILURE" and type(res.result).__name__ == "InvalidRequest"
+    assert "the task argument lacks" in str(res.result)
+    # nothing is left dispatched or holding the tenant's slots; the queue is empty
+    assert r.hlen(keys.dispatched("default")) == 0
+    assert all(int(v) == 0 for v in r.hvals(keys.inflight("default")))
+    assert queued_messages(r, keys, "default", "vip") == []
+    stats = r.hgetall(keys.stats("default"))
+    assert int(stats[b"dead_lettered:vip"]) == len(expected)
+    text = log.read_text()
+    assert text.count("dead-lettered message") == len(expected)
+    assert "Unrecoverable error" not in text and "first good question" not in text
+
+
+def test_the_kombu_publish_path_refuses_unroutable_messages(settings, r):
+    gw = Gateway(settings, client=r)
+    keys = Keys(settings.key_prefix)
+    queue = settings.queue_name("vip", "default")
+    with gw.app.producer_or_acquire() as producer:
+        with pytest.raises(InvalidRequest, match="needs the header gt_est_tokens"):
+            producer.publish({"x": 1}, routing_key=queue, serializer="json", headers={},
+                             declare=[], retry=False)
+        with pytest.raises(InvalidRequest, match="bucket capacity"):
+            producer.publish({"x": 1}, routing_key=queue, serializer="json",
+                             headers={"gt_est_tokens": 10 ** 15, "gt_tenant": "acme"}, retry=False)
+        with pytest.raises(InvalidRequest, match="gt_est_tokens"):
+            producer.publish({"x": 1}, routing_key=queue, serializer="json",
+                             headers={"gt_est_tokens": float("inf")}, retry=False)
+    assert queued_messages(r, keys, "default", "vip") == []
+    assert not r.exists(f"{settings.key_prefix}{queue}")   # nothing in a list no one reads

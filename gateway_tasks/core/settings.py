@@ -13,10 +13,11 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import queue_name
-from gateway_tasks.core.urls import without_credentials
+from gateway_tasks.core.urls import REDIS_SCHEMES, TLS_CERT_REQS, with_redis_auth_and_tls, without_credentials
 
 MIN_SECRET_CHARS = 16
 POLICIES = ("fifo", "strict", "aging", "wfq")
@@ -168,6 +169,21 @@ class Settings:
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
     admin_key: str = field(default="", repr=False)        # the REST admin credential (/v1/admin/*)
+    # Redis AUTH / ACL and TLS, kept out of the URL (REDIS_USERNAME, REDIS_PASSWORD,
+    # REDIS_TLS_*): merged into redis_url at construction when the URL has none of its own
+    redis_username: str = ""
+    redis_password: str = field(default="", repr=False)
+    redis_tls_ca_file: str = ""        # rediss://: the CA bundle that signed the server's certificate
+    redis_tls_cert_file: str = ""      # rediss:// with client certificates (mTLS)
+    redis_tls_key_file: str = ""
+    redis_tls_cert_reqs: str = "required"   # rediss://: none | optional | required
+
+    def __post_init__(self) -> None:
+        composed = with_redis_auth_and_tls(
+            self.redis_url, username=self.redis_username, password=self.redis_password,
+            ca_file=self.redis_tls_ca_file, cert_file=self.redis_tls_cert_file,
+            key_file=self.redis_tls_key_file, cert_reqs=self.redis_tls_cert_reqs)
+        object.__setattr__(self, "redis_url", composed)
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -183,6 +199,7 @@ class Settings:
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
                  self.max_request_bytes, "> 0 bytes")
+        self._validate_redis()
         for name in ("api_key_secret", "admin_key"):
             value = getattr(self, name)
             if not isinstance(value, str) or (value and len(value) < MIN_SECRET_CHARS):
@@ -202,6 +219,22 @@ class Settings:
         for pool in self.pools:
             pool.validate()
         return self
+
+    def _validate_redis(self) -> None:
+        scheme = urlsplit(self.redis_url).scheme if self.redis_url else ""
+        if self.redis_url and scheme not in REDIS_SCHEMES:
+            raise ConfigError(f"settings: redis_url={without_credentials(self.redis_url)!r} is invalid; "
+                              f"expected redis://, rediss:// (TLS) or unix://")
+        _require(self.redis_tls_cert_reqs in TLS_CERT_REQS, "settings", "redis_tls_cert_reqs",
+                 self.redis_tls_cert_reqs, f"one of {TLS_CERT_REQS}")
+        tls_files = [n for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
+                     if getattr(self, n)]
+        if tls_files and self.redis_url and scheme != "rediss":
+            raise ConfigError(f"settings: {', '.join(tls_files)} set but redis_url is not rediss://: "
+                              f"use rediss://host:port/db for TLS")
+        if self.redis_username and not self.redis_password and "@" not in urlsplit(self.redis_url).netloc:
+            raise ConfigError("settings: redis_username is set without redis_password "
+                              "(REDIS_PASSWORD): an ACL user needs its password")
 
     # -- look-ups -----------------------------------------------------------
     def tier(self, name: str) -> Tier:
@@ -248,7 +281,8 @@ class Settings:
         """These settings without secrets (the pools' API keys, credentials in the Redis
         URL, the API-key hashing secret and the admin credential): safe to show, log or pass in the broker's transport options."""
         return replace(self, redis_url=without_credentials(self.redis_url),
-                       pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="")
+                       pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="",
+                       redis_password="", redis_username="")
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
@@ -330,6 +364,12 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
         "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
         "GATEWAY_ADMIN_KEY": ("admin_key", str),
+        "REDIS_USERNAME": ("redis_username", str),
+        "REDIS_PASSWORD": ("redis_password", str),
+        "REDIS_TLS_CA_FILE": ("redis_tls_ca_file", str),
+        "REDIS_TLS_CERT_FILE": ("redis_tls_cert_file", str),
+        "REDIS_TLS_KEY_FILE": ("redis_tls_key_file", str),
+        "REDIS_TLS_CERT_REQS": ("redis_tls_cert_reqs", str),
     }
     for var, (name, conv) in env_map.items():
         if env.get(var):

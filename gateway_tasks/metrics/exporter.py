@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, EST_TOKENS, RETRIES,
                                       UPSTREAM_429, WAIT_MS, tier_field)
@@ -253,7 +254,7 @@ def _print_once(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(render(client, settings).decode())
     except redis.RedisError as exc:
-        raise ConfigError(f"cannot read metrics from {settings.redis_url}: {exc}") from None
+        raise ConfigError(f"cannot read metrics from {without_credentials(settings.redis_url)}: {exc}") from None
     finally:
         client.close()
     return 0

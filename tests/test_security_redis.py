@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -62,6 +63,18 @@ def test_bad_redis_security_settings_fail_fast_without_the_password(env, fragmen
 
 
 # -- a real ACL-protected server ----------------------------------------------------------
+def manifest_acl_rules(key_prefix: str) -> str:
+    """The gateway user's ACL rules in deploy/k8s/redis.yaml, its key pattern set to key_prefix."""
+    yaml = pytest.importorskip("yaml")
+    docs = yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy/k8s/redis.yaml").read_text())
+    [redis_set] = [d for d in docs if d and d["kind"] == "StatefulSet"]
+    args = redis_set["spec"]["template"]["spec"]["containers"][0]["args"]
+    users = [i for i, a in enumerate(args) if a == "--user"]
+    rules = args[users[-1] + 4:]
+    assert any(r.startswith("~") for r in rules) and "-@dangerous" in rules
+    return " ".join(f"~{key_prefix}*" if r.startswith("~") else r for r in rules)
+
+
 def _deployment_settings(server: EmbeddedRedis, prefix: str, sim, **env):
     pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=120_000,
                 rpm=6_000)
@@ -72,8 +85,9 @@ def _deployment_settings(server: EmbeddedRedis, prefix: str, sim, **env):
 @pytest.mark.slow
 def test_a_deployment_runs_as_an_acl_user_limited_to_its_keys(tmp_path):
     prefix = f"gt-acl-{uuid.uuid4().hex[:8]}:"
-    # the ACL user may touch its prefix's keys only, and no admin or dangerous command
-    rules = f"~{prefix}* &* +@all -@admin -@dangerous +info +client|setname +client|id +client|getname"
+    # the ACL rules of deploy/k8s/redis.yaml, keys moved to this test's prefix: its keys only,
+    # Pub/Sub, and no admin or dangerous command
+    rules = manifest_acl_rules(prefix)
     with SimulatorThread(SimConfig(tpm=120_000, rpm=6_000, base_latency_ms=2)) as sim, \
             EmbeddedRedis(username="gateway", password=PASSWORD, acl_rules=rules) as server:
         anonymous = redis.Redis.from_url(server.plain_url)

@@ -31,6 +31,7 @@ from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
+RESULT_HIDING_REQUEST = "workers.redaction:ResultHidingRequest"  # results stay out of task events
 MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
 
@@ -74,7 +75,8 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
     return (deadline_s or None), "deadline"
 
 
-@shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
+@shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True,
+             Request=RESULT_HIDING_REQUEST)
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     req = InferenceRequest.from_body(body)   # a crafted message fails here, clearly
     settings = _settings(self)
@@ -151,7 +153,8 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True)
+@shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True,
+             Request=RESULT_HIDING_REQUEST)
 def noop(tag: Any = None) -> dict[str, Any]:
     """No upstream call: measures the queue itself (`gateway bench` compares the
     gateway transport with plain Celery on this task).  ``started`` is the

@@ -131,6 +131,21 @@ def test_unkeyed_registrations_move_to_hmac_when_a_secret_is_configured(r, setti
         after.authenticate(key)
 
 
+def test_rotating_the_secret_keeps_keys_working(gateway, r, key_prefix):
+    key = gateway.register_tenant("acme", "vip")
+    new_secret = "the-next-secret-" + "n" * 10
+    rotated = TenantRegistry(r, gateway.settings.with_(api_key_secret=new_secret,
+                                                       api_key_secret_previous=SECRET))
+    assert rotated.authenticate(key).tenant_id == "acme"
+    assert r.hget(Keys(key_prefix).tenant("acme"), "api_key_hash") == hash_api_key(key, new_secret).encode()
+    assert r.hkeys(Keys(key_prefix).api_keys) == [hash_api_key(key, new_secret).encode()]
+    done = TenantRegistry(r, gateway.settings.with_(api_key_secret=new_secret))   # rotation over
+    assert done.authenticate(key).tenant_id == "acme"
+    with pytest.raises(UnknownTenant):      # the old secret alone no longer matches
+        gateway.tenants.authenticate(key)
+    assert "the-next-secret" not in repr(rotated.settings) + settings_to_json(rotated.settings.public())
+
+
 @pytest.mark.parametrize("bad", ["short", "has space in it", "é-not-ascii-key", "x" * 513])
 def test_chosen_api_keys_are_checked(gateway, bad):
     with pytest.raises(tenants_module.InvalidRequest):

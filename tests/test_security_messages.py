@@ -20,6 +20,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.devtools import processes
+from gateway_tasks.metrics.exporter import render
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers.dead_letter import dead_letters
@@ -133,6 +134,8 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
     assert queued_messages(r, keys, "default", "vip") == []
     stats = r.hgetall(keys.stats("default"))
     assert int(stats[b"dead_lettered:vip"]) == len(expected)
+    assert f'gateway_dead_lettered_messages_total{{pool="default",tier="vip"}} {len(expected)}.0' \
+        in render(gw, s)
     text = log.read_text()
     assert text.count("dead-lettered message") == len(expected)
     assert "Unrecoverable error" not in text and "first good question" not in text

@@ -169,6 +169,8 @@ class Settings:
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
     admin_key: str = field(default="", repr=False)        # the REST admin credential (/v1/admin/*)
+    # the secret before a rotation: keys hashed with it still authenticate, and are rehashed
+    api_key_secret_previous: str = field(default="", repr=False)
     # Redis AUTH / ACL and TLS, kept out of the URL (REDIS_USERNAME, REDIS_PASSWORD,
     # REDIS_TLS_*): merged into redis_url at construction when the URL has none of its own
     redis_username: str = ""
@@ -200,7 +202,7 @@ class Settings:
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
                  self.max_request_bytes, "> 0 bytes")
         self._validate_redis()
-        for name in ("api_key_secret", "admin_key"):
+        for name in ("api_key_secret", "admin_key", "api_key_secret_previous"):
             value = getattr(self, name)
             if not isinstance(value, str) or (value and len(value) < MIN_SECRET_CHARS):
                 # never echo a secret, not even a bad one
@@ -282,7 +284,7 @@ class Settings:
         URL, the API-key hashing secret and the admin credential): safe to show, log or pass in the broker's transport options."""
         return replace(self, redis_url=without_credentials(self.redis_url),
                        pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="",
-                       redis_password="", redis_username="")
+                       api_key_secret_previous="", redis_password="", redis_username="")
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
@@ -364,6 +366,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
         "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
         "GATEWAY_ADMIN_KEY": ("admin_key", str),
+        "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),
         "REDIS_USERNAME": ("redis_username", str),
         "REDIS_PASSWORD": ("redis_password", str),
         "REDIS_TLS_CA_FILE": ("redis_tls_ca_file", str),

@@ -10,9 +10,11 @@ bits, which no dictionary reaches).  The stored form names its scheme,
 Registrations written before the scheme was recorded (a bare SHA-256 hex digest
 in the ``api_key_sha256`` field), or under plain SHA-256 before a secret was
 configured, keep working: ``authenticate`` accepts them once and rewrites them
-in the current scheme (``rehashed`` on the tenant).  Changing the secret itself
-invalidates every key hashed with the old one (re-issue them with
-``gateway tenant add``).
+in the current scheme.  To rotate the secret, set the new one as
+``api_key_secret`` and the old one as ``api_key_secret_previous``
+(``GATEWAY_API_KEY_SECRET_PREVIOUS``): keys hashed with the old secret still
+authenticate and are rehashed with the new one on first use.  Without it, a new
+secret invalidates every key hashed with the old one.
 """
 
 from __future__ import annotations
@@ -137,8 +139,13 @@ class TenantRegistry:
             raise UnknownTenant("invalid API key")
         current = self._hash(api_key)
         plain = hash_api_key(api_key)
-        # (index field, the stored digest it must match)
+        # (index field, the stored digest it must match): the current scheme first, then
+        # the secret before a rotation, plain SHA-256, and the legacy bare SHA-256 hex
         candidates = [(current, current)]
+        previous = self.settings.api_key_secret_previous
+        if previous and previous != self.settings.api_key_secret:
+            old = hash_api_key(api_key, previous)
+            candidates.append((old, old))
         if plain != current:
             candidates.append((plain, plain))
         candidates.append((plain.partition(":")[2], plain))

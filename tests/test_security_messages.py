@@ -135,7 +135,7 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
     stats = r.hgetall(keys.stats("default"))
     assert int(stats[b"dead_lettered:vip"]) == len(expected)
     assert f'gateway_dead_lettered_messages_total{{pool="default",tier="vip"}} {len(expected)}.0' \
-        in render(gw, s)
+        in render(gw, s).decode()
     text = log.read_text()
     assert text.count("dead-lettered message") == len(expected)
     assert "Unrecoverable error" not in text and "first good question" not in text
@@ -157,3 +157,96 @@ def test_the_kombu_publish_path_refuses_unroutable_messages(settings, r):
                              headers={"gt_est_tokens": float("inf")}, retry=False)
     assert queued_messages(r, keys, "default", "vip") == []
     assert not r.exists(f"{settings.key_prefix}{queue}")   # nothing in a list no one reads
+
+
+# -- random mutations of a real message ------------------------------------------------------
+FUZZ_MESSAGES = 300
+_VALUES = [None, True, 0, -1, 1.5, 10 ** 30, "", "x", "not-a-date", "gateway.infer", [], [1, "a"], {},
+           {"a": {"b": []}}, "2026-13-45T99:99:99", "0" * 300]
+_HEADER_KEYS = ["task", "id", "gt_est_tokens", "eta", "expires", "retries", "timelimit", "argsrepr",
+                "kwargsrepr", "root_id", "parent_id", "group", "lang", "origin", "shadow", "ignore_result",
+                "gt_tenant", "gt_weight", "stamps", "stamped_headers", "chord", "replaced_task_nesting"]
+_PROPERTY_KEYS = ["delivery_info", "body_encoding", "priority", "correlation_id", "reply_to",
+                  "delivery_mode"]
+
+
+def mutate(template: dict, rng) -> tuple[str, int]:
+    """One random mutation of a real envelope: (message text, index est_tokens)."""
+    msg = json.loads(json.dumps(template))
+    msg["headers"]["id"] = str(uuid.uuid4())
+    est = template["headers"]["gt_est_tokens"]
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(7)
+        value = rng.choice(_VALUES)
+        if kind == 0:
+            msg[rng.choice(["body", "headers", "properties", "content-type", "content-encoding"])] = value
+        elif kind in (1, 2) and isinstance(msg.get("headers"), dict):
+            msg["headers"][rng.choice(_HEADER_KEYS)] = value
+        elif kind == 3 and isinstance(msg.get("properties"), dict):
+            msg["properties"][rng.choice(_PROPERTY_KEYS)] = value
+        elif kind == 4:
+            args = [{"tenant_id": "acme", "tier": rng.choice(["vip", "gold", 7]), "pool": "default",
+                     "model": rng.choice(["gpt-4o-mini", "nope", None]), "messages": rng.choice(
+                         [[{"role": "user", "content": "hi"}], [], "hi", [None]]),
+                     "max_tokens": rng.choice([16, 0, -5, "16", 10 ** 12]), "prompt_tokens": 3,
+                     "est_tokens": est, "deadline_s": rng.choice([None, 0, -1, 1e308, "soon"])}]
+            msg["body"] = _body(args)
+        elif kind == 5:
+            est = rng.choice([0, 1, est, 10 ** 6, 10 ** 15])
+        else:
+            text = json.dumps(msg)
+            return text[:rng.randrange(len(text))], est
+    return json.dumps(msg), est
+
+
+def test_random_mutations_of_a_message_never_stop_the_worker(settings, r, tmp_path):
+    import random
+    rng = random.Random(1103)
+    with SimulatorThread(SimConfig(tpm=TPM, rpm=6_000, base_latency_ms=1)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=TPM,
+                    rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s, client=r)
+        keys = Keys(s.key_prefix)
+        gw.register_tenant("acme", "vip")
+        template_handle = gw.submit("acme", "the template", max_tokens=8)
+        [template] = queued_messages(r, keys, "default", "vip")
+        scripts = scripts_for(r)
+        for _ in range(FUZZ_MESSAGES):
+            text, est = mutate(template, rng)
+            tag = str(uuid.uuid4())
+            try:
+                msg = json.loads(text)
+                if isinstance(msg, dict) and isinstance(msg.get("properties"), dict):
+                    msg["properties"]["delivery_tag"] = tag
+                    text = json.dumps(msg)
+            except ValueError:
+                pass
+            assert scripts.run(EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
+                                           est_tokens=est, message_json=text)).accepted
+        good = [gw.submit("acme", f"good {i}", max_tokens=8) for i in range(5)]
+        log = tmp_path / "worker.log"
+        worker = processes.worker(s, concurrency=4, log_path=str(log)).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            # within 60 s: a refunded 120k-token dispatch must not make a later reply's
+            # x-ratelimit sync lower the bucket (it did: a 60 s stall per crafted message)
+            results = [h.get(timeout=60) for h in [template_handle, *good]]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (r.hlen(keys.messages("default")) or
+                                                   r.hlen(keys.dispatched("default"))):
+                time.sleep(0.2)
+            alive = worker.alive() and bool(gw.app.control.ping(timeout=1.0))
+        finally:
+            worker.stop()
+    assert alive, log.read_text()[-3000:]
+    assert all(res["tenant_id"] == "acme" for res in results)
+    # every crafted message left the queue: none is queued, dispatched or holding a slot
+    assert r.hlen(keys.messages("default")) == 0, r.hkeys(keys.messages("default"))[:5]
+    assert r.hlen(keys.dispatched("default")) == 0
+    assert all(int(v) == 0 for v in r.hvals(keys.inflight("default")))
+    letters = dead_letters(r, keys, "default", count=FUZZ_MESSAGES)
+    print(f"{len(letters)} of {FUZZ_MESSAGES} mutated messages dead-lettered; reasons:",
+          sorted({d["reason"].split(":")[0][:50] for d in letters}))
+    assert letters and all(d["reason"] for d in letters)
+    assert "Unrecoverable error" not in log.read_text()

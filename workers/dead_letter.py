@@ -21,13 +21,14 @@ import binascii
 import json
 import logging
 import time
+from datetime import datetime
 from typing import Any, Callable
 
 import redis
 
-from gateway_tasks.core.errors import DeadLettered
-from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.request import HEADER_EST_TOKENS
+from gateway_tasks.core.errors import ConfigError, DeadLettered
+from gateway_tasks.core.keys import Keys, split_queue_name
+from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT
 from gateway_tasks.core.scripts import Scripts
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import DEAD_LETTERED, tier_field
@@ -41,6 +42,58 @@ DEAD_LETTERS_KEPT = 1000
 RAW_KEPT_CHARS = 65_536          # of a dead letter's message, for the operator to inspect
 TASK_PREFIX = "gateway."         # gateway queues carry gateway tasks only
 JSON_CONTENT = "application/json"
+ENCODINGS = ("utf-8", "utf8")
+
+_STR = (str,)
+_OPT_STR = (str, type(None))
+_INT = (int,)
+_OPT_INT = (int, type(None))
+_NUM = (int, float)
+# the types Celery (task protocol 2) and the gateway read from a message's headers;
+# anything else in a known header would break Celery outside the task (a dead worker)
+HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "lang": _STR, "task": _STR, "id": _STR, "shadow": _OPT_STR, "eta": _OPT_STR, "expires": _OPT_STR,
+    "group": _OPT_STR, "group_index": _OPT_INT, "retries": _INT, "timelimit": (list,),
+    "root_id": _OPT_STR, "parent_id": _OPT_STR, "argsrepr": _OPT_STR, "kwargsrepr": _OPT_STR,
+    "origin": _OPT_STR, "ignore_result": (bool, type(None)), "replaced_task_nesting": _INT,
+    "stamped_headers": (list, type(None)), "stamps": (dict, type(None)),
+    "gt_tenant": _STR, "gt_tier": _STR, "gt_source": _STR, "gt_weight": _NUM,
+}
+PROPERTY_TYPES: dict[str, tuple[type, ...]] = {
+    "delivery_info": (dict,), "body_encoding": _STR, "priority": _OPT_INT, "delivery_mode": _OPT_INT,
+    "correlation_id": _OPT_STR, "reply_to": _OPT_STR,
+}
+
+
+def _typed(values: dict[str, Any], types: dict[str, tuple[type, ...]], where: str) -> str | None:
+    for name, allowed in types.items():
+        if name not in values:
+            continue
+        value = values[name]
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+        if not ok:
+            return f"{where} {name!r} has a {type(value).__name__}, not {'/'.join(t.__name__ for t in allowed)}"
+    return None
+
+
+def _header_values_problem(headers: dict[str, Any]) -> str | None:
+    for name in ("eta", "expires"):
+        value = headers.get(name)
+        if isinstance(value, str):
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                return f"header {name!r} is not an ISO 8601 time"
+    limits = headers.get("timelimit")
+    if limits is not None and not (len(limits) == 2 and all(
+            x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0) for x in limits)):
+        return "header 'timelimit' is not [soft, hard] seconds"
+    if headers.get("retries", 0) < 0 or headers.get("replaced_task_nesting", 0) < 0:
+        return "header 'retries' or 'replaced_task_nesting' is negative"
+    weight = headers.get("gt_weight", 1)
+    if not (0 < weight < float("inf")):
+        return "header 'gt_weight' is not a positive number"
+    return None
 
 
 def _body_problem(body: Any, encoding: Any) -> str | None:
@@ -80,8 +133,19 @@ def problem_of(picked: Picked, settings: Settings) -> str | None:
         return "not a kombu message envelope (needs body, headers, properties)"
     if message.get("content-type") != JSON_CONTENT:
         return f"content type {str(message.get('content-type'))[:64]!r} refused: JSON only"
+    encoding = message.get("content-encoding", "utf-8")
+    if not isinstance(encoding, str) or encoding.lower() not in ENCODINGS:
+        return f"content encoding {str(encoding)[:32]!r} refused: UTF-8 only"
     if properties.get("delivery_tag") != picked.tag or not isinstance(properties.get("delivery_info"), dict):
         return "the message's delivery properties do not match its queue entry"
+    if not isinstance(headers, dict):
+        return "the message headers are not an object"
+    problem = (_typed(headers, HEADER_TYPES, "header") or _typed(properties, PROPERTY_TYPES, "property")
+               or _header_values_problem(headers))
+    if problem:
+        return problem
+    if headers.get(HEADER_TENANT, picked.tenant) != picked.tenant:
+        return "header gt_tenant does not match its queue entry's tenant"
     task, task_id = headers.get("task"), headers.get("id")
     if not (isinstance(task, str) and task.startswith(TASK_PREFIX) and isinstance(task_id, str)
             and task_id):
@@ -90,6 +154,31 @@ def problem_of(picked: Picked, settings: Settings) -> str | None:
     if body_problem:
         return body_problem
     return _est_problem(headers, picked, settings.pool(picked.pool).token_capacity)
+
+
+def dispatched_queue(delivery_info: Any) -> tuple[str, str] | None:
+    """(tier, pool) of the gateway queue a task was dispatched from (its routing key)."""
+    key = delivery_info.get("routing_key") if isinstance(delivery_info, dict) else None
+    return split_queue_name(key) if isinstance(key, str) else None
+
+
+def refund_unrunnable(client: redis.Redis, keys: Keys, settings: Settings, delivery_info: Any,
+                      headers: dict[str, Any]) -> None:
+    """Give back what pick.lua debited for a task whose arguments turned out invalid: it
+    never reaches the upstream (the header's est_tokens, checked equal to the debit)."""
+    where = dispatched_queue(delivery_info)
+    est = headers.get(HEADER_EST_TOKENS)
+    if where is None or isinstance(est, bool) or not isinstance(est, (int, float)):
+        return
+    tier, pool_name = where
+    try:
+        pool = settings.pool(pool_name)
+    except ConfigError:
+        return
+    tenant = headers.get(HEADER_TENANT)
+    PoolBucket(client, keys, pool).settle(
+        est_tokens=int(est), actual_tokens=0, tier=tier, tenant_id=tenant if isinstance(tenant, str) else "",
+        model="", completion_tokens=0, learn=False, reached_upstream=False)
 
 
 def _task_id(picked: Picked) -> str:

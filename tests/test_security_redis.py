@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from gateway_tasks.core.errors import ConfigError, StartupError
+from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings, settings_to_json
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, bundled_redis_server
@@ -98,6 +101,10 @@ def test_a_deployment_runs_as_an_acl_user_limited_to_its_keys(tmp_path):
         gw = Gateway(settings)
         log = tmp_path / "worker.log"
         worker = processes.worker(settings, concurrency=2, log_path=str(log), loglevel="info").start()
+        beat_log = tmp_path / "beat.log"
+        beat = processes.Child([sys.executable, "-m", "celery", "-A", "beat.app", "beat", "-l", "info",
+                                "-s", str(tmp_path / "beat-schedule")], processes.child_env(settings),
+                               str(beat_log)).start()
         try:
             key = gw.register_tenant("acme", "vip")
             processes.wait_for_workers(gw.app, 1)
@@ -112,14 +119,21 @@ def test_a_deployment_runs_as_an_acl_user_limited_to_its_keys(tmp_path):
                 assert gw.result(task_id).get(timeout=60)["tenant_id"] == "acme"
             # the user really is confined to the prefix
             own = redis.Redis.from_url(settings.redis_url)
+            # beat, too, works as this user: it takes its leader lock and ticks
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not own.exists(Keys(prefix).beat_lock):
+                time.sleep(0.2)
+            assert own.exists(Keys(prefix).beat_lock), beat_log.read_text()[-2000:]
+            assert beat.alive() and "Redis error" not in beat_log.read_text()
             with pytest.raises(redis.exceptions.NoPermissionError):
                 own.set("not-my-prefix", 1)
             with pytest.raises(redis.exceptions.NoPermissionError):
                 own.flushall()
         finally:
+            beat.stop()
             worker.stop()
             gw.app.close()
-    assert PASSWORD not in log.read_text()
+    assert PASSWORD not in log.read_text() and PASSWORD not in beat_log.read_text()
 
 
 def test_a_wrong_redis_password_is_a_clear_error_that_never_shows_it(tmp_path):

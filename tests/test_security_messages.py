@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import subprocess
+import sys
 import time
 import uuid
 
@@ -23,7 +25,7 @@ from gateway_tasks.devtools import processes
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
-from workers.dead_letter import dead_letters
+from gateway_tasks.core.dead_letters import dead_letters
 
 pytestmark = pytest.mark.slow
 TPM = 120_000   # bucket capacity 120k tokens (burst 60 s)
@@ -138,6 +140,12 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
         in render(gw, s).decode()
     text = log.read_text()
     assert text.count("dead-lettered message") == len(expected)
+    # the operator's view: `gateway dead-letters`, without the stored messages unless asked
+    cli = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "dead-letters", "--limit", "50"],
+                         env=processes.child_env(s), capture_output=True, text=True, timeout=60)
+    listed = json.loads(cli.stdout)
+    assert {tags[d["tag"]] for d in listed} == expected and all("message" not in d for d in listed)
+    assert "first good question" not in cli.stdout
     assert "Unrecoverable error" not in text and "first good question" not in text
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import redis
 
+from gateway_tasks.core.dead_letters import DEAD_LETTERS_KEPT, RAW_KEPT_CHARS, dead_letters
 from gateway_tasks.core.errors import ConfigError, DeadLettered
 from gateway_tasks.core.keys import Keys, split_queue_name
 from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT
@@ -38,8 +39,6 @@ from workers.router import Picked
 
 logger = logging.getLogger(__name__)
 
-DEAD_LETTERS_KEPT = 1000
-RAW_KEPT_CHARS = 65_536          # of a dead letter's message, for the operator to inspect
 TASK_PREFIX = "gateway."         # gateway queues carry gateway tasks only
 JSON_CONTENT = "application/json"
 ENCODINGS = ("utf-8", "utf8")
@@ -227,6 +226,4 @@ class DeadLetterer:
                                exc_info=True)
 
 
-def dead_letters(client: redis.Redis, keys: Keys, pool: str, count: int = 100) -> list[dict[str, Any]]:
-    """The newest ``count`` dead-letter records of a pool (tools, tests)."""
-    return [json.loads(x) for x in client.lrange(keys.dead_letters(pool), 0, count - 1)]
+__all__ = ["DeadLetterer", "dead_letters", "problem_of", "refund_unrunnable"]

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
@@ -36,8 +36,8 @@ def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None
     msg = {"body": "", "headers": {"gt_est_tokens": est, "gt_tenant": tenant, "id": tag},
            "properties": {"delivery_tag": tag,
                           "delivery_info": {"exchange": "", "routing_key": queue}}}
-    done = scripts_for(r).run(EnqueueCall(Keys(settings.key_prefix), settings.tier(tier), pool,
-                                          tenant, tag, est, json.dumps(msg), tenant_weight=weight,
+    done = enqueue(r, EnqueueCall(Keys(settings.key_prefix), settings.tier(tier), pool,
+                                  tenant, tag, est, json.dumps(msg), tenant_weight=weight,
                                           enqueued_ms=enq_ms))
     assert done.accepted
     return tag
@@ -249,7 +249,7 @@ def test_pick_records_unacked_atomically(r, settings):
     assert int(token) == got.dispatched_ms                      # the dispatch's token
     assert r.zscore(keys.dispatched_at("default"), tag) is not None
     assert json.loads(r.hget(keys.messages("default"), tag))["properties"]["delivery_tag"] == tag
-    assert r.zcard(keys.index("default", "vip")) == 0 and r.hget(keys.depth("default"), "vip") == b"0"
+    assert r.zcard(keys.index("default", "vip")) == 0
     assert int(r.hget(keys.inflight("default"), got.tenant)) == 1
     assert got.payload["headers"]["gt_disp_ms"] >= got.payload["headers"]["gt_enq_ms"]
 
@@ -326,6 +326,34 @@ def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     stale = bucket.sync({"x-ratelimit-remaining-tokens": "2500"},
                         a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
     assert stale[0] <= 500 + 5                            # 2500 seen at a, minus b's 2000
+
+
+def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, settings):
+    """The worker's one call after an upstream reply: refund to the real usage, then lower
+    to what the reply says is left minus what was dispatched after it, and the Redis time."""
+    from gateway_tasks.core.clock import redis_now_ms as now_ms
+    from gateway_tasks.core.request import HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES
+    from workers.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)
+    s, plan = make(settings, "wfq", pools=(pool,))
+    bucket = PoolBucket(r, Keys(s.key_prefix), pool)
+    push(r, s, "vip", est=1_000, tenant="a")
+    push(r, s, "vip", est=2_000, tenant="b")
+    a, b = pick(r, plan), pick(r, plan)
+    assert (a.tenant, b.tenant) == ("a", "b")
+    common = dict(est_tokens=1_000, tier="vip", tenant_id="a", model="m", completion_tokens=100,
+                  debited_tokens_at_dispatch=a.payload["headers"][HEADER_POOL_DEBITED],
+                  dispatches_at_dispatch=a.payload["headers"][HEADER_POOL_DISPATCHES])
+    # no headers: a refund of 700 only (~3000 + 700 left)
+    before = now_ms(r)
+    plain = bucket.settle_reply(actual_tokens=300, **common)
+    assert 3_700 - 5 <= plain.tokens <= 3_700 + 50 and plain.now_ms >= before
+    # the reply says 2500 left when it answered a: b's 2000 came after, so 500 is left
+    followed = bucket.settle_reply(actual_tokens=1_000, headers={"x-ratelimit-remaining-tokens": "2500",
+                                                                  "x-ratelimit-remaining-requests": "50"},
+                                   **common)
+    assert followed.tokens <= 500 + 5 and followed.requests <= 49
 
 
 def test_drain_blocks_the_pool_until_retry_after(r, settings):
@@ -559,8 +587,8 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     tag = uuid.uuid4().hex
     big = {"body": "x" * (2 * INLINE_MESSAGE_MAX_B), "headers": {"gt_est_tokens": 10, "gt_tenant": "b"},
            "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": queue}}}
-    assert scripts_for(r).run(EnqueueCall(Keys(s.key_prefix), s.tier("normal"), "default", "b", tag, 10,
-                                          json.dumps(big))).accepted
+    assert enqueue(r, EnqueueCall(Keys(s.key_prefix), s.tier("normal"), "default", "b", tag, 10,
+                                  json.dumps(big))).accepted
     got = scripts_for(r).run(plan.batch(2))
     by_tag = {g.tag: g for g in got}
     assert by_tag[small].payload["properties"]["delivery_tag"] == small   # inline
@@ -568,3 +596,19 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     fetched = plan.with_payload(r, by_tag[tag])
     assert fetched.payload["body"] == big["body"]
     assert fetched.payload["headers"]["gt_disp_ms"] == by_tag[tag].dispatched_ms
+
+
+def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neither(r, settings):
+    from redis.exceptions import ResponseError
+    keys = Keys(settings.key_prefix)
+    tier = settings.tier("batch").__class__(**{**settings.tier("batch").__dict__, "queue_max_len": 1})
+    s = settings.with_(tiers=tuple(tier if t.name == "batch" else t for t in settings.tiers))
+    first = EnqueueCall(keys, s.tier("batch"), "default", "a", "tag-1", 10, '{"m": 1}')
+    assert enqueue(r, first).accepted
+    full = enqueue(r, EnqueueCall(keys, s.tier("batch"), "default", "a", "tag-2", 10, '{"m": 2}'))
+    assert not full.accepted and full.queue_length == 1
+    assert r.hkeys(keys.messages("default")) == [b"tag-1"]      # the refused message taken back out
+    # the script alone, its message never written: an error, nothing queued
+    with pytest.raises(ResponseError, match="not in the messages hash"):
+        scripts_for(r).run(EnqueueCall(keys, s.tier("normal"), "default", "a", "tag-3", 10, '{}'))
+    assert r.zcard(keys.index("default", "normal")) == 0

@@ -16,10 +16,9 @@ import uuid
 import pytest
 
 from gateway_tasks.core.broker import queued_messages
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.devtools import processes
 from gateway_tasks.metrics.exporter import render
@@ -79,7 +78,6 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
         before = gw.submit("acme", "first good question", max_tokens=16)
         [template] = queued_messages(r, keys, "default", "vip")
         cases = crafted(template)
-        scripts = scripts_for(r)
         tags = {}
         for name, (text, est, _) in cases.items():
             tag = str(uuid.uuid4())
@@ -91,7 +89,7 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
             except ValueError:
                 pass
             # the raw broker path: what enqueue.lua stores, straight into the tier's queue
-            done = scripts.run(EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
+            done = enqueue(r, EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
                                            est_tokens=est, message_json=text))
             assert done.accepted
             tags[tag] = name
@@ -219,7 +217,6 @@ def test_random_mutations_of_a_message_never_stop_the_worker(settings, r, tmp_pa
         gw.register_tenant("acme", "vip")
         template_handle = gw.submit("acme", "the template", max_tokens=8)
         [template] = queued_messages(r, keys, "default", "vip")
-        scripts = scripts_for(r)
         for _ in range(FUZZ_MESSAGES):
             text, est = mutate(template, rng)
             tag = str(uuid.uuid4())
@@ -230,7 +227,7 @@ def test_random_mutations_of_a_message_never_stop_the_worker(settings, r, tmp_pa
                     text = json.dumps(msg)
             except ValueError:
                 pass
-            assert scripts.run(EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
+            assert enqueue(r, EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=tag,
                                            est_tokens=est, message_json=text)).accepted
         good = [gw.submit("acme", f"good {i}", max_tokens=8) for i in range(5)]
         log = tmp_path / "worker.log"

@@ -22,7 +22,7 @@ from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
@@ -92,7 +92,7 @@ class Channel(kredis.Channel):
                            est_tokens=est_tokens,
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
-        done = self._gt_scripts.run(call)
+        done = enqueue(self._gt_raw, call)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued")
@@ -101,7 +101,7 @@ class Channel(kredis.Channel):
         parts = split_queue_name(queue)
         if parts is None:
             return super()._size(queue)
-        return int(self._gt_raw.hget(self._gt_keys.depth(parts[1]), parts[0]) or 0)
+        return int(self._gt_raw.zcard(self._gt_keys.index(parts[1], parts[0])))
 
     def _purge(self, queue: str) -> int:
         parts = split_queue_name(queue)
@@ -126,7 +126,6 @@ def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
         if tags:
             pipe.hdel(keys.messages(pool), *tags)
         pipe.delete(keys.index(pool, tier), keys.active(pool, tier))
-        pipe.hset(keys.depth(pool), tier, 0)
         pipe.execute()
     return len(tags)
 

@@ -15,7 +15,10 @@
 -- ARGV[6] actual tokens charged (prompt + completion); 0 when the call never reached the upstream
 -- ARGV[7] learned field '<tenant>|<model>'   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
 -- ARGV[10] max bell tokens kept
--- ARGV[11] 1 = also give back the request slot (the upstream never saw the request)
+-- ARGV[11] 1 = the upstream never saw the request: also give back its request slot, and take
+--          it out of the bucket's debited_tokens / dispatches totals (sync_limits.lua takes
+--          what was dispatched after a task off the upstream's reported remaining; a request
+--          refunded unsent is not in flight, so it must not count there)
 -- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed
 --          calls (the tier's, named in gateway_tasks/core/stats.py)
 -- ARGV[14] remaining tokens reported   ARGV[15] remaining requests reported (-1 = not reported)
@@ -38,6 +41,10 @@ if ARGV[14] ~= '-1' or ARGV[15] ~= '-1' then
   requests = gt_follow_remaining(requests, tonumber(ARGV[15]), tonumber(ARGV[17]), totals[2])
 end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
+if ARGV[11] == '1' and redis.call('HEXISTS', KEYS[1], 'debited_tokens') == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'debited_tokens', -est)
+  redis.call('HINCRBY', KEYS[1], 'dispatches', -1)
+end
 if actual > 0 then
   redis.call('HINCRBY', KEYS[2], ARGV[12], actual)
   redis.call('HINCRBY', KEYS[2], ARGV[13], 1)

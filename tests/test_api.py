@@ -29,6 +29,7 @@ from gateway_tasks.core.errors import DeadlineExceeded
 from gateway_tasks.rest.limits import BodySizeLimit
 
 HELLO = [{"role": "user", "content": "hello there"}]
+ADMIN_KEY = "admin-" + "x" * 26
 
 
 @pytest.fixture
@@ -428,10 +429,15 @@ def test_chat_completions_failure_and_stream(client, gateway, vip_key):
 
 
 # -- health, metrics, CLI -----------------------------------------------------------
-def test_healthz_and_metrics(client, gateway, vip_key):
+def test_healthz_and_metrics(r, settings):
+    gateway = Gateway(settings.with_(admin_key=ADMIN_KEY))
+    client = TestClient(create_app(gateway))
+    vip_key = gateway.register_tenant("acme", "vip")
     assert client.get("/healthz").json() == {"status": "ok"}
     _submit(client, vip_key)
-    resp = client.get("/metrics")
+    assert client.get("/metrics").status_code == 401            # the admin credential
+    assert client.get("/metrics", headers=auth(vip_key)).status_code == 401
+    resp = client.get("/metrics", headers=auth(ADMIN_KEY))
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     assert 'gateway_queue_depth_messages{pool="default",queue="gt.vip.default",tier="vip"} 1.0' \
         in resp.text

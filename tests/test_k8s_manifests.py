@@ -100,7 +100,7 @@ def test_every_yaml_parses_into_named_objects():
     assert DOCS, "no manifests found"
     kinds = {d["kind"] for _, d in DOCS}
     assert {"Namespace", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service",
-            "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds
+            "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
     for filename, doc in DOCS:
         assert doc.get("apiVersion") and doc.get("kind"), filename
         if doc["kind"] == "Kustomization":
@@ -197,11 +197,12 @@ def test_gateway_commands_parse_with_the_cli():
 
 
 def test_every_gateway_container_gets_config_redis_and_keys(configmap, secret):
-    secret_keys = set(secret["stringData"])
+    secrets = {d["metadata"]["name"]: set(d["stringData"]) for d in of_kind("Secret")}
     for workload, c in gateway_containers():
         env = env_of(c)
         name = workload["metadata"]["name"]
-        assert {"REDIS_URL", "GATEWAY_CONFIG", "GATEWAY_POOLS_JSON"} <= set(env), name
+        assert {"REDIS_URL", "GATEWAY_CONFIG", "GATEWAY_POOLS_JSON", "REDIS_USERNAME",
+                "REDIS_PASSWORD"} <= set(env), name
         config_path = env["GATEWAY_CONFIG"]["value"]
         assert config_path == "/etc/gateway/gateway.toml"
         for e in env.values():
@@ -210,8 +211,9 @@ def test_every_gateway_container_gets_config_redis_and_keys(configmap, secret):
                 assert ref["configMapKeyRef"]["name"] == "gateway-config"
                 assert ref["configMapKeyRef"]["key"] in configmap["data"]
             if "secretKeyRef" in ref:
-                assert ref["secretKeyRef"]["name"] == "gateway-upstream"
-                assert ref["secretKeyRef"]["key"] in secret_keys
+                assert ref["secretKeyRef"]["name"] in secrets, (name, e)
+                assert ref["secretKeyRef"]["key"] in secrets[ref["secretKeyRef"]["name"]], (name, e)
+                assert not ref["secretKeyRef"].get("optional"), (name, e)   # never run without it
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
         config_volumes = [n for n, v in volumes.items() if "configMap" in v]
@@ -270,3 +272,116 @@ def test_dockerfile_installs_the_package_as_non_root():
     for workload, _ in gateway_containers():
         ctx = workload["spec"]["template"]["spec"]["securityContext"]
         assert ctx["runAsNonRoot"] is True and str(ctx["runAsUser"]) == users[-1]
+
+
+# -- security: Redis ACL, secrets, NetworkPolicies -----------------------------------------
+def _redis_container() -> dict[str, Any]:
+    [c] = one("StatefulSet", "redis")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_redis_requires_the_acl_users_password(configmap, cm_settings):
+    c = _redis_container()
+    args = c["args"]
+    users = [i for i, a in enumerate(args) if a == "--user"]
+    assert args[users[0]:users[0] + 3] == ["--user", "default", "off"]
+    user = args[users[1] + 1]
+    assert user == configmap["data"]["REDIS_USERNAME"]
+    assert args[users[1] + 2:users[1] + 4] == ["on", ">$(REDIS_PASSWORD)"]
+    rules = args[users[1] + 4:]
+    assert [r for r in rules if r.startswith("~")] == [f"~{cm_settings.key_prefix}*"]
+    assert "-@dangerous" in rules and "-@admin" in rules
+    password_ref = env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert (password_ref["name"], password_ref["key"]) == ("gateway-redis", "REDIS_PASSWORD")
+    assert "REDISCLI_AUTH" in " ".join(c["readinessProbe"]["exec"]["command"])
+    for workload, gc in gateway_containers():   # everyone logs in with the same secret
+        ref = env_of(gc)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (password_ref["name"], password_ref["key"])
+
+
+def test_container_env_gives_a_url_with_the_acl_login(configmap, toml_path):
+    redis_secret = one("Secret", "gateway-redis")["stringData"]
+    api_secret = one("Secret", "gateway-api")["stringData"]
+    s = load_settings(env={"GATEWAY_CONFIG": toml_path, "REDIS_URL": configmap["data"]["REDIS_URL"],
+                           "REDIS_USERNAME": configmap["data"]["REDIS_USERNAME"],
+                           "REDIS_PASSWORD": redis_secret["REDIS_PASSWORD"],
+                           "GATEWAY_ADMIN_KEY": api_secret["GATEWAY_ADMIN_KEY"],
+                           "GATEWAY_API_KEY_SECRET": api_secret["GATEWAY_API_KEY_SECRET"]})
+    url = urlparse(s.redis_url)
+    assert (url.username, url.password) == ("gateway", redis_secret["REDIS_PASSWORD"])
+    assert redis_secret["REDIS_PASSWORD"] not in s.public().redis_url
+    assert s.admin_key and s.api_key_secret
+    api = env_of(one("Deployment", "gateway-api")["spec"]["template"]["spec"]["containers"][0])
+    assert {"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEY_SECRET"} <= set(api)
+
+
+def test_flower_never_runs_without_basic_auth():
+    [c] = one("Deployment", "flower")["spec"]["template"]["spec"]["containers"]
+    ref = env_of(c)["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert not ref.get("optional")
+    assert ":" in one("Secret", ref["name"])["stringData"][ref["key"]]
+    assert one("Service", "flower")["spec"].get("type", "ClusterIP") == "ClusterIP"
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+        return True
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        present = expr["key"] in labels
+        value = labels.get(expr["key"])
+        op = expr["operator"]
+        if (op == "In" and value not in expr["values"]) or (op == "NotIn" and value in expr["values"]) \
+                or (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
+def _workloads() -> dict[str, dict[str, str]]:
+    return {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
+            for k in WORKLOADS for w in of_kind(k)}
+
+
+def admitted(target: str, port: int) -> set[str]:
+    """Who the NetworkPolicies let reach ``target`` (a workload) on ``port``: workload
+    names, or "anyone" (a rule without sources, an ipBlock or another namespace)."""
+    labels = _workloads()[target]
+    policies = [p for p in of_kind("NetworkPolicy")
+                if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                and _matches(p["spec"]["podSelector"], labels)]
+    assert policies, f"no NetworkPolicy selects {target}: everything may reach it"
+    sources: set[str] = set()
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            ports = [p.get("port") for p in rule.get("ports", [])]
+            if ports and port not in ports:
+                continue
+            if "from" not in rule:
+                sources.add("anyone")
+            for peer in rule.get("from", []):
+                if "ipBlock" in peer or "namespaceSelector" in peer:
+                    sources.add("anyone")
+                elif "podSelector" in peer:
+                    sources |= {n for n, lb in _workloads().items() if _matches(peer["podSelector"], lb)}
+    return sources
+
+
+def test_network_policies_deny_by_default():
+    deny = one("NetworkPolicy", "default-deny-ingress")["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    for name in _workloads():                      # every pod is selected by some policy
+        assert any(_matches(p["spec"]["podSelector"], _workloads()[name]) for p in of_kind("NetworkPolicy"))
+
+
+def test_only_the_gateway_components_reach_redis():
+    assert admitted("redis", 6379) == {"gateway-worker", "gateway-beat", "gateway-api", "flower"}
+    assert admitted("redis", 6380) == set()
+
+
+def test_nothing_public_reaches_flower_and_the_api_is_open():
+    assert admitted("flower", 5555) == set()       # only pods labelled flower-client (none here)
+    for workload in ("gateway-worker", "gateway-beat"):
+        assert admitted(workload, 8000) == set()
+    api_port = one("Deployment", "gateway-api")["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert admitted("gateway-api", api_port["containerPort"]) == {"anyone"}

@@ -12,6 +12,7 @@ from celery import Celery
 
 from gateway_tasks.core.celery_app import lazy_app, make_app
 from gateway_tasks.core.settings import Settings, get_settings
+from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
 TASK_MODULES = ("workers.tasks",)
@@ -21,6 +22,7 @@ def make_worker_app(settings: Settings, redis_url: str | None = None, name: str 
                     **conf: Any) -> Celery:
     app = make_app(settings, redis_url, name, transport=WORKER_TRANSPORT, imports=TASK_MODULES, **conf)
     import workers.tasks  # noqa: F401  (registers gateway.infer / gateway.noop on shared_task apps)
+    install_log_filter()   # results stay out of the worker's log
     return app
 
 

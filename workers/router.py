@@ -49,6 +49,7 @@ class Picked:
     pool_debited: float = 0.0
     pool_dispatches: int = 0
     message_b: int = 0
+    undecodable: str = ""   # the stored message when it is not a JSON object (payload is {})
 
 
 @dataclass(frozen=True)
@@ -136,19 +137,32 @@ class PickPlan:
     def with_message(self, picked: Picked, message: bytes | str | None) -> Picked:
         """The picked task with its payload decoded from its message, and the dispatch
         facts (enqueue and dispatch times, the pool's running totals) in its headers."""
-        payload = json.loads(text(message)) if message else {}
+        payload, undecodable = _decoded(text(message) if message else "")
         headers = payload.setdefault("headers", {})
+        if not isinstance(headers, dict):
+            payload, undecodable = {"headers": {}}, text(message)
+            headers = payload["headers"]
         headers[HEADER_ENQUEUED_MS] = picked.enqueued_ms
         headers[HEADER_DISPATCHED_MS] = picked.dispatched_ms
         headers[HEADER_POOL_DEBITED] = picked.pool_debited
         headers[HEADER_POOL_DISPATCHES] = picked.pool_dispatches
-        return replace(picked, payload=payload)
+        return replace(picked, payload=payload, undecodable=undecodable)
 
     def with_payload(self, client: redis.Redis, picked: Picked) -> Picked:
         """A picked task whose message did not come back inline, fetched by tag."""
         if picked.payload is not None:
             return picked
         return self.with_message(picked, client.hget(self.keys.messages(picked.pool), picked.tag))
+
+
+def _decoded(raw: str) -> tuple[dict[str, Any], str]:
+    """(the message, "") or, when it is not a JSON object, ({}, the raw text): a crafted
+    message must reach workers.dead_letter, not crash the dispatcher."""
+    try:
+        payload = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}, raw or " "
+    return (payload, "") if isinstance(payload, dict) else ({}, raw)
 
 
 def pick_now(scripts: Scripts, plan: PickPlan) -> Picked | Wait:

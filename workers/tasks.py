@@ -20,16 +20,18 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
+from gateway_tasks.core.errors import ConfigError, DeadlineExceeded, InvalidRequest, UpstreamError
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
+from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS, HEADER_TENANT,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
+from workers.dead_letter import dispatched_queue, refund_unrunnable
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
+RESULT_HIDING_REQUEST = "workers.redaction:ResultHidingRequest"  # results stay out of task events
 MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
 
@@ -73,12 +75,24 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
     return (deadline_s or None), "deadline"
 
 
-@shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
+@shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True,
+             Request=RESULT_HIDING_REQUEST)
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
-    req = InferenceRequest.from_body(body)   # a crafted message fails here, clearly
     settings = _settings(self)
     keys = Keys(settings.key_prefix)
     r = redis_for(self.app.conf.broker_url)
+    try:   # a crafted message fails here, clearly, and gives back the tokens debited for it
+        req = InferenceRequest.from_body(body)
+        if dispatched_queue(self.request.delivery_info) not in (None, (req.tier, req.pool)):
+            raise InvalidRequest(f"task argument tier={req.tier!r} pool={req.pool!r} does not match "
+                                 f"the queue it was dispatched from")
+        settings.pool(req.pool)
+    except (InvalidRequest, ConfigError):
+        given = self.request.headers or {}
+        refund_unrunnable(r, keys, settings, self.request.delivery_info,
+                          {n: given.get(n, getattr(self.request, n, None))
+                           for n in (HEADER_EST_TOKENS, HEADER_TENANT)})
+        raise
     pool = settings.pool(req.pool)
     bucket = PoolBucket(r, keys, pool)
     headers = self.request.headers or {}
@@ -153,7 +167,8 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True)
+@shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True,
+             Request=RESULT_HIDING_REQUEST)
 def noop(tag: Any = None) -> dict[str, Any]:
     """No upstream call: measures the queue itself (`gateway bench` compares the
     gateway transport with plain Celery on this task).  ``started`` is the

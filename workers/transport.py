@@ -27,6 +27,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core import broker
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
+from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.release import ACK, REQUEUE, ReleaseCall
@@ -126,6 +127,15 @@ class Channel(broker.Channel):
         self._gt_tally.flush(self._gt_raw)
         super().close()
 
+    def _gt_runnable(self, picked: Picked) -> bool:
+        """False when the picked message cannot be run: it is dead-lettered instead."""
+        problem = problem_of(picked, self._gt_settings)
+        if problem is None:
+            return True
+        DeadLetterer(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
+                     _mark_failed)(picked, problem)
+        return False
+
     def _gt_hold(self, picked: Picked) -> None:
         self._gt_picked[picked.tag] = (picked.pool, str(picked.dispatched_ms))
 
@@ -179,12 +189,18 @@ class Channel(broker.Channel):
             plan = self._gt_plan
             result = self._gt_batch.parse(reply)
             if isinstance(result, list):
+                delivered = 0
                 for picked in result:
                     if picked.payload is None:   # too large to come back inline: fetch it
                         picked = plan.with_payload(self._gt_raw, picked)  # type: ignore[union-attr]
+                    if not self._gt_runnable(picked):
+                        continue                 # dead-lettered
                     self._gt_hold(picked)
                     self._gt_tally.dispatched(picked)
                     self.connection._deliver(picked.payload, picked.queue)
+                    delivered += 1
+                if not delivered:
+                    raise virtual.Empty()        # all dead-lettered: pick again at once
                 return True
             wait_ms = result.wait_ms
             self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
@@ -198,11 +214,17 @@ class Channel(broker.Channel):
         if not broker.is_gateway_queue(queue):
             return super()._get(queue)
         result = pick_now(self._gt_scripts, PickPlan(self._gt_settings, [queue]))
-        if not isinstance(result, Picked):
+        if not isinstance(result, Picked) or not self._gt_runnable(result):
             raise virtual.Empty()
         self._gt_hold(result)
         self._gt_tally.dispatched(result)
         return result.payload
+
+
+def _mark_failed(task_id: str, exc: BaseException) -> None:
+    """Store a task's failure with the worker's Celery app (its result backend)."""
+    from celery import current_app
+    current_app.backend.mark_as_failure(task_id, exc)
 
 
 class Transport(broker.Transport):

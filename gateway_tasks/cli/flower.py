@@ -10,6 +10,9 @@ Flower runs on its own app (``celery -A gateway_tasks.cli.flower flower``): the
 deployment's configuration on kombu's stock Redis transport, so Flower's
 broker page can read the queues' lengths (it knows Redis URLs, not the
 gateway transport's).  Flower only watches and inspects; it enqueues nothing.
+It has no result backend (a task's result is its tenant's data, read through the
+REST API by its owner), and the workers' task events carry no result
+(workers.redaction) and no prompt (the arguments are a summary).
 """
 
 from __future__ import annotations
@@ -92,5 +95,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_run)
 
 
+# no result backend: Flower's /api/task/result would otherwise show tenants' completions
 flower_app, __getattr__ = lazy_app(
-    lambda: make_app(get_settings(), name="gateway-flower", transport="redis"))
+    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"))

@@ -16,6 +16,7 @@ import redis
 
 from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.settings import get_settings
+from gateway_tasks.core.urls import without_credentials
 
 POLL_S = 0.25
 
@@ -43,7 +44,7 @@ def wait_ready(*, workers: int, urls: list[str], timeout_s: float) -> list[str]:
     while True:
         missing = []
         if not _redis_ok(settings.redis_url):
-            missing.append(f"Redis at {settings.redis_url}")
+            missing.append(f"Redis at {without_credentials(settings.redis_url)}")
         elif workers:
             app = app or make_app(settings)
             seen = len(app.control.ping(timeout=0.5) or [])

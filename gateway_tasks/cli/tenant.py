@@ -1,7 +1,8 @@
 """`gateway tenant add|list|delete`: manage tenants and their API keys.
 
 Output is JSON.  The API key is printed once, by ``add``; Redis keeps only its
-SHA-256.  Running ``add`` again for an existing tenant changes its tier and
+hash (HMAC-SHA256 keyed with GATEWAY_API_KEY_SECRET when set: gateway_tasks.core.tenants).
+The REST admin routes (POST /v1/admin/tenants, ...) do the same over HTTP.  Running ``add`` again for an existing tenant changes its tier and
 rotates its key (the old key stops working).
 """
 

@@ -13,6 +13,7 @@ A channel reads the deployment's settings from the broker's transport options
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
@@ -71,13 +72,24 @@ class Channel(kredis.Channel):
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
         headers = message.get("headers") or {}
         parts = split_queue_name(queue)
-        if parts is None or HEADER_EST_TOKENS not in headers:
+        if parts is None:
             return super()._put(queue, message, **kwargs)
+        if HEADER_EST_TOKENS not in headers:
+            # it would sit in a list no dispatcher reads: refuse it, loudly
+            raise InvalidRequest(f"a message for gateway queue {queue} needs the header "
+                                 f"{HEADER_EST_TOKENS} (publish through Gateway.submit); "
+                                 f"it was not enqueued")
         kwargs.pop("_publish_batch", None)
         tier = self._gt_settings.tier(parts[0])
+        est_tokens = _whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS)
+        capacity = self._gt_settings.pool(parts[1]).token_capacity
+        if est_tokens > capacity:
+            raise InvalidRequest(f"header {HEADER_EST_TOKENS}={est_tokens} is over the bucket capacity "
+                                 f"of pool {parts[1]!r} ({capacity:.0f} tokens): it could never be "
+                                 f"admitted; it was not enqueued")
         call = EnqueueCall(self._gt_keys, tier, parts[1], tenant=_tenant_of(headers),
                            tag=str((message.get("properties") or {}).get("delivery_tag") or uuid.uuid4()),
-                           est_tokens=_whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS),
+                           est_tokens=est_tokens,
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
         done = enqueue(self._gt_raw, call)
@@ -124,7 +136,7 @@ def _tenant_of(headers: dict[str, Any]) -> str:
 
 
 def _whole(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise InvalidRequest(f"header {name}={value!r} is invalid; expected a non-negative number")
     return int(value)
 

@@ -68,6 +68,11 @@ class DeadlineExceeded(GatewayError):
     """The task waited in the queue past its deadline; the upstream was not called."""
 
 
+class DeadLettered(GatewayError):
+    """A message on a gateway queue that no worker can run (not JSON, not a Celery task
+    message, an impossible token estimate): taken off the queue and recorded with the reason."""
+
+
 class UpstreamError(GatewayError):
     """The upstream failed in a way retries could not hide."""
 

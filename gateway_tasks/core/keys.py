@@ -131,6 +131,10 @@ class Keys:
         """Integer: the pool's enqueue sequence (orders each tenant's FIFO)."""
         return f"{self.pool_tag(pool)}seq"
 
+    def dead_letters(self, pool: str) -> str:
+        """List (newest first, capped): JSON records of the pool's dead-lettered messages."""
+        return f"{self.pool_tag(pool)}dead-letters"
+
     def learned(self, pool: str) -> str:
         """Hash: '<tenant>|<model>' -> learned completion length (EWMA) on one pool."""
         return f"{self.pool_tag(pool)}learned"

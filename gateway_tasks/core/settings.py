@@ -13,11 +13,13 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import queue_name
-from gateway_tasks.core.urls import without_credentials
+from gateway_tasks.core.urls import REDIS_SCHEMES, TLS_CERT_REQS, with_redis_auth_and_tls, without_credentials
 
+MIN_SECRET_CHARS = 16
 POLICIES = ("fifo", "strict", "aging", "wfq")
 CHARGE_MODES = ("reserve", "actual")
 
@@ -163,6 +165,27 @@ class Settings:
     # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
     # expired (its worker died) goes back to the front of its tenant's line
     lease_s: float = 5.0
+    # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
+    # logged or passed to Celery (public() blanks them)
+    api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
+    admin_key: str = field(default="", repr=False)        # the REST admin credential (/v1/admin/*)
+    # the secret before a rotation: keys hashed with it still authenticate, and are rehashed
+    api_key_secret_previous: str = field(default="", repr=False)
+    # Redis AUTH / ACL and TLS, kept out of the URL (REDIS_USERNAME, REDIS_PASSWORD,
+    # REDIS_TLS_*): merged into redis_url at construction when the URL has none of its own
+    redis_username: str = ""
+    redis_password: str = field(default="", repr=False)
+    redis_tls_ca_file: str = ""        # rediss://: the CA bundle that signed the server's certificate
+    redis_tls_cert_file: str = ""      # rediss:// with client certificates (mTLS)
+    redis_tls_key_file: str = ""
+    redis_tls_cert_reqs: str = "required"   # rediss://: none | optional | required
+
+    def __post_init__(self) -> None:
+        composed = with_redis_auth_and_tls(
+            self.redis_url, username=self.redis_username, password=self.redis_password,
+            ca_file=self.redis_tls_ca_file, cert_file=self.redis_tls_cert_file,
+            key_file=self.redis_tls_key_file, cert_reqs=self.redis_tls_cert_reqs)
+        object.__setattr__(self, "redis_url", composed)
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -178,6 +201,13 @@ class Settings:
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
                  self.max_request_bytes, "> 0 bytes")
+        self._validate_redis()
+        for name in ("api_key_secret", "admin_key", "api_key_secret_previous"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and len(value) < MIN_SECRET_CHARS):
+                # never echo a secret, not even a bad one
+                raise ConfigError(f"settings: {name} is invalid; expected empty (off) or a string of at "
+                                  f"least {MIN_SECRET_CHARS} characters")
         names: set[str] = set()
         for tier in self.tiers:
             tier.validate()
@@ -191,6 +221,22 @@ class Settings:
         for pool in self.pools:
             pool.validate()
         return self
+
+    def _validate_redis(self) -> None:
+        scheme = urlsplit(self.redis_url).scheme if self.redis_url else ""
+        if self.redis_url and scheme not in REDIS_SCHEMES:
+            raise ConfigError(f"settings: redis_url={without_credentials(self.redis_url)!r} is invalid; "
+                              f"expected redis://, rediss:// (TLS) or unix://")
+        _require(self.redis_tls_cert_reqs in TLS_CERT_REQS, "settings", "redis_tls_cert_reqs",
+                 self.redis_tls_cert_reqs, f"one of {TLS_CERT_REQS}")
+        tls_files = [n for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
+                     if getattr(self, n)]
+        if tls_files and self.redis_url and scheme != "rediss":
+            raise ConfigError(f"settings: {', '.join(tls_files)} set but redis_url is not rediss://: "
+                              f"use rediss://host:port/db for TLS")
+        if self.redis_username and not self.redis_password and "@" not in urlsplit(self.redis_url).netloc:
+            raise ConfigError("settings: redis_username is set without redis_password "
+                              "(REDIS_PASSWORD): an ACL user needs its password")
 
     # -- look-ups -----------------------------------------------------------
     def tier(self, name: str) -> Tier:
@@ -235,9 +281,10 @@ class Settings:
 
     def public(self) -> "Settings":
         """These settings without secrets (the pools' API keys, credentials in the Redis
-        URL): safe to show, log or pass in the broker's transport options."""
+        URL, the API-key hashing secret and the admin credential): safe to show, log or pass in the broker's transport options."""
         return replace(self, redis_url=without_credentials(self.redis_url),
-                       pools=tuple(p.public() for p in self.pools))
+                       pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="",
+                       api_key_secret_previous="", redis_password="", redis_username="")
 
 
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
@@ -317,6 +364,15 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_KEY_PREFIX": ("key_prefix", str),
         "GATEWAY_POLICY": ("policy", str),
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
+        "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
+        "GATEWAY_ADMIN_KEY": ("admin_key", str),
+        "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),
+        "REDIS_USERNAME": ("redis_username", str),
+        "REDIS_PASSWORD": ("redis_password", str),
+        "REDIS_TLS_CA_FILE": ("redis_tls_ca_file", str),
+        "REDIS_TLS_CERT_FILE": ("redis_tls_cert_file", str),
+        "REDIS_TLS_KEY_FILE": ("redis_tls_key_file", str),
+        "REDIS_TLS_CERT_REQS": ("redis_tls_cert_reqs", str),
     }
     for var, (name, conv) in env_map.items():
         if env.get(var):

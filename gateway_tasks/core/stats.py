@@ -25,6 +25,7 @@ ACTUAL_TOKENS = "actual_tokens"    # settle.lua: tokens the upstream reported (p
 COMPLETED = "completed"            # settle.lua: upstream calls that completed with a usage report
 RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
 EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline
+DEAD_LETTERED = "dead_lettered"    # workers.dead_letter: malformed messages taken off a queue
 
 
 def tier_field(counter: str, tier: str) -> str:

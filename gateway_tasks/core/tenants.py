@@ -1,4 +1,21 @@
-"""Tenant registry in Redis: tenant id -> tier, hashed API key."""
+"""Tenant registry in Redis: tenant id -> tier, hashed API key.
+
+API keys are stored hashed, never in clear: HMAC-SHA256 keyed with
+``settings.api_key_secret`` (``GATEWAY_API_KEY_SECRET``, kept outside Redis, so a
+copy of the database alone cannot be used to test guesses of operator-chosen
+keys) when one is set, else plain SHA-256 (the generated keys carry 192 random
+bits, which no dictionary reaches).  The stored form names its scheme,
+``hmac-sha256:<hex>`` or ``sha256:<hex>``.
+
+Registrations written before the scheme was recorded (a bare SHA-256 hex digest
+in the ``api_key_sha256`` field), or under plain SHA-256 before a secret was
+configured, keep working: ``authenticate`` accepts them once and rewrites them
+in the current scheme.  To rotate the secret, set the new one as
+``api_key_secret`` and the old one as ``api_key_secret_previous``
+(``GATEWAY_API_KEY_SECRET_PREVIOUS``): keys hashed with the old secret still
+authenticate and are rehashed with the new one on first use.  Without it, a new
+secret invalidates every key hashed with the old one.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +33,49 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings
 
 TENANT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+HMAC_SCHEME = "hmac-sha256"
+SHA256_SCHEME = "sha256"
+HASH_FIELD = "api_key_hash"          # '<scheme>:<hex>'
+LEGACY_HASH_FIELD = "api_key_sha256"  # bare SHA-256 hex (registrations before schemes)
+MAX_API_KEY_CHARS = 512
 
 
-def hash_api_key(api_key: str) -> str:
+def _sha256_hex(api_key: str) -> str:
     return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def hash_api_key(api_key: str, secret: str = "") -> str:
+    """The stored form of an API key: ``hmac-sha256:<hex>`` keyed with ``secret``, or
+    ``sha256:<hex>`` when no secret is configured."""
+    if secret:
+        mac = hmac.new(secret.encode("utf-8"), api_key.encode("utf-8"), hashlib.sha256)
+        return f"{HMAC_SCHEME}:{mac.hexdigest()}"
+    return f"{SHA256_SCHEME}:{_sha256_hex(api_key)}"
+
+
+def _normalised(stored: str) -> str:
+    """A stored digest in '<scheme>:<hex>' form (a legacy bare hex is SHA-256)."""
+    return stored if ":" in stored or not stored else f"{SHA256_SCHEME}:{stored}"
+
+
+def _index_fields(stored: str) -> list[str]:
+    """Every api_keys index field a stored digest may sit under (legacy: the bare hex)."""
+    stored = _normalised(stored)
+    if not stored:
+        return []
+    scheme, _, hex_ = stored.partition(":")
+    return [stored, hex_] if scheme == SHA256_SCHEME else [stored]
+
+
+def new_api_key() -> str:
+    return f"gt-{secrets.token_urlsafe(24)}"
 
 
 @dataclass(frozen=True)
 class Tenant:
     tenant_id: str
     tier: str
-    api_key_sha256: str = ""
+    api_key_hash: str = ""
     created_ms: int = 0
     weight: float = 1.0   # share of its tier against the tier's other tenants (fair queuing)
 
@@ -48,20 +97,25 @@ class TenantRegistry:
         tier_name = self.settings.tier(tier).name
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000:
             raise InvalidRequest(f"tenant weight {weight!r} is invalid; expected a number in (0, 1000]")
-        api_key = api_key or f"gt-{secrets.token_urlsafe(24)}"
-        digest = hash_api_key(api_key)
+        api_key = new_api_key() if api_key is None else _checked_api_key(api_key)
+        digest = self._hash(api_key)
         tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight))
-        old = self.r.hget(self.keys.tenant(tenant_id), "api_key_sha256")
+        key = self.keys.tenant(tenant_id)
+        old = [v.decode() for v in self.r.hmget(key, HASH_FIELD, LEGACY_HASH_FIELD) if v]
+        stale = {f for o in old for f in _index_fields(o)} - {digest}
         with self.r.pipeline() as pipe:
-            if old and old.decode() != digest:
-                pipe.hdel(self.keys.api_keys, old)
-            pipe.hset(self.keys.tenant(tenant_id), mapping={
-                "tier": tier_name, "api_key_sha256": digest, "created_ms": tenant.created_ms,
-                "weight": tenant.weight})
+            if stale:
+                pipe.hdel(self.keys.api_keys, *stale)
+            pipe.hdel(key, LEGACY_HASH_FIELD)
+            pipe.hset(key, mapping={"tier": tier_name, HASH_FIELD: digest,
+                                    "created_ms": tenant.created_ms, "weight": tenant.weight})
             pipe.hset(self.keys.api_keys, digest, tenant_id)
             pipe.sadd(self.keys.tenants, tenant_id)
             pipe.execute()
         return tenant, api_key
+
+    def _hash(self, api_key: str) -> str:
+        return hash_api_key(api_key, self.settings.api_key_secret)
 
     def get(self, tenant_id: str) -> Tenant:
         raw = self.r.hgetall(self.keys.tenant(tenant_id)) if isinstance(tenant_id, str) else {}
@@ -74,30 +128,62 @@ class TenantRegistry:
             raise UnknownTenant(f"unknown tenant {tenant_id!r}; register it first "
                                 "(gateway tenant add TENANT --tier TIER)")
         d = {k.decode(): v.decode() for k, v in raw.items()}
-        return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)),
+        stored = _normalised(d.get(HASH_FIELD) or d.get(LEGACY_HASH_FIELD, ""))
+        return Tenant(tenant_id, d["tier"], stored, int(d.get("created_ms", 0)),
                       float(d.get("weight", 1.0)))
 
     def authenticate(self, api_key: str) -> Tenant:
         """The tenant of an API key, else UnknownTenant("invalid API key").
 
-        Constant-time w.r.t. the key: only its SHA-256 is looked up, and the
-        tenant's stored digest is compared with hmac.compare_digest (a stale
-        index entry never authenticates)."""
-        digest = hash_api_key(api_key or "")
-        tenant_id = self.r.hget(self.keys.api_keys, digest)
-        try:
-            tenant = self.get(tenant_id.decode()) if tenant_id else None
-        except UnknownTenant:
-            tenant = None
-        if tenant is None or not hmac.compare_digest(tenant.api_key_sha256, digest):
+        Only digests of the key are looked up (never the key), and the tenant's
+        stored digest is compared with hmac.compare_digest, so the answer's timing
+        says nothing about how close a guess was; a stale index entry never
+        authenticates.  A key stored in an older scheme (bare SHA-256, or SHA-256
+        before api_key_secret was set) is accepted and rehashed in the current one."""
+        if not isinstance(api_key, str) or not api_key or len(api_key) > MAX_API_KEY_CHARS:
             raise UnknownTenant("invalid API key")
-        return tenant
+        current = self._hash(api_key)
+        plain = hash_api_key(api_key)
+        # (index field, the stored digest it must match): the current scheme first, then
+        # the secret before a rotation, plain SHA-256, and the legacy bare SHA-256 hex
+        candidates = [(current, current)]
+        previous = self.settings.api_key_secret_previous
+        if previous and previous != self.settings.api_key_secret:
+            old = hash_api_key(api_key, previous)
+            candidates.append((old, old))
+        if plain != current:
+            candidates.append((plain, plain))
+        candidates.append((plain.partition(":")[2], plain))
+        found = self.r.hmget(self.keys.api_keys, [f for f, _ in candidates])
+        for (index_field, expected), tenant_id in zip(candidates, found):
+            if not tenant_id:
+                continue
+            try:
+                tenant = self.get(tenant_id.decode())
+            except UnknownTenant:
+                continue
+            if hmac.compare_digest(tenant.api_key_hash, expected):
+                return tenant if expected == current else self._rehash(tenant, index_field, current)
+        raise UnknownTenant("invalid API key")
+
+    def _rehash(self, tenant: Tenant, old_field: str, digest: str) -> Tenant:
+        """Move a tenant's key from an older hashing scheme to the current one."""
+        key = self.keys.tenant(tenant.tenant_id)
+        with self.r.pipeline() as pipe:
+            pipe.hdel(self.keys.api_keys, *set(_index_fields(tenant.api_key_hash)) | {old_field})
+            pipe.hset(self.keys.api_keys, digest, tenant.tenant_id)
+            pipe.hset(key, HASH_FIELD, digest)
+            pipe.hdel(key, LEGACY_HASH_FIELD)
+            pipe.execute()
+        return Tenant(tenant.tenant_id, tenant.tier, digest, tenant.created_ms, tenant.weight)
 
     def delete(self, tenant_id: str) -> bool:
         tenant = self.get(tenant_id)
+        fields = _index_fields(tenant.api_key_hash)
         with self.r.pipeline() as pipe:
             pipe.delete(self.keys.tenant(tenant_id))
-            pipe.hdel(self.keys.api_keys, tenant.api_key_sha256)
+            if fields:
+                pipe.hdel(self.keys.api_keys, *fields)
             pipe.srem(self.keys.tenants, tenant_id)
             pipe.execute()
         return True
@@ -105,3 +191,11 @@ class TenantRegistry:
     def list(self) -> list[Tenant]:
         ids = sorted(m.decode() for m in self.r.smembers(self.keys.tenants))
         return [self.get(t) for t in ids]
+
+
+def _checked_api_key(api_key: object) -> str:
+    """An operator-chosen API key: 8-512 visible ASCII characters (it travels in a header)."""
+    if not isinstance(api_key, str) or not 8 <= len(api_key) <= MAX_API_KEY_CHARS \
+            or not all("!" <= ch <= "~" for ch in api_key):
+        raise InvalidRequest("an API key must be 8-512 visible ASCII characters without spaces")
+    return api_key

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import redis
 
 from gateway_tasks.core.errors import ConfigError, StartupError
-from gateway_tasks.core.urls import without_credentials
+from gateway_tasks.core.urls import with_redis_auth_and_tls, without_credentials
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.processes import stop_process
 
@@ -61,10 +61,45 @@ class EmbeddedRedis:
     workdir: str = field(default="")
     data_dir: str = ""  # kept after stop(); empty: a temporary folder, removed at stop()
     extra_args: tuple[str, ...] = ()  # more redis-server options, after the defaults
+    # AUTH / ACL: with a password, the server requires it -- as the ACL user `username`
+    # (allowed `acl_rules`, the default user switched off) or, without a username, as
+    # the default user's requirepass
+    username: str = ""
+    password: str = field(default="", repr=False)
+    acl_rules: str = "~* &* +@all"
+    # TLS: with a certificate and key the server speaks TLS only (rediss://), on `port`
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+
+    @property
+    def plain_url(self) -> str:
+        """The server's address without credentials or TLS options."""
+        scheme = "rediss" if self.tls_cert_file else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """A URL that connects: credentials and the TLS CA included."""
+        return with_redis_auth_and_tls(self.plain_url, username=self.username, password=self.password,
+                                       ca_file=self.tls_ca_file)
+
+    def _auth_config(self) -> str:
+        """The AUTH / ACL directives, given on stdin: a password never shows in ``ps``."""
+        if self.password and self.username:
+            return f"user default off\nuser {self.username} on >{self.password} {self.acl_rules}\n"
+        if self.password:
+            return f"requirepass {self.password}\n"
+        return ""
+
+    def _tls_args(self) -> list[str]:
+        args: list[str] = []
+        if self.tls_cert_file:
+            args += ["--tls-port", str(self.port), "--port", "0", "--tls-cert-file", self.tls_cert_file,
+                     "--tls-key-file", self.tls_key_file, "--tls-auth-clients", "no"]
+            if self.tls_ca_file:
+                args += ["--tls-ca-cert-file", self.tls_ca_file]
+        return args
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
         """launch() and wait_until_ready(): the server answers PING when this returns."""
@@ -83,8 +118,11 @@ class EmbeddedRedis:
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
              "--dir", self.workdir, "--daemonize", "no", "--maxclients", "2000",
-             "--loglevel", "warning", *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--loglevel", "warning", *self._tls_args(), *self.extra_args, "-"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.process.stdin is not None
+        self.process.stdin.write(self._auth_config().encode())
+        self.process.stdin.close()
         return self
 
     def wait_until_ready(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
@@ -97,6 +135,8 @@ class EmbeddedRedis:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                    if self.password:
+                        err = err.replace(self.password, "***")
                     self.stop()
                     raise StartupError(f"redis-server on port {self.port} exited at start: {err.strip()}")
                 try:

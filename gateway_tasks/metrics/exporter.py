@@ -23,8 +23,9 @@ from prometheus_client.registry import Collector
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, EST_TOKENS, RETRIES,
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DEAD_LETTERED, DISPATCHED, EST_TOKENS, RETRIES,
                                       UPSTREAM_429, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,6 +43,8 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Upstream calls that completed with a usage report."),
     (RETRIES, "gateway_retries",
      "Transient upstream failures requeued against the tier's retry budget."),
+    (DEAD_LETTERED, "gateway_dead_lettered_messages",
+     "Malformed messages taken off a queue and dead-lettered with their reason."),
 )
 
 
@@ -255,7 +258,7 @@ def _print_once(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(render(client, settings).decode())
     except redis.RedisError as exc:
-        raise ConfigError(f"cannot read metrics from {settings.redis_url}: {exc}") from None
+        raise ConfigError(f"cannot read metrics from {without_credentials(settings.redis_url)}: {exc}") from None
     finally:
         client.close()
     return 0

@@ -4,11 +4,13 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is
-    GET  /healthz               Redis ping
-    GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter)
+    GET  /healthz               Redis ping (no credential)
+    GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
+    /v1/admin/...               tenants and settings (gateway_tasks.rest.admin; admin credential)
 
-Every /v1 request authenticates first with ``Authorization: Bearer <tenant api
-key>`` (gateway_tasks.rest.auth), then its body is limited to
+Every request but /healthz and the OpenAPI pages authenticates first
+(gateway_tasks.rest.auth: ``Authorization: Bearer <tenant api key>``, or the
+admin credential for /v1/admin and /metrics), then its body is limited to
 settings.max_request_bytes (gateway_tasks.rest.limits), then it is parsed
 (gateway_tasks.rest.models).  Errors are JSON ``{"error": {"type", "message"}}``
 (gateway_tasks.rest.errors).  ``gateway api`` serves it (gateway_tasks.rest.cli).
@@ -22,14 +24,16 @@ import redis
 from celery import states
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
-from gateway_tasks.rest.auth import AuthMiddleware, TenantDep
+from gateway_tasks.rest.admin import admin_router
+from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.limits import BodySizeLimit
+from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
 
@@ -52,7 +56,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     install_error_handlers(app)
     # the last added runs first: authenticate, then limit the body, then parse it
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
-    app.add_middleware(AuthMiddleware, tenants=gateway.tenants)
+    app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
+    app.include_router(admin_router(gateway))
+    install_openapi(app)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
     def submit_task(body: TaskRequest, request: Request, response: Response,
@@ -110,12 +116,15 @@ def create_app(gateway: Gateway) -> FastAPI:
         try:
             gateway.r.ping()
         except redis.RedisError as exc:
-            return JSONResponse(error_body("ServiceUnavailable", f"Redis ping failed: {exc}"),
+            return JSONResponse(error_body("ServiceUnavailable",
+                                           f"Redis ping failed ({type(exc).__name__})"),
                                 status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics", name="metrics")
-    def metrics() -> Response:
+    @app.get("/metrics", name="metrics", response_class=PlainTextResponse, responses={
+        200: {"description": "Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    def metrics(_admin: AdminDep) -> Response:
         return Response(render(gateway, gateway.settings), media_type=CONTENT_TYPE)
 
     return app

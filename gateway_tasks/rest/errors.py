@@ -13,12 +13,15 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
     QueueFull, QuotaExceeded, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
+_HTTP_ERROR_TYPES = {400: "ValidationError", 404: "NotFound", 405: "MethodNotAllowed",
+                     415: "UnsupportedMediaType"}
 
 
 def status_for(exc: GatewayError) -> int:
@@ -79,6 +82,14 @@ def install_error_handlers(app: FastAPI) -> None:
                     "type": str(e.get("type", ""))} for e in exc.errors()]
         message = "; ".join(f"{'.'.join(d['loc'])}: {d['msg']}" for d in details) or "invalid request"
         return JSONResponse(error_body("ValidationError", message, details=details), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own errors (unknown route 404, wrong method 405, an unparsable body
+        400) in the same error body as every other answer."""
+        type_ = _HTTP_ERROR_TYPES.get(exc.status_code, "HTTPError")
+        return JSONResponse(error_body(type_, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(redis.RedisError)
     async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:

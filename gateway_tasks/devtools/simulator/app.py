@@ -109,6 +109,6 @@ def create_app(config: SimConfig) -> FastAPI:
         headers = sim.rate_limit_headers()
         headers["x-request-id"] = f"req_{request_id}"
         headers["openai-processing-ms"] = str(round((time.monotonic() - started_s) * 1000))
-        return JSONResponse(chat_completion(chat, completion_tokens, request_id), headers=headers)
+        return JSONResponse(chat_completion(chat, completion_tokens, request_id, config.reply_text), headers=headers)
 
     return app

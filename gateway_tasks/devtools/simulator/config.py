@@ -25,6 +25,7 @@ class SimConfig:
     models: tuple[str, ...] = ("gpt-4o-mini", "gpt-4o")
     fail_rate: float = 0.0
     seed: int = 0
+    reply_text: str = ""   # the completion's text ('' = filler words of the simulated length)
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):

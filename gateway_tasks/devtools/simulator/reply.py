@@ -28,8 +28,10 @@ def filler_text(n_words: int) -> str:
     return " ".join(FILLER_WORDS[i % len(FILLER_WORDS)] for i in range(n_words))
 
 
-def chat_completion(chat: ChatRequest, completion_tokens: int, request_id: str) -> dict[str, Any]:
-    """The ``chat.completion`` body of a reply of ``completion_tokens`` tokens."""
+def chat_completion(chat: ChatRequest, completion_tokens: int, request_id: str,
+                    reply_text: str = "") -> dict[str, Any]:
+    """The ``chat.completion`` body of a reply of ``completion_tokens`` tokens (its text
+    ``reply_text`` when given, e.g. a marker a test looks for, else filler words)."""
     finish = "length" if completion_tokens == chat.max_tokens else "stop"
     return {
         "id": f"chatcmpl-sim{request_id[:24]}",
@@ -38,7 +40,7 @@ def chat_completion(chat: ChatRequest, completion_tokens: int, request_id: str) 
         "model": chat.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": filler_text(completion_tokens),
+            "message": {"role": "assistant", "content": reply_text or filler_text(completion_tokens),
                         "refusal": None},
             "logprobs": None,
             "finish_reason": finish,

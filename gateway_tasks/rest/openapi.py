@@ -1,0 +1,91 @@
+"""The REST API's OpenAPI schema as the API really answers.
+
+FastAPI documents a 422 ``HTTPValidationError`` on every operation with
+parameters or a body; this API answers schema errors and malformed JSON with
+400 and its one error body (gateway_tasks.rest.errors).  ``install_openapi``
+replaces those with the responses each operation can give -- 400, 401 (every
+operation but the public ones), 404, 413 (bodies), 429 (submits), 503 (Redis
+unavailable), and 502/504 for the synchronous chat endpoint -- all with the
+``Error`` body, so a schema-driven client or fuzzer (tests/test_security_fuzz.py)
+can check every answer against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from gateway_tasks.rest.auth import PUBLIC, TENANT, access_of
+
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "Error",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["type", "message"],
+        "properties": {"type": {"type": "string", "description": "the error class, e.g. ValidationError"},
+                       "message": {"type": "string"}},
+        "additionalProperties": True}},
+}
+BODY_METHODS = ("post", "put", "patch")
+_DESCRIPTIONS = {
+    "400": "invalid request: schema errors, malformed JSON, bad values (ValidationError, InvalidRequest)",
+    "401": "missing or invalid credential (Unauthorized)",
+    "404": "no such resource for this caller (NotFound; another tenant's ids answer the same)",
+    "413": "request body over max_request_bytes, or prompt too large (RequestTooLarge, PromptTooLarge)",
+    "429": "queue full or quota reached (QueueFull, QuotaExceeded); see Retry-After",
+    "502": "the upstream failed or rejected the task (UpstreamError)",
+    "503": "Redis unavailable (ServiceUnavailable); see Retry-After",
+    "504": "the task did not complete in time (Timeout, DeadlineExceeded)",
+}
+SYNC_PATHS = frozenset({"/v1/chat/completions"})
+
+
+def _error_response(code: str) -> dict[str, Any]:
+    return {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": ERROR_REF}}}
+
+
+def error_codes(path: str, method: str) -> list[str]:
+    """The error statuses one operation documents."""
+    access = access_of(path)
+    if access == PUBLIC:
+        return ["503"]
+    codes = ["400", "401", "404", "503"]
+    if method in BODY_METHODS:
+        codes.append("413")
+        if access == TENANT:
+            codes.append("429")
+    if path in SYNC_PATHS:
+        codes += ["502", "504"]
+    return sorted(set(codes))
+
+
+def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace FastAPI's 422 responses with the API's own error responses (in place)."""
+    for path, operations in schema.get("paths", {}).items():
+        for method, op in operations.items():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            for code in error_codes(path, method):
+                responses.setdefault(code, _error_response(code))
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    components["Error"] = ERROR_SCHEMA
+    return schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve the rewritten schema at /openapi.json (built once, on first use)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = rewrite(get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -28,6 +28,7 @@ from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
+from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
+        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body, task_id=self.request.id)
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
@@ -121,10 +122,12 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         refund()
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
     upstream_ms = (time.monotonic() - started) * 1000.0
+    kill_point(AFTER_UPSTREAM)
 
     bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
                   model=req.model, completion_tokens=reply.completion_tokens)
     bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    kill_point(AFTER_SETTLE)
     done_ms = redis_now_ms(r)
     return {
         "task_id": self.request.id,

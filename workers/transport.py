@@ -28,6 +28,7 @@ from kombu.utils.encoding import bytes_to_str
 from gateway_tasks.core import broker
 from gateway_tasks.core.stats import (DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS,
                                       STALE_RELEASES)
+from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickPlan, Picked
@@ -77,6 +78,7 @@ class QoS(kredis.QoS):
     def ack(self, delivery_tag: str) -> None:
         if self._gt_release(delivery_tag, ACK):
             virtual.QoS.ack(self, delivery_tag)
+            kill_point(AFTER_ACK)
         else:
             super().ack(delivery_tag)
 
@@ -189,6 +191,7 @@ class Channel(broker.Channel):
             result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
             if isinstance(result, Picked):
                 self._gt_hold(result)
+                kill_point(AFTER_PICK)
                 self._gt_counts[DISPATCH_DISPATCHED] += 1
                 self.connection._deliver(result.payload, result.queue)
                 return True

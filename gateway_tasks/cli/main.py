@@ -47,6 +47,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
+    "gateway_tasks.devtools.chaos.command",    # chaos
 )
 
 

@@ -10,18 +10,20 @@ GatewayError saying what was wrong.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import redis
 from celery import Celery
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
-from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
+from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge, RedisFull, RedisUnavailable
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
@@ -30,6 +32,22 @@ from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+
+
+@contextlib.contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Turn the Redis client's and kombu's errors into RedisUnavailable / RedisFull."""
+    try:
+        yield
+    except redis.exceptions.OutOfMemoryError as exc:
+        raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
+                        f"and nothing is evicted -- retry once memory is freed") from None
+    except (redis.RedisError, OperationalError, OSError) as exc:
+        if "OOM" in str(exc):
+            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was "
+                            f"enqueued") from None
+        raise RedisUnavailable(f"{what} failed: Redis is unavailable ({type(exc).__name__}: {exc}); "
+                               f"nothing was enqueued") from None
 
 
 @dataclass(frozen=True)
@@ -113,7 +131,16 @@ class Gateway:
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
                extra_body: dict[str, Any] | None = None) -> TaskHandle:
-        """Validate, estimate and enqueue one inference task on its tier's queue."""
+        """Validate, estimate and enqueue one inference task on its tier's queue.
+        Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued."""
+        with redis_errors("submit"):
+            return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
+                                deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
+                                extra_body=extra_body)
+
+    def _submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
+                model: str | None, max_tokens: int | None, deadline_s: float | None, source: str,
+                idempotency_key: str | None, extra_body: dict[str, Any] | None) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
@@ -138,9 +165,10 @@ class Gateway:
                 TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
                 headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
         except Exception:
-            self.r.delete(self.keys.task_owner(task_id))
-            if idempotency_key is not None:
-                self.r.delete(self.keys.meta(task_id))
+            with contextlib.suppress(redis.RedisError):   # Redis may be what failed
+                self.r.delete(self.keys.task_owner(task_id))
+                if idempotency_key is not None:
+                    self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
 

@@ -29,6 +29,7 @@ from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
+from workers.redis_retry import through_restarts
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -124,11 +125,14 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     upstream_ms = (time.monotonic() - started) * 1000.0
     kill_point(AFTER_UPSTREAM)
 
-    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-                  model=req.model, completion_tokens=reply.completion_tokens)
-    bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    # the upstream answered (and charged): a Redis restart now must not drop the answer
+    through_restarts(lambda: bucket.settle(
+        est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+        model=req.model, completion_tokens=reply.completion_tokens), f"settle of task {self.request.id}")
+    through_restarts(lambda: bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES)),
+                     f"rate-limit sync of task {self.request.id}")
     kill_point(AFTER_SETTLE)
-    done_ms = redis_now_ms(r)
+    done_ms = through_restarts(lambda: redis_now_ms(r), "clock")
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

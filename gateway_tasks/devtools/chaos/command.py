@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
+from gateway_tasks.devtools.chaos.deployment import LOGS_ENV
 from gateway_tasks.devtools.chaos.suite import FAULTS, run_suite
 from gateway_tasks.devtools.chaos.table import render
 from gateway_tasks.devtools.chaos.workload import FULL, QUICK
@@ -15,6 +17,8 @@ from gateway_tasks.devtools.chaos.workload import FULL, QUICK
 
 def _run(args: argparse.Namespace) -> int:
     size = QUICK if args.quick else FULL
+    if args.logs:
+        os.environ[LOGS_ENV] = os.path.abspath(args.logs)
     names = [n.strip() for n in args.faults.split(",") if n.strip()] if args.faults else None
     started = time.monotonic()
     outcomes = run_suite(size, names, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -39,5 +43,6 @@ def register(subparsers: Any) -> None:
                         help="the reduced sizes `make test` runs (a few minutes instead of ~15)")
     parser.add_argument("--faults", default="",
                         help=f"comma-separated subset of: {', '.join(FAULTS)}")
+    parser.add_argument("--logs", default="", help="keep every child's log in this folder")
     parser.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     parser.set_defaults(func=_run)

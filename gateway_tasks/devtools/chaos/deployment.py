@@ -30,6 +30,7 @@ from gateway_tasks.producer.gateway import Gateway
 from workers.faults import KILL_AT_ENV
 
 KEY_PREFIX = "chaos:"
+LOGS_ENV = "GATEWAY_CHAOS_LOGS"
 POOL = "default"
 MODEL = "gpt-4o-mini"
 
@@ -44,7 +45,8 @@ class Deployment:
     pool_rpm: int = 6_000
     pool_timeout_s: float = 30.0
     settings_changes: dict[str, Any] = field(default_factory=dict)
-    keep_logs: str = ""            # a folder to copy the children's logs into at the end
+    # a folder to copy the children's logs into at the end (`gateway chaos --logs DIR`)
+    keep_logs: str = field(default_factory=lambda: os.environ.get(LOGS_ENV, ""))
 
     def __post_init__(self) -> None:
         self.workdir = tempfile.mkdtemp(prefix=f"gt-chaos-{self.name}-")

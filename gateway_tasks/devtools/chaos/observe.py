@@ -4,6 +4,7 @@ holds, and the upstream calls per task id the simulator counted."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ FINAL = ("SUCCESS", "FAILURE", "REVOKED")
 
 def reason_of(exc: Any) -> str:
     """A failure's reason as the table shows it: its error class and the start of its message."""
-    text = str(exc).split(";")[0].split(":")[0][:48].strip()
+    text = re.sub(r"\d+(\.\d+)?", "N", str(exc).split(";")[0].split(":")[0])[:48].strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -29,6 +30,7 @@ class Finals:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)   # task id -> result document
     failed: dict[str, str] = field(default_factory=dict)               # task id -> reason
     pending: set[str] = field(default_factory=set)
+    final_at: dict[str, float] = field(default_factory=dict)           # task id -> monotonic s seen final
 
     def apply(self, outcome: Outcome) -> None:
         outcome.completed += len(self.results)
@@ -52,6 +54,7 @@ def wait_final(app: Any, task_ids: Iterable[str], timeout_s: float, poll_s: floa
             except (redis.RedisError, OSError):
                 break
             out.pending.discard(task_id)
+            out.final_at[task_id] = time.monotonic()
             if state == "SUCCESS" and isinstance(value, dict):
                 out.results[task_id] = value
             else:

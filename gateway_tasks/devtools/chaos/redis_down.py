@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import httpx
-import redis
 
 from gateway_tasks.core.errors import GatewayError
 from gateway_tasks.devtools.chaos.counters import describe, leftovers

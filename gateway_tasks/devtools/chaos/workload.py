@@ -41,6 +41,7 @@ class Submitter:
     ids: list[str] = field(default_factory=list)
     refused: Counter = field(default_factory=Counter)
     refusal_s: list[float] = field(default_factory=list)   # how long each refused submit took
+    submitted_at: dict[str, float] = field(default_factory=dict)   # task id -> monotonic s
 
     def one(self, i: int, max_tokens: int = 8, deadline_s: float | None = None, tenant: str = "") -> bool:
         started = time.monotonic()
@@ -52,6 +53,7 @@ class Submitter:
             self.refusal_s.append(time.monotonic() - started)
             return False
         self.ids.append(h.id)
+        self.submitted_at[h.id] = started
         return True
 
     def many(self, n: int, **kwargs: Any) -> list[str]:

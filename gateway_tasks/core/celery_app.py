@@ -45,7 +45,9 @@ def celery_config(settings: Settings, redis_url: str, *,
         "result_backend_always_retry": True,
         "result_backend_max_retries": 20,
         "result_expires": settings.result_ttl_s,
-        "result_extended": True,
+        # no extended results: they would keep every task's arguments -- its whole prompt --
+        # in Redis for result_ttl_s (doubling the memory a drained queue still holds)
+        "result_extended": False,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

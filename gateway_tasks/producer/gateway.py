@@ -29,6 +29,7 @@ from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.producer.memory_guard import MemoryGuard
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
@@ -84,6 +85,7 @@ class Gateway:
         self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
+        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio)
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
                         weight: float = 1.0) -> str:
@@ -152,6 +154,7 @@ class Gateway:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
         req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
                       source=source, extra_body=extra_body or {})
+        self.memory.check()
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))

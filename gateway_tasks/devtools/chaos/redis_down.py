@@ -24,11 +24,14 @@ NAME = "Redis unreachable at submit (Python + REST)"
 CLEAR_WITHIN_S = 10.0
 
 
-def rest_submit(url: str, key: str, text: str, timeout_s: float = 30.0) -> tuple[int, dict, float]:
+def rest_submit(url: str, key: str, text: str, timeout_s: float = 30.0,
+                prompt: str = "") -> tuple[int, dict, float]:
+    """POST /v1/tasks (idempotency key ``text``); (status, JSON body, seconds taken)."""
     started = time.monotonic()
     try:
         resp = httpx.post(f"{url}/v1/tasks", headers={"Authorization": f"Bearer {key}"},
-                          json={"messages": text, "max_tokens": 8, "idempotency_key": text}, timeout=timeout_s)
+                          json={"messages": prompt or text, "max_tokens": 8, "idempotency_key": text},
+                          timeout=timeout_s)
     except httpx.HTTPError as exc:
         return 0, {"error": {"type": type(exc).__name__}}, time.monotonic() - started
     try:

@@ -44,6 +44,7 @@ class Deployment:
     pool_tpm: int = 600_000
     pool_rpm: int = 6_000
     pool_timeout_s: float = 30.0
+    pool_burst_s: float = 60.0
     settings_changes: dict[str, Any] = field(default_factory=dict)
     # a folder to copy the children's logs into at the end (`gateway chaos --logs DIR`)
     keep_logs: str = field(default_factory=lambda: os.environ.get(LOGS_ENV, ""))
@@ -62,7 +63,8 @@ class Deployment:
         self.redis.start()
         self.sim.start()
         pool = Pool(POOL, base_url=self.sim.base_url, api_key="chaos-key", models=(MODEL,),
-                    tpm=self.pool_tpm, rpm=self.pool_rpm, timeout_s=self.pool_timeout_s)
+                    tpm=self.pool_tpm, rpm=self.pool_rpm, timeout_s=self.pool_timeout_s,
+                    burst_s=self.pool_burst_s)
         self.settings = load_settings(env={}, redis_url=self.redis.url, key_prefix=KEY_PREFIX).with_(
             pools=(pool,), **self.settings_changes)
         self._client = redis.Redis.from_url(self.redis.url, socket_timeout=5, socket_connect_timeout=2)

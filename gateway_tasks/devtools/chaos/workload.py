@@ -66,10 +66,12 @@ class Submitter:
         """Submit one task every ``every_s`` until ``stop`` is set (a thread)."""
         def loop() -> None:
             i = 0
+            next_at = time.monotonic()
             while not stop.is_set():
                 self.one(10_000 + i, **kwargs)
                 i += 1
-                stop.wait(every_s)
+                next_at += every_s          # a steady rate, whatever one submit takes
+                stop.wait(max(0.0, next_at - time.monotonic()))
         thread = threading.Thread(target=loop, name="chaos-submitter", daemon=True)
         thread.start()
         return thread

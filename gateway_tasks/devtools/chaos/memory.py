@@ -20,7 +20,6 @@ from gateway_tasks.devtools.chaos.workload import Size, Submitter, settle
 from gateway_tasks.devtools.simulator import SimConfig
 
 NAME = "Redis near maxmemory (noeviction)"
-HEADROOM_BYTES = 32 * 2**20
 PROMPT = "x " * 4000          # ~8 KB a message
 MAX_SUBMITS = 5000
 
@@ -33,7 +32,7 @@ def run(size: Size) -> Outcome:
         key = dep.gw.register_tenant("acme", "vip")
         _api, url = dep.api()
         used = int(dep.r.info("memory")["used_memory"])
-        dep.r.config_set("maxmemory", used + HEADROOM_BYTES)
+        dep.r.config_set("maxmemory", used + size.memory_headroom_mib * 2**20)
         sub = Submitter(dep)
         refusal = None
         for i in range(MAX_SUBMITS):

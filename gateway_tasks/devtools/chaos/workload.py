@@ -26,10 +26,11 @@ class Size:
     outage_s: float       # connection refused / 500s / timeouts / 429 storms last this long
     overload_s: float     # the 10x TPM load lasts this long
     beat_fire: bool       # beat faults wait for a minute boundary to check fires
+    memory_headroom_mib: int   # maxmemory is set this far above what Redis uses
 
 
-FULL = Size("full", tasks=40, kills=3, outage_s=20.0, overload_s=120.0, beat_fire=True)
-QUICK = Size("quick", tasks=8, kills=1, outage_s=4.0, overload_s=12.0, beat_fire=False)
+FULL = Size("full", tasks=40, kills=3, outage_s=20.0, overload_s=120.0, beat_fire=True, memory_headroom_mib=32)
+QUICK = Size("quick", tasks=8, kills=2, outage_s=4.0, overload_s=8.0, beat_fire=False, memory_headroom_mib=12)
 
 
 @dataclass

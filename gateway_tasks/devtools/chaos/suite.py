@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 FAULTS = {
     "worker-kill": "gateway_tasks.devtools.chaos.worker_kill",
     "kill-points": "gateway_tasks.devtools.chaos.kill_points",
+    "worker-pause": "gateway_tasks.devtools.chaos.worker_pause",
     "redis-restart": "gateway_tasks.devtools.chaos.redis_restart",
     "redis-down": "gateway_tasks.devtools.chaos.redis_down",
     "upstream-errors": "gateway_tasks.devtools.chaos.upstream_errors",

@@ -4,7 +4,7 @@ At ``maxmemory`` with ``noeviction`` Redis refuses every write -- the dispatch
 scripts' and acks' too -- so a queue filled to the brim could not even drain.
 Producers therefore refuse new work (``RedisFull``) once Redis uses
 ``Settings.redis_memory_refuse_ratio`` of its maxmemory, leaving the rest to
-the workers; they read ``INFO memory`` at most every ``CHECK_EVERY_S``.
+the workers; they read ``INFO memory`` at most every ``CHECK_EVERY_S`` (0.1 s).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import redis
 
 from gateway_tasks.core.errors import RedisFull
 
-CHECK_EVERY_S = 0.5
+CHECK_EVERY_S = 0.1
 
 
 def over_limit(used_bytes: int, maxmemory_bytes: int, ratio: float) -> bool:

@@ -30,7 +30,7 @@ class Size:
 
 
 FULL = Size("full", tasks=40, kills=3, outage_s=20.0, overload_s=120.0, beat_fire=True, memory_headroom_mib=32)
-QUICK = Size("quick", tasks=8, kills=2, outage_s=4.0, overload_s=8.0, beat_fire=False, memory_headroom_mib=12)
+QUICK = Size("quick", tasks=8, kills=2, outage_s=4.0, overload_s=8.0, beat_fire=False, memory_headroom_mib=16)
 
 
 @dataclass

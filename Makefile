@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-beat clean
+.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-beat chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench-spread: $(STAMP)
 
 bench-beat: $(STAMP)
 	$(PY) -m gateway_tasks.cli cron bench
+
+# the fault suite (issues 11 + 14) at full size against real processes: one table, ~15 min on 2 cores
+chaos: $(STAMP)
+	$(PY) -m gateway_tasks.cli chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info .run

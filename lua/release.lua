@@ -18,12 +18,21 @@
 -- ARGV[7] '1': only if the task's lease has expired (the sweep of a dead holder's tasks)
 -- then per tier, 2 values from ARGV[8]: tier name, its max in-flight per tenant
 --
--- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched, {2} when it is
--- dispatched again under another token (this holder lost its lease: a duplicate, counted).
+-- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched, {2} when the
+-- caller named its token and the tag is dispatched again under another token or not dispatched
+-- at all (this holder lost its lease; the task was restored: a duplicate, counted).
 
 local tag, mode = ARGV[1], ARGV[2]
 local record = redis.call('HGET', KEYS[1], tag)
-if not record then return {0} end
+if not record then
+  -- a holder naming its dispatch finds none: it lost the task (its lease expired, a sweep
+  -- restored it, and it may already have run again and been acked) -- a duplicate, counted
+  if ARGV[5] ~= '' then
+    redis.call('HINCRBY', KEYS[10], ARGV[6], 1)
+    return {2}
+  end
+  return {0}
+end
 local _, _, tier, token, entry = string.find(record, '^([^|]+)|([^|]+)|(.*)$')
 if ARGV[5] ~= '' and ARGV[5] ~= token then
   redis.call('HINCRBY', KEYS[9], ARGV[6], 1)

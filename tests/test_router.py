@@ -519,6 +519,10 @@ def test_an_expired_lease_is_swept_once_and_its_late_holder_is_told_it_is_stale(
     assert r.hget(keys.stats("default"), "stale_releases") == b"1"
     assert r.hexists(keys.dispatched("default"), tag)
     assert scripts.run(ReleaseCall(keys, s, "default", tag, "ack", str(second.dispatched_ms))).released
+    # the late holder acks again after the re-run was acked (nothing dispatched any more): still stale
+    assert scripts.run(ReleaseCall(keys, s, "default", tag, "ack", token)) == Released(False, stale=True)
+    assert r.hget(keys.stats("default"), "stale_releases") == b"2"
+    assert scripts.run(ReleaseCall(keys, s, "default", tag, "ack")) == Released(False)   # no token: not counted
 
 
 def test_a_lease_is_not_renewed_past_the_visibility_timeout(r, settings):

@@ -12,10 +12,14 @@ comes back after losing a task (SIGSTOP) and finishes it anyway is told so by
 release.lua (``Released.stale``) and counted in ``stale_releases``: the
 upstream call was duplicated, the result is the task id's (idempotent).  The
 visibility timeout stays as the last resort: a lease is never renewed past it.
+A holder that died after storing its task's final result but before the ack
+(``GATEWAY_FAULT_KILL_AT=after_settle``'s neighbour) leaves a task that is done:
+the sweep acks it instead of running it again (``finished_not_acked``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Callable
@@ -26,10 +30,25 @@ from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import Scripts
 from gateway_tasks.core.settings import Settings
-from workers.release import REQUEUE, ReleaseCall, RenewCall
+from gateway_tasks.core.stats import FINISHED_NOT_ACKED
+from workers.release import ACK, REQUEUE, ReleaseCall, RenewCall
 
 logger = logging.getLogger(__name__)
 SWEEP_LIMIT = 200  # expired tasks restored per pool per sweep
+FINAL_STATES = ("SUCCESS", "FAILURE")
+
+
+def already_final(client: redis.Redis, keys: Keys, pool: str, tag: str) -> bool:
+    """Whether the task behind a dispatched tag already has its final result stored."""
+    raw = client.hget(keys.messages(pool), tag)
+    if raw is None:
+        return False
+    try:
+        task_id = (json.loads(raw).get("headers") or {}).get("id")
+        meta = client.get(keys.result(str(task_id))) if task_id else None
+        return meta is not None and json.loads(meta).get("status") in FINAL_STATES
+    except (ValueError, AttributeError):
+        return False
 
 
 def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: Settings,
@@ -41,9 +60,16 @@ def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: S
         tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_ms, byscore=True,
                              offset=0, num=limit or SWEEP_LIMIT)
         for tag in tags:
-            call = ReleaseCall(keys, settings, pool.name, tag.decode(), REQUEUE, expired_only=True)
-            if scripts.run(call).released:
-                restored += 1
+            done = already_final(client, keys, pool.name, tag.decode())
+            call = ReleaseCall(keys, settings, pool.name, tag.decode(), ACK if done else REQUEUE,
+                               expired_only=True)
+            if not scripts.run(call).released:
+                continue
+            restored += 1
+            if done:
+                client.hincrby(keys.stats(pool.name), FINISHED_NOT_ACKED, 1)
+                logger.warning("task %s: its dispatcher died after storing its result; acked", call.tag)
+            else:
                 logger.warning("task %s: its dispatcher's lease expired; back in line", call.tag)
     return restored
 

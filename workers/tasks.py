@@ -28,6 +28,8 @@ from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.dead_letter import dispatched_queue, refund_unrunnable
+from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
+from workers.redis_retry import through_restarts
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -114,7 +116,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
+        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body, task_id=self.request.id)
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
@@ -134,13 +136,16 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         refund()
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
     upstream_ms = (time.monotonic() - started) * 1000.0
+    kill_point(AFTER_UPSTREAM)
 
-    # one call: the real usage, the reply's rate-limit headers, and the Redis clock
-    settled = bucket.settle_reply(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier,
-                                  tenant_id=req.tenant_id, model=req.model,
-                                  completion_tokens=reply.completion_tokens, headers=reply.headers,
-                                  debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
-                                  dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES))
+    # one call: the real usage, the reply's rate-limit headers, and the Redis clock; the
+    # upstream answered (and charged): a Redis restart now must not drop the answer
+    settled = through_restarts(lambda: bucket.settle_reply(
+        est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+        model=req.model, completion_tokens=reply.completion_tokens, headers=reply.headers,
+        debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
+        dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
+    kill_point(AFTER_SETTLE)
     done_ms = settled.now_ms
     return {
         "task_id": self.request.id,

@@ -16,6 +16,7 @@ queues fall back to plain BRPOP.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any
@@ -29,7 +30,9 @@ from gateway_tasks.core import broker
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
 from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
+from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
+from workers.redis_retry import through_restarts
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, pick_now
 
@@ -57,16 +60,26 @@ class QoS(kredis.QoS):
 
     def _gt_release(self, delivery_tag: Any, mode: str) -> bool:
         tag = bytes_to_str(delivery_tag)
-        held = self.channel._gt_picked.pop(tag, None)
+        held = self.channel._gt_picked.get(tag)
         if held is None:
             return False
         pool, token = held
-        done = self.channel._gt_scripts.run(ReleaseCall(self.channel._gt_keys, self.channel._gt_settings,
-                                                        pool, tag, mode, token))
+        call = ReleaseCall(self.channel._gt_keys, self.channel._gt_settings, pool, tag, mode, token)
+        try:
+            done = self._gt_run_release(call)
+        finally:
+            self.channel._gt_picked.pop(tag, None)
+            self.channel._gt_released_one()
         if done.stale:
             logger.warning("task %s finished after its lease expired and it was dispatched again: "
                            "a duplicate execution (counted in %s)", tag, STALE_RELEASES)
         return True
+
+    def _gt_run_release(self, call: ReleaseCall) -> Any:
+        """release.lua, retried while Redis is unreachable (a restart): the task stays held
+        meanwhile, so its lease is renewed and nobody runs it again.  Past the retry budget
+        the error propagates and the lease expires (a survivor restores the task)."""
+        return through_restarts(lambda: self.channel._gt_scripts.run(call), f"release of task {call.tag}")
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel._gt_picked:
@@ -77,6 +90,7 @@ class QoS(kredis.QoS):
     def ack(self, delivery_tag: str) -> None:
         if self._gt_release(delivery_tag, ACK):
             virtual.QoS.ack(self, delivery_tag)
+            kill_point(AFTER_ACK)
         else:
             super().ack(delivery_tag)
 
@@ -90,6 +104,24 @@ class QoS(kredis.QoS):
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         if not self._gt_release(tag, REQUEUE):
             super().restore_by_tag(tag, client, leftmost)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """At channel close (worker shutdown, or the broker connection lost): gateway tasks
+        still held here are left alone -- a task still running in a pool thread acks through
+        this QoS when it ends (its lease is renewed until then), and if this process dies
+        their leases expire and a survivor restores them.  Restoring them now would run
+        them twice.  Other messages: kombu's restore (which cannot run once the connection
+        is gone -- then the visibility timeout restores them)."""
+        picked = self.channel._gt_picked
+        for tag in [t for t in self._delivered if bytes_to_str(t) in picked]:
+            self._delivered.pop(tag, None)
+        if not self._delivered:
+            return
+        try:
+            super().restore_unacked(client)
+        except (AttributeError, redis.RedisError, OSError) as exc:
+            logger.warning("could not restore %d unacked non-gateway message(s) at close (%s); "
+                           "the visibility timeout will", len(self._delivered), exc)
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
         """kombu's visibility-timeout restore, plus a sweep of expired gateway leases
@@ -108,6 +140,7 @@ class Channel(broker.Channel):
         super().__init__(*args, **kwargs)
         # delivery tag -> (pool, dispatch token) of each task this channel holds
         self._gt_picked: dict[str, tuple[str, str]] = {}
+        self._gt_closing = False
         self._gt_leases = LeaseKeeper(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
                                       lambda: self._gt_picked)
         self._gt_plan: PickPlan | None = None
@@ -123,9 +156,17 @@ class Channel(broker.Channel):
             self._gt_tally.flush(self._gt_raw)
 
     def close(self) -> None:
-        self._gt_leases.stop()
-        self._gt_tally.flush(self._gt_raw)
+        # tasks still running keep their leases until they are released (the broker
+        # connection was lost, the process lives on): the keeper stops with the last one
+        self._gt_closing = True
+        self._gt_released_one()
+        with contextlib.suppress(redis.RedisError, OSError):
+            self._gt_tally.flush(self._gt_raw)
         super().close()
+
+    def _gt_released_one(self) -> None:
+        if self._gt_closing and not self._gt_picked:
+            self._gt_leases.stop()
 
     def _gt_runnable(self, picked: Picked) -> bool:
         """False when the picked message cannot be run: it is dead-lettered instead."""
@@ -196,6 +237,7 @@ class Channel(broker.Channel):
                     if not self._gt_runnable(picked):
                         continue                 # dead-lettered
                     self._gt_hold(picked)
+                    kill_point(AFTER_PICK)
                     self._gt_tally.dispatched(picked)
                     self.connection._deliver(picked.payload, picked.queue)
                     delivered += 1

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 
+from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
 from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
@@ -45,10 +46,12 @@ class UpstreamReply:
 
 
 def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
-         extra_body: dict[str, Any] | None = None) -> UpstreamReply:
-    """One chat completion; raises openai.APIStatusError / APIConnectionError / APITimeoutError."""
+         extra_body: dict[str, Any] | None = None, task_id: str = "") -> UpstreamReply:
+    """One chat completion; raises openai.APIStatusError / APIConnectionError / APITimeoutError.
+    ``task_id`` travels as the ``X-Gateway-Task-Id`` header (every attempt of a task sends the same)."""
     raw = client_for(pool).chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=max_tokens, extra_body=extra_body or None)
+        model=model, messages=messages, max_tokens=max_tokens, extra_body=extra_body or None,
+        extra_headers={UPSTREAM_TASK_ID_HEADER: task_id} if task_id else None)
     completion = raw.parse()
     usage = completion.usage
     return UpstreamReply(body=completion.model_dump(mode="json"), headers=dict(raw.headers),

@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
     "gateway_tasks.cli.dead_letters",          # dead-letters
+    "gateway_tasks.devtools.chaos.command",    # chaos
 )
 
 

@@ -40,8 +40,14 @@ def celery_config(settings: Settings, redis_url: str, *,
         "broker_connection_retry_on_startup": True,
         "result_backend": redis_url,
         "result_backend_transport_options": {"global_keyprefix": prefix},
+        # a result stored while Redis restarts waits for it (exponential back-off, ~2 min in
+        # all) instead of being dropped: a task that ran must reach its final state
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 20,
         "result_expires": settings.result_ttl_s,
-        "result_extended": True,
+        # no extended results: they would keep every task's arguments -- its whole prompt --
+        # in Redis for result_ttl_s (doubling the memory a drained queue still holds)
+        "result_extended": False,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

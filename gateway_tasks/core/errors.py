@@ -12,6 +12,8 @@
     │   └── QuotaExceeded
     ├── DeadlineExceeded     waited past its deadline; the upstream was not called
     ├── UpstreamError        the upstream failed in a way retries could not hide
+    ├── RedisUnavailable     Redis is unreachable or refused the write: nothing was enqueued
+    │   └── RedisFull        Redis is at its maxmemory (noeviction): submits are refused
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
 """
 
@@ -75,6 +77,15 @@ class DeadLettered(GatewayError):
 
 class UpstreamError(GatewayError):
     """The upstream failed in a way retries could not hide."""
+
+
+class RedisUnavailable(GatewayError):
+    """Redis (queues, tenants, buckets) is unreachable or refused the write; the request was
+    not enqueued (REST: 503)."""
+
+
+class RedisFull(RedisUnavailable):
+    """Redis is at its ``maxmemory`` with ``noeviction``: submits are refused, nothing is evicted."""
 
 
 class ApiError(GatewayError):

@@ -145,6 +145,11 @@ class Keys:
         return f"{self.prefix}dispatch"
 
     # -- results ------------------------------------------------------------
+    def result(self, task_id: str) -> str:
+        """String (JSON, TTL): Celery's stored result of a task (its Redis backend's own name,
+        under global_keyprefix)."""
+        return f"{self.prefix}celery-task-meta-{task_id}"
+
     def meta(self, task_id: str) -> str:
         """String (TTL): idempotency marker of a submitted task id."""
         return f"{self.prefix}meta:{task_id}"

@@ -26,6 +26,9 @@ HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
 HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
 HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
 HEADER_POOL_DISPATCHES = "gt_pool_dispatches"  # the pool's dispatches so far, at dispatch
+# HTTP header of every upstream call: the task id, so an upstream (or the simulator) can tell
+# a retried or duplicated call of one task from another task's (it is not a secret)
+UPSTREAM_TASK_ID_HEADER = "X-Gateway-Task-Id"
 
 SOURCES = ("api", "api-sync", "cron", "bench", "demo")
 

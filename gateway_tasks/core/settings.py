@@ -186,6 +186,9 @@ class Settings:
             ca_file=self.redis_tls_ca_file, cert_file=self.redis_tls_cert_file,
             key_file=self.redis_tls_key_file, cert_reqs=self.redis_tls_cert_reqs)
         object.__setattr__(self, "redis_url", composed)
+    # producers refuse submits (RedisFull) once Redis uses this fraction of its maxmemory,
+    # so the dispatch machinery (picks, acks, results) keeps head-room; 0 = never refuse early
+    redis_memory_refuse_ratio: float = 0.9
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -197,6 +200,8 @@ class Settings:
                  self.max_prompt_tokens, "> 0")
         _require(0.5 <= self.lease_s < self.visibility_timeout_s, "settings", "lease_s", self.lease_s,
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
+        _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
+                 self.redis_memory_refuse_ratio, "in [0, 1] (0 = off)")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",

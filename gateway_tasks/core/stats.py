@@ -37,6 +37,9 @@ def tier_field(counter: str, tier: str) -> str:
 UPSTREAM_429 = "upstream_429"      # drain.lua: 429 responses of the pool's upstream
 STALE_RELEASES = "stale_releases"  # release.lua: a holder finished a task it had lost (lease expired,
                                    # restored and dispatched again): a duplicate execution
+FINISHED_NOT_ACKED = "finished_not_acked"  # workers.leases: an expired lease whose task already had its
+                                   # final result (the holder died between storing it and its ack):
+                                   # acked by the sweep, not run again
 
 # -- Keys.dispatch_stats: dispatcher round trips, flushed by every worker ------
 DISPATCH_PICKS = "picks"           # EVALSHA pick.lua sent

@@ -10,26 +10,45 @@ GatewayError saying what was wrong.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import redis
 from celery import Celery
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
-from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
+from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge, RedisFull, RedisUnavailable
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.producer.memory_guard import MemoryGuard
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+
+
+@contextlib.contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Turn the Redis client's and kombu's errors into RedisUnavailable / RedisFull."""
+    try:
+        yield
+    except redis.exceptions.OutOfMemoryError as exc:
+        raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
+                        f"and nothing is evicted -- retry once memory is freed") from None
+    except (redis.RedisError, OperationalError, OSError) as exc:
+        if "OOM" in str(exc):
+            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was "
+                            f"enqueued") from None
+        raise RedisUnavailable(f"{what} failed: Redis is unavailable ({type(exc).__name__}: {exc}); "
+                               f"nothing was enqueued") from None
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,7 @@ class Gateway:
         self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
+        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio)
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
                         weight: float = 1.0) -> str:
@@ -114,7 +134,16 @@ class Gateway:
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
                extra_body: dict[str, Any] | None = None) -> TaskHandle:
-        """Validate, estimate and enqueue one inference task on its tier's queue."""
+        """Validate, estimate and enqueue one inference task on its tier's queue.
+        Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued."""
+        with redis_errors("submit"):
+            return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
+                                deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
+                                extra_body=extra_body)
+
+    def _submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
+                model: str | None, max_tokens: int | None, deadline_s: float | None, source: str,
+                idempotency_key: str | None, extra_body: dict[str, Any] | None) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
@@ -124,6 +153,7 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
+        self.memory.check()
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
@@ -141,7 +171,8 @@ class Gateway:
                           deadline_s=deadline_s, source=source, extra_body=extra_body or {})
         except Exception:
             if owned:
-                self.r.delete(self.keys.task_owner(task_id))
+                with contextlib.suppress(redis.RedisError):
+                    self.r.delete(self.keys.task_owner(task_id))
             raise
         if idempotency_key is not None:
             first = self.r.set(self.keys.meta(task_id), "submitted", nx=True,
@@ -153,9 +184,10 @@ class Gateway:
                 TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
                 headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
         except Exception:
-            self.r.delete(self.keys.task_owner(task_id))
-            if idempotency_key is not None:
-                self.r.delete(self.keys.meta(task_id))
+            with contextlib.suppress(redis.RedisError):   # Redis may be what failed
+                self.r.delete(self.keys.task_owner(task_id))
+                if idempotency_key is not None:
+                    self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
 

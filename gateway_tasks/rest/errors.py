@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
-    QueueFull, QuotaExceeded, UnknownTenant
+    QueueFull, QuotaExceeded, RedisUnavailable, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
@@ -72,6 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
             return api_error_response(exc)
         status = status_for(exc)
         headers = {"Retry-After": str(_retry_after_s(request))} if status == 429 else None
+        if isinstance(exc, RedisUnavailable):   # 503: Redis down or full, nothing enqueued
+            headers = {"Retry-After": str(RETRY_AFTER_MIN_S)}
         return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status,
                             headers=headers)
 

@@ -1,5 +1,6 @@
 """The simulator's HTTP app (FastAPI): ``/v1/chat/completions``, ``/v1/models``,
-``/stats``, ``/stats/reset`` and ``/health``, on one ``admission.Simulator``.
+``/stats``, ``/stats/reset``, ``/calls`` (upstream calls per task id, ``calls.py``),
+``/faults`` (injected faults, ``faults.py``) and ``/health``, on one ``admission.Simulator``.
 
 Every chat answer, errors included, carries the buckets'
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.  A reply
@@ -20,9 +21,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from gateway_tasks.core.errors import ApiError
+from gateway_tasks.core.errors import ApiError, ConfigError
+from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
 from gateway_tasks.devtools.simulator.admission import Simulator
+from gateway_tasks.devtools.simulator.calls import CallCounter
 from gateway_tasks.devtools.simulator.config import SimConfig
+from gateway_tasks.devtools.simulator.faults import Fault, fault_error, fault_from_json
 from gateway_tasks.devtools.simulator.reply import chat_completion, completion_tokens_for, error_body
 from gateway_tasks.devtools.simulator.request import INVALID, parse_chat_request
 
@@ -33,6 +37,8 @@ def create_app(config: SimConfig) -> FastAPI:
     sim = Simulator(config)
     app = FastAPI(title="gateway-tasks upstream simulator", docs_url=None, redoc_url=None)
     app.state.simulator = sim
+    calls = CallCounter()
+    fault_box = [Fault()]
 
     def error(exc: ApiError) -> JSONResponse:
         """The error document, with the buckets' headers and then the error's own."""
@@ -58,7 +64,24 @@ def create_app(config: SimConfig) -> FastAPI:
     @app.post("/stats/reset")
     async def stats_reset() -> dict[str, bool]:
         sim.reset()
+        calls.reset()
         return {"ok": True}
+
+    @app.get("/calls")
+    async def calls_per_task() -> dict[str, Any]:
+        return calls.snapshot()
+
+    @app.get("/faults")
+    async def fault_now() -> dict[str, Any]:
+        return fault_box[0].describe()
+
+    @app.post("/faults")
+    async def set_fault(request: Request) -> JSONResponse:
+        try:
+            fault_box[0] = fault_from_json(json.loads(await request.body() or b"{}"))
+        except (ConfigError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return JSONResponse({"error": {"type": INVALID, "message": str(exc)}}, status_code=400)
+        return JSONResponse(fault_box[0].describe())
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -70,6 +93,8 @@ def create_app(config: SimConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
         started_s = time.monotonic()
+        task_id = request.headers.get(UPSTREAM_TASK_ID_HEADER, "")
+        calls.attempt(task_id)
         raw = await request.body()
         try:
             body = json.loads(raw)
@@ -81,6 +106,20 @@ def create_app(config: SimConfig) -> FastAPI:
         except ApiError as exc:
             sim.stats.record_invalid()
             return error(exc)
+
+        fault = fault_box[0]
+        mode = fault.active()
+        if mode == "timeout":
+            await asyncio.sleep(fault.hang_s)
+        if mode in ("error_500", "timeout"):
+            sim.stats.record_error(chat.model)
+            return error(fault_error(mode, fault))
+        if mode == "rate_limit":
+            sim.stats.record_429(chat.model, "requests")
+            return error(fault_error(mode, fault))
+        if mode == "rate_limit_bare":   # no Retry-After, no x-ratelimit-* headers at all
+            sim.stats.record_429(chat.model, "requests")
+            return JSONResponse(error_body(fault_error(mode, fault)), status_code=429)
 
         if sim.should_fail():
             sim.stats.record_error(chat.model)
@@ -98,10 +137,12 @@ def create_app(config: SimConfig) -> FastAPI:
         completion_tokens = completion_tokens_for(chat, config)
         latency_ms = config.base_latency_ms + completion_tokens * config.ms_per_output_token
         sim.stats.in_flight += 1
+        calls.start(task_id)
         try:
             await asyncio.sleep(latency_ms / 1000.0)
         finally:
             sim.stats.in_flight -= 1
+            calls.finish(task_id)
             sim.complete(chat.prompt_tokens, chat.max_tokens, completion_tokens)
         sim.stats.record_ok(chat.model, chat.prompt_tokens, completion_tokens)
 

@@ -101,6 +101,19 @@ class _Endpoint:
     def reset_stats(self) -> None:
         httpx.post(f"{self.root_url}/stats/reset", timeout=5.0).raise_for_status()
 
+    def calls(self) -> dict[str, Any]:
+        """``GET /calls``: attempts, served and in-flight upstream calls per task id."""
+        response = httpx.get(f"{self.root_url}/calls", timeout=5.0)
+        response.raise_for_status()
+        return response.json()
+
+    def set_fault(self, mode: str, for_s: float = 0.0, **options: float) -> dict[str, Any]:
+        """``POST /faults``: answer every chat request with ``mode`` for ``for_s`` seconds."""
+        response = httpx.post(f"{self.root_url}/faults", json={"mode": mode, "for_s": for_s, **options},
+                              timeout=5.0)
+        response.raise_for_status()
+        return response.json()
+
 
 class SimulatorThread(_Endpoint):
     """Run the simulator in a daemon thread (``with SimulatorThread(cfg) as sim:``).

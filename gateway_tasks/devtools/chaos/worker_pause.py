@@ -1,0 +1,68 @@
+"""Fault: a worker paused (SIGSTOP) past its lease while its upstream calls run,
+then resumed (SIGCONT).
+
+Its tasks' leases expire, a survivor restores and runs them again (recovery:
+re-dispatch after the pause, target 10 s).  When the paused worker wakes it
+finishes the calls it had started: each such late finish must be detected
+(release.lua sees another dispatch's token: ``stale_releases``), counted as a
+duplicated upstream call -- allowed only for the calls in flight at the pause
+-- and must not break the result's idempotency (one final result per task id)
+nor leave a counter behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from gateway_tasks.core.stats import STALE_RELEASES
+from gateway_tasks.devtools.chaos.deployment import POOL, Deployment
+from gateway_tasks.devtools.chaos.observe import Calls, final_ids, in_flight_at, started_pid
+from gateway_tasks.devtools.chaos.outcome import Outcome
+from gateway_tasks.devtools.chaos.workload import Size, Submitter, settle
+from gateway_tasks.devtools.simulator import SimConfig
+
+NAME = "worker SIGSTOP past its lease, then SIGCONT"
+TARGET_S = 10.0
+
+
+def run(size: Size) -> Outcome:
+    outcome = Outcome(NAME, recovery_target_s=TARGET_S,
+                      recovery_what="slowest re-dispatch of the paused worker's tasks after the pause")
+    with Deployment("worker-pause", SimConfig(base_latency_ms=6_000)) as dep:
+        dep.gw.register_tenant("acme", "vip")
+        paused = dep.worker("paused", concurrency=4)
+        dep.wait_workers(1)
+        sub = Submitter(dep)
+        sub.many(4)
+        victims: set[str] = set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            in_flight = set(dep.sim.calls()["in_flight"])
+            victims = {t for t in sub.ids if t in in_flight and started_pid(dep.gw.app, t) == paused.process.pid}  # type: ignore[union-attr]
+            if len(victims) >= 2:
+                break
+            time.sleep(0.05)
+        survivor = dep.worker("survivor", concurrency=4)
+        dep.wait_workers(2)
+        victims = {t for t in victims if t not in final_ids(dep.gw.app, victims)}
+        pause_ms = dep.redis_now_ms()
+        os.kill(paused.process.pid, signal.SIGSTOP)   # type: ignore[union-attr]
+        allowed = in_flight_at(dep.sim.calls(), final_ids(dep.gw.app, sub.ids)) & victims
+        time.sleep(2 * dep.settings.lease_s + 2)      # type: ignore[union-attr]  # swept, run again
+        sub.many(max(2, size.tasks // 2))
+        os.kill(paused.process.pid, signal.SIGCONT)   # type: ignore[union-attr]
+        calls = Calls()
+        finals = settle(dep, outcome, sub, timeout_s=90, calls=calls)
+        outcome.allowed_duplicates = len(allowed)
+        stale = int(dep.r.hget(dep.keys.stats(POOL), STALE_RELEASES) or 0)
+        outcome.check("every late finish detected (stale_releases)", stale >= calls.duplicated(victims),
+                      f"{stale} detected, {calls.duplicated(victims)} duplicated")
+        outcome.check("paused worker's tasks were held", bool(victims), "none held at the pause")
+        delays = [(finals.results[t]["timing"]["dispatched_ms"] - pause_ms) / 1000.0
+                  for t in victims if t in finals.results]
+        outcome.recovery_s = max(delays) if delays else None
+        outcome.notes.append(f"{len(victims)} calls in flight at the pause, {stale} late finishes detected")
+        survivor.stop()
+    return outcome

@@ -1,0 +1,124 @@
+"""`gateway chaos` at reduced size (``QUICK``), one test per fault: real Redis
+servers (private, AOF everysec), workers, beat, the simulator and the REST API.
+Every row must meet its target: nothing lost, upstream calls duplicated only
+for calls in flight at a fault, counters back to zero, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway_tasks.cli.main import build_parser
+from gateway_tasks.devtools.chaos.counters import Level, expected_level, ledger_gap, refilled
+from gateway_tasks.devtools.chaos.observe import Calls, reason_of
+from gateway_tasks.devtools.chaos.outcome import Outcome
+from gateway_tasks.devtools.chaos.suite import FAULTS, run_fault, select
+from gateway_tasks.devtools.chaos.table import render
+from gateway_tasks.devtools.chaos.workload import QUICK
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.producer.memory_guard import over_limit
+from workers.faults import KILL_POINTS, parse_kill_points
+from workers.redis_retry import backoff_s, through_restarts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_meets_its_target_at_reduced_size(fault):
+    outcomes = run_fault(fault, QUICK)
+    print(render(outcomes))
+    assert outcomes
+    for o in outcomes:
+        assert o.error == "", o.error
+        assert o.lost == 0, o.as_json()
+        assert o.duplicated <= o.allowed_duplicates, o.as_json()
+        assert all(o.checks.values()), o.as_json()
+        assert o.passed, o.failures
+
+
+# -- the pure parts, table-tested ---------------------------------------------------
+@pytest.mark.parametrize("level, cap, rate, elapsed, want", [
+    (0, 100, 1.0, 50, 50), (90, 100, 1.0, 50, 100), (10, 100, 0.5, -5, 10), (0, 100, 0.0, 1000, 0)])
+def test_refilled(level, cap, rate, elapsed, want):
+    assert refilled(level, cap, rate, elapsed) == want
+
+
+def test_bucket_ledger_gap_is_what_was_not_refunded():
+    pool = Pool("p", base_url="http://x/v1", api_key="k", models=("m",), tpm=60_000, rpm=600)  # 1 token/ms
+    before = Level(tokens=1000.0, requests=100.0, at_ms=0)
+    assert expected_level(before, 500, pool, charged_tokens=300, charged_requests=3) == (1200.0, 102.0)
+    exact = Level(1200.0, 102.0, 500)
+    assert ledger_gap(before, exact, pool, 300, 3) == (0.0, 0.0)
+    leaked = Level(1180.0, 101.0, 500)          # 20 tokens and one request slot never came back
+    assert ledger_gap(before, leaked, pool, 300, 3) == (-20.0, -1.0)
+
+
+def test_duplicated_calls_count_the_extra_served_calls_only():
+    calls = Calls().add({"attempts": {"a": 5, "b": 1, "c": 2}, "served": {"a": 1, "b": 1, "c": 2}})
+    calls.add({"attempts": {"a": 1}, "served": {"a": 1}})        # after a simulator restart
+    assert calls.duplicated() == 2 and calls.duplicated(["b"]) == 0 and calls.max_attempts() == 6
+
+
+def test_outcome_fails_on_lost_duplicates_recovery_and_checks():
+    ok = Outcome("f", submitted=3, completed=2, lost=0, duplicated=1, allowed_duplicates=1,
+                 recovery_s=2.0, recovery_target_s=10.0)
+    ok.failed["UpstreamError"] = 1
+    assert ok.passed
+    bad = Outcome("f", submitted=3, completed=1, lost=2, duplicated=2, allowed_duplicates=1,
+                  recovery_s=11.0, recovery_target_s=10.0)
+    bad.check("counters back to zero", False, "inflight=1")
+    assert not bad.passed and len(bad.failures) == 4
+    table = render([ok, bad])
+    assert "| f | 3 | 2 | 1 UpstreamError | 0 | 1 / 1 | 2.00 s (< 10 s) | PASS |" in table
+    assert "FAIL because" in table and "inflight=1" in table
+
+
+def test_reasons_group_by_class_and_message_without_numbers():
+    assert reason_of(ValueError("task waited 3261 ms, past its deadline of 2.0 s")) == \
+        reason_of(ValueError("task waited 12 ms, past its deadline of 9.5 s"))
+
+
+@pytest.mark.parametrize("used, maximum, ratio, over", [
+    (89, 100, 0.9, False), (90, 100, 0.9, True), (99, 0, 0.9, False), (100, 100, 0.0, False)])
+def test_memory_guard_limit(used, maximum, ratio, over):
+    assert over_limit(used, maximum, ratio) is over
+
+
+@pytest.mark.parametrize("attempt, pause", [(0, 0.1), (1, 0.2), (3, 0.8), (5, 2.0), (30, 2.0)])
+def test_redis_retry_backoff(attempt, pause):
+    assert backoff_s(attempt) == pytest.approx(pause)
+
+
+def test_through_restarts_retries_connection_errors_within_its_budget():
+    import redis
+
+    clock = [0.0]
+    failures = [redis.ConnectionError("down")] * 3
+
+    def flaky():
+        if failures:
+            raise failures.pop()
+        return "done"
+
+    def sleep(s):
+        clock[0] += s
+
+    assert through_restarts(flaky, "t", budget_s=5, sleep=sleep, clock=lambda: clock[0]) == "done"
+    with pytest.raises(redis.ConnectionError):
+        through_restarts(lambda: (_ for _ in ()).throw(redis.ConnectionError("x")), "t", budget_s=1,
+                         sleep=sleep, clock=lambda: clock[0])
+
+
+def test_kill_points_parse_and_reject_unknown_names():
+    assert parse_kill_points("") == frozenset()
+    assert parse_kill_points(" after_pick , after_ack") == {"after_pick", "after_ack"}
+    assert set(KILL_POINTS) == {"after_pick", "after_upstream", "after_settle", "after_ack"}
+    with pytest.raises(ConfigError, match="after_lunch"):
+        parse_kill_points("after_lunch")
+
+
+def test_chaos_command_and_fault_selection():
+    args = build_parser().parse_args(["chaos", "--quick", "--faults", "worker-kill,memory"])
+    assert args.quick and args.faults == "worker-kill,memory"
+    assert select(None) == list(FAULTS)
+    with pytest.raises(ConfigError, match="nope"):
+        select(["nope"])

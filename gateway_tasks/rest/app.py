@@ -3,6 +3,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
 
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
+    POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is
     GET  /healthz               Redis ping
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter)
@@ -28,6 +29,7 @@ from gateway_tasks.core.errors import ApiError, InvalidRequest
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.auth import AuthMiddleware, TenantDep
+from gateway_tasks.rest.crons import router as crons_router
 from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
@@ -53,6 +55,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     # the last added runs first: authenticate, then limit the body, then parse it
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants)
+    app.include_router(crons_router)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
     def submit_task(body: TaskRequest, request: Request, response: Response,

@@ -27,7 +27,7 @@ from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
+from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, UPSTREAM_MS, tier_field
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,8 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
                   model=req.model, completion_tokens=reply.completion_tokens)
     bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    # issue 12 (capacity model): upstream time of completed calls, for Little's law
+    r.hincrby(keys.stats(pool.name), tier_field(UPSTREAM_MS, req.tier), int(round(upstream_ms)))
     done_ms = redis_now_ms(r)
     return {
         "task_id": self.request.id,

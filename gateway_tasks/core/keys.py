@@ -195,3 +195,9 @@ class Keys:
         """String: JSON payload (messages, model, max_tokens) of one cron, kept out
         of its hash so the hash stays a compact listpack."""
         return f"{self.prefix}cron:payload:{entry_id}"
+
+    @property
+    def cron_forecast(self) -> str:
+        """String (TTL): JSON token-demand forecast of the cron schedule per pool and tier,
+        published by the leader beat (``gateway_tasks.core.forecast``)."""
+        return f"{self.prefix}cron:forecast"

@@ -25,6 +25,7 @@ ACTUAL_TOKENS = "actual_tokens"    # settle.lua: tokens the upstream reported (p
 COMPLETED = "completed"            # settle.lua: upstream calls that completed with a usage report
 RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
 EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline
+UPSTREAM_MS = "upstream_ms"        # workers.tasks: upstream call time of the completed calls, summed (whole ms)
 
 
 def tier_field(counter: str, tier: str) -> str:

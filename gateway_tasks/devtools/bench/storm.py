@@ -285,7 +285,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
                           "deferred": deferred(waits),
                           "fire_lag_p99_ms": round(percentile(lag, 99, default=0.0), 1) if lag else None,
                           "jitter_window_s": window}
-    quiet, storm = [], []
+    quiet, storm, storm_waits = [], [], []
     for task_id, sent_s in probe_ids:
         res = probe_results.get(task_id)
         if res is None:
@@ -295,7 +295,9 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
             quiet.append(e2e)
         elif boundary_s <= sent_s <= end_wall_s:
             storm.append(e2e)
+            storm_waits.append(res["timing"]["queue_wait_ms"] or 0)
     quiet_stats, storm_stats = latency_stats(quiet), latency_stats(storm)
+    storm_stats["queue_wait_p99_ms"] = round(percentile(storm_waits, 99), 1) if storm_waits else None
     return {
         "mode": mode, "jitter": jitter,
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",

@@ -60,6 +60,8 @@ def format_storm_report(result: dict[str, Any]) -> str:
         on["vip_probe"]["quiet"]["p99_ms"])
     row("VIP probe p99 during the storm, ms", off["vip_probe"]["storm"]["p99_ms"],
         on["vip_probe"]["storm"]["p99_ms"])
+    row("VIP probe queue wait p99 during it, ms", off["vip_probe"]["storm"].get("queue_wait_p99_ms"),
+        on["vip_probe"]["storm"].get("queue_wait_p99_ms"))
     row("VIP probe p99 storm/quiet", off["vip_probe"]["p99_ratio"], on["vip_probe"]["p99_ratio"])
     for mode in (off, on):
         lines.append(f"  upstream requests per second, {mode['mode']}: "

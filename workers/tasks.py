@@ -29,10 +29,12 @@ from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, UPSTREAM_MS, tier_field
 from workers.upstream import chat
+from workers.streaming import chat_streamed
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
+CHUNKS_TTL_S = 600       # a streaming task's chunks stay readable this long
 
 
 @lru_cache(maxsize=8)
@@ -101,7 +103,10 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
+        if req.stream:   # issue 12: chunks go to the waiting API process (workers/streaming.py)
+            reply = chat_streamed(r, keys, req, pool, self.request.id, CHUNKS_TTL_S)
+        else:
+            reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)

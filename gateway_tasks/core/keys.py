@@ -154,6 +154,11 @@ class Keys:
         the REST API shows a task to its owner only)."""
         return f"{self.prefix}task-owner:{task_id}"
 
+    def chunks(self, task_id: str) -> str:
+        """Stream (TTL): a streaming task's upstream chunks, then 'done' or 'error', for the
+        API process waiting on them (``gateway_tasks.core.chunks``)."""
+        return f"{self.prefix}chunks:{task_id}"
+
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"

@@ -112,19 +112,20 @@ class Gateway:
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
-               extra_body: dict[str, Any] | None = None) -> TaskHandle:
-        """Validate, estimate and enqueue one inference task on its tier's queue."""
+               extra_body: dict[str, Any] | None = None, stream: bool = False) -> TaskHandle:
+        """Validate, estimate and enqueue one inference task on its tier's queue
+        (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.core.chunks``)."""
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         if extra_body is not None:
             if not isinstance(extra_body, dict):
                 raise InvalidRequest("extra_body must be an object of upstream parameters")
-            clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
+            clash = set(extra_body) & {"model", "messages", "max_tokens", "stream", "stream_options"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
         req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
-                      source=source, extra_body=extra_body or {})
+                      source=source, extra_body=extra_body or {}, stream=bool(stream))
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))

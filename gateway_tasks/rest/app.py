@@ -4,7 +4,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
-    POST /v1/chat/completions   submit, wait, return the upstream body as-is
+    POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks)
     GET  /healthz               Redis ping
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter)
 
@@ -34,6 +34,7 @@ from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
+from gateway_tasks.rest.streaming import streaming_response
 
 DEFAULT_SYNC_TIMEOUT_S = 60.0
 
@@ -76,17 +77,18 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions", name="chat_completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request,
-                               tenant: TenantDep) -> JSONResponse:
-        if body.stream:
-            raise InvalidRequest("stream=true is not supported: the gateway queues the request "
-                                 "and returns the whole completion")
+                               tenant: TenantDep) -> Response:
+        if body.stream_options is not None and not body.stream:
+            raise InvalidRequest("stream_options is only allowed with stream=true")
         idempotency_key = body.idempotency_key or request.headers.get("Idempotency-Key")
         handle = await run_in_threadpool(
             gateway.submit, tenant.tenant_id, [m.model_dump() for m in body.messages],
             model=body.model, max_tokens=body.max_tokens or body.max_completion_tokens,
             deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
-            extra_body=body.upstream_extras() or None)
+            extra_body=body.upstream_extras() or None, stream=body.stream)
         timeout_s = body.deadline_s or DEFAULT_SYNC_TIMEOUT_S
+        if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
+            return streaming_response(gateway, handle, body.include_usage(), timeout_s)
         status_url = _status_url(request, handle.id)
         meta = await wait_for_meta(gateway, handle.id, timeout_s)
         headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}

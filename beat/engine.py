@@ -9,8 +9,10 @@ One ``tick``:
    run), then settle each through ``cron_fire.lua`` in one pipeline: that
    script atomically checks the idempotency key (SET NX PX), checks and counts
    the tenant's hourly quota and moves the entry to its next fire time;
-4. call the fire function for the runs the script admitted, record their task
-   ids (or errors) on the entries;
+4. call the fire function for the runs the script admitted -- VIP first, up to
+   ``fire_concurrency`` at once on a thread pool (the beat scheduler runs 8, so
+   a storm's runs go out in parallel) -- and record their task ids (or errors)
+   on the entries;
 5. return the seconds until the next due entry, capped at the tick interval
    (the lock's TTL is two tick intervals, so the leader must come back sooner).
 
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TICK_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 500
+DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (the Celery beat scheduler uses 8)
 QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
 PLAN_ERROR = "error"       # the status of an entry that cannot be planned
@@ -123,11 +128,14 @@ class CronEngine:
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  idempotency_ttl_s: int | None = None,
                  quota_ttl_s: int = QUOTA_TTL_S,
-                 token: str | None = None):
+                 token: str | None = None,
+                 fire_concurrency: int = DEFAULT_FIRE_CONCURRENCY):
         if tick_interval_s <= 0:
             raise ConfigError(f"beat tick_interval_s={tick_interval_s!r} is invalid; expected > 0")
         if batch_size <= 0:
             raise ConfigError(f"beat batch_size={batch_size!r} is invalid; expected > 0")
+        if fire_concurrency < 1:
+            raise ConfigError(f"beat fire_concurrency={fire_concurrency!r} is invalid; expected >= 1")
         if misfire_grace_s < 0:
             raise ConfigError(f"beat misfire_grace_s={misfire_grace_s!r} is invalid; expected >= 0")
         max_window_s = max(t.jitter_window_s for t in settings.tiers)
@@ -154,6 +162,9 @@ class CronEngine:
         self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=int(2000 * self.tick_interval_s),
                              token=token)
         self.scripts = scripts_for(client)
+        self.fire_concurrency = int(fire_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._report_lock = threading.Lock()
 
     # -- the loop --------------------------------------------------------------
     def now_ms(self) -> int:
@@ -219,6 +230,9 @@ class CronEngine:
 
     def close(self) -> None:
         """Release the lock if held (a follower takes over at its next tick)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self.lock.held:
             try:
                 self.lock.release()
@@ -242,18 +256,16 @@ class CronEngine:
                 planned.append(step)
             results = pipe.execute()
 
-        records: list[CronRecordCall] = []
-        renewed = time.monotonic()
+        admitted: list[tuple[Planned, CronFireCall, CronOutcome]] = []
         for step, position in zip(planned, positions):
-            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
-                # Slow fire calls: keep the lock alive.  The runs of this chunk are
-                # settled already, so they are fired even if the lock was lost.
-                keep_leading()
-                renewed = time.monotonic()
             outcome = step.call.parse(results[position])
             report.statuses[outcome.status] += 1
             if outcome.status == CRON_FIRED and isinstance(step.call, CronFireCall):
-                records.append(self._fire(step, step.call, outcome, report, start))
+                admitted.append((step, step.call, outcome))
+        # runs due together fire in tier order (vip first), then in due order
+        rank = {t.name: i for i, t in enumerate(self.settings.tiers)}
+        admitted.sort(key=lambda a: rank.get(a[1].tier, len(rank)))
+        records = self._fire_all(admitted, report, start, keep_leading)
         if records:
             with self.r.pipeline(transaction=False) as pipe:
                 for record in records:
@@ -278,6 +290,37 @@ class CronEngine:
             return {t: (v.decode() if v is not None else None)
                     for t, v in zip(tenant_ids, pipe.execute())}
 
+    def _fire_all(self, admitted: list[tuple[Planned, CronFireCall, CronOutcome]], report: TickReport,
+                  start: float, keep_leading: Callable[[], bool] | None) -> list[CronRecordCall]:
+        """Fire the admitted runs, ``fire_concurrency`` at a time, renewing the lock meanwhile.
+
+        The runs are settled already (cron_fire.lua), so they are fired even if
+        the lock is lost while they go out."""
+        records: list[CronRecordCall] = []
+        renewed = time.monotonic()
+
+        def renew_if_due() -> None:
+            nonlocal renewed
+            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
+                keep_leading()
+                renewed = time.monotonic()
+
+        if self.fire_concurrency <= 1 or len(admitted) <= 1:
+            for step, call, outcome in admitted:
+                renew_if_due()
+                records.append(self._fire(step, call, outcome, report, start))
+            return records
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.fire_concurrency,
+                                            thread_name_prefix="beat-fire")
+        pending = {self._pool.submit(self._fire, step, call, outcome, report, start)
+                   for step, call, outcome in admitted}
+        while pending:
+            done, pending = wait(pending, timeout=self.tick_interval_s / 4, return_when=FIRST_COMPLETED)
+            records.extend(f.result() for f in done)
+            renew_if_due()
+        return records
+
     def _fire(self, step: Planned, call: CronFireCall, outcome: CronOutcome, report: TickReport,
               start: float) -> CronRecordCall:
         """Call the fire function for a run cron_fire.lua admitted; the record of its outcome."""
@@ -291,9 +334,11 @@ class CronEngine:
         except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
             error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
-            report.statuses[CRON_FIRE_ERROR] += 1
-        report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
-                                     time.monotonic() - start, error))
+        with self._report_lock:            # _fire may run on the fire threads
+            if error is not None:
+                report.statuses[CRON_FIRE_ERROR] += 1
+            report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
+                                         time.monotonic() - start, error))
         if error is None:
             return CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "")
         return CronRecordCall(self.keys, eid, last_error=error, last_task_id="",

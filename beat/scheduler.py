@@ -14,6 +14,8 @@ Configuration (all optional):
 * ``app.conf.gateway_beat_tick_interval_s``: the tick interval (default 1 s;
   the leader lock's TTL is twice this);
 * ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
+* ``app.conf.gateway_beat_fire_concurrency``: submits in flight at once when
+  many runs are due together (default 8; 1 fires one after the other);
 * ``app.conf.gateway_beat_forecast_interval_s``: how often the leader publishes
   the token-demand forecast of the schedule (``beat.forecast``; default 15 s,
   0 disables); ``gateway_beat_forecast_horizon_s`` (600) and
@@ -46,6 +48,7 @@ from beat.forecast import (DEFAULT_BUCKET_S, DEFAULT_HORIZON_S, DEFAULT_PUBLISH_
 from beat.schedule import MISFIRE_GRACE_S
 
 logger = get_logger(__name__)
+FIRE_CONCURRENCY = 8
 
 
 def _conf(app: Any, name: str, default: Any = None) -> Any:
@@ -84,6 +87,7 @@ class TenantCronScheduler(Scheduler):
                                                              DEFAULT_TICK_INTERVAL_S)),
             "misfire_grace_s": int(misfire_grace_s if misfire_grace_s is not None else
                                    _conf(app, "gateway_beat_misfire_grace_s", MISFIRE_GRACE_S)),
+            "fire_concurrency": int(_conf(app, "gateway_beat_fire_concurrency", FIRE_CONCURRENCY)),
         }
         if clock is not None:
             engine_kwargs["clock"] = clock

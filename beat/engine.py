@@ -4,7 +4,8 @@ One ``tick``:
 
 1. not leader: try the lock; still not leader -> sleep one tick interval;
 2. leader: renew the lock (lost -> follower again);
-3. read the due head of the sorted set in chunks (ZRANGEBYSCORE ... LIMIT),
+3. read the due head of the sorted set (ZRANGEBYSCORE ... LIMIT, up to 8
+   chunks at a time, ordered by tier so VIP runs go first), in chunks,
    plan each entry in Python (cron maths, misfire grace, jitter for the next
    run), then settle each through ``cron_fire.lua`` in one pipeline: that
    script atomically checks the idempotency key (SET NX PX), checks and counts
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TICK_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 500
+PRIORITY_CHUNKS = 8           # due entries ordered by tier are read this many chunks at a time
 DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (the Celery beat scheduler uses 8)
 QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
@@ -211,22 +213,45 @@ class CronEngine:
         report = TickReport(now_ms, leader=True)
         start = time.monotonic()
         first = True
-        while True:
-            batch = self.store.due(now_ms, self.batch_size)
-            if not batch:
+        stop = False
+        while not stop:
+            window = self._by_tier(self.store.due(now_ms, self.batch_size * PRIORITY_CHUNKS))
+            if not window:
                 break
-            if not first and keep_leading is not None and not keep_leading():
-                report.lost_leadership = True
-                report.leader = False
-                break
-            first = False
-            report.due_seen += len(batch)
-            self._process(batch, now_ms, report, start, keep_leading)
-            if budget_s is not None and time.monotonic() - start >= budget_s:
-                report.more_due = bool(self.store.due(now_ms, 1))
-                break
+            for i in range(0, len(window), self.batch_size):
+                batch = window[i:i + self.batch_size]
+                if not first and keep_leading is not None and not keep_leading():
+                    report.lost_leadership = True
+                    report.leader = False
+                    stop = True
+                    break
+                first = False
+                report.due_seen += len(batch)
+                self._process(batch, now_ms, report, start, keep_leading)
+                if budget_s is not None and time.monotonic() - start >= budget_s:
+                    report.more_due = bool(self.store.due(now_ms, 1))
+                    stop = True
+                    break
         report.duration_s = time.monotonic() - start
         return report
+
+    def _by_tier(self, due: list[Due]) -> list[Due]:
+        """Due entries in tier order (vip first), due order within a tier: when a storm
+        makes many runs due at once, the tiers without jitter go out first."""
+        if len(due) <= 1:
+            return due
+        with self.r.pipeline(transaction=False) as pipe:
+            for d in due:
+                pipe.hget(self.keys.cron(d.entry_id), "tier")
+            tiers = pipe.execute()
+        rank: dict[str, int] = {}
+        for i, t in enumerate(self.settings.tiers):
+            for name in (t.name, *t.aliases):
+                rank[name] = i
+        last = len(self.settings.tiers)
+        order = sorted(range(len(due)),
+                       key=lambda i: rank.get(tiers[i].decode() if tiers[i] else "", last))
+        return [due[i] for i in order]
 
     def close(self) -> None:
         """Release the lock if held (a follower takes over at its next tick)."""

@@ -333,7 +333,7 @@ def test_runs_due_together_fire_vip_first_and_in_parallel(r, settings):
             gate.wait()
         return f"t-{entry.entry_id}"
 
-    engine = make_engine(r, flat, fire, fire_concurrency=4)
+    engine = make_engine(r, flat, fire, fire_concurrency=4, batch_size=8)   # 3 chunks
     try:
         report = engine.run_due(B)
     finally:
@@ -341,6 +341,7 @@ def test_runs_due_together_fire_vip_first_and_in_parallel(r, settings):
     assert report.fired_count == 24 and len(started) == 24 and len(threads) == 4
     assert started[:4] == ["vip"] * 4          # the first calls in flight are VIP runs
     assert started.count("vip") == 6 and started[-1] != "vip"
+    assert "batch" not in started[:6 + 6 - 4]     # across chunks: vip, then normal, then batch
     assert {e.last_task_id for e in store.list()} == {f"t-{s.tenant_id}:job" for s in specs}
     with pytest.raises(Exception, match="fire_concurrency"):
         make_engine(r, flat, fire, fire_concurrency=0)

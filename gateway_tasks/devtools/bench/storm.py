@@ -85,7 +85,7 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class StormSpec:
-    tenants: int = 400
+    tenants: int = 1000
     compress: int = 20
     quota_fill: float = 1.0
     max_tokens: int = 48

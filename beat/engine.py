@@ -10,10 +10,9 @@ One ``tick``:
    run), then settle each through ``cron_fire.lua`` in one pipeline: that
    script atomically checks the idempotency key (SET NX PX), checks and counts
    the tenant's hourly quota and moves the entry to its next fire time;
-4. call the fire function for the runs the script admitted -- VIP first, up to
-   ``fire_concurrency`` at once on a thread pool (the beat scheduler runs 8, so
-   a storm's runs go out in parallel) -- and record their task ids (or errors)
-   on the entries;
+4. call the fire function for the runs the script admitted -- VIP first, one
+   at a time or up to ``fire_concurrency`` at once on a thread pool -- and
+   record their task ids (or errors) on the entries;
 5. return the seconds until the next due entry, capped at the tick interval
    (the lock's TTL is two tick intervals, so the leader must come back sooner).
 
@@ -57,7 +56,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TICK_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 500
 PRIORITY_CHUNKS = 8           # due entries ordered by tier are read this many chunks at a time
-DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (the Celery beat scheduler uses 8)
+DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (gateway_beat_fire_concurrency)
 QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
 PLAN_ERROR = "error"       # the status of an entry that cannot be planned

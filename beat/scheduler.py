@@ -15,7 +15,10 @@ Configuration (all optional):
   the leader lock's TTL is twice this);
 * ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
 * ``app.conf.gateway_beat_fire_concurrency``: submits in flight at once when
-  many runs are due together (default 8; 1 fires one after the other);
+  many runs are due together (default 1, one after the other: against a local
+  Redis 8 threads fired 2,000 runs at 340-350/s against 460-590/s for one, the
+  submit being CPU-bound; more may pay where each submit waits on a remote
+  Redis's round trips);
 * ``app.conf.gateway_beat_forecast_interval_s``: how often the leader publishes
   the token-demand forecast of the schedule (``beat.forecast``; default 15 s,
   0 disables); ``gateway_beat_forecast_horizon_s`` (600) and
@@ -48,7 +51,7 @@ from beat.forecast import (DEFAULT_BUCKET_S, DEFAULT_HORIZON_S, DEFAULT_PUBLISH_
 from beat.schedule import MISFIRE_GRACE_S
 
 logger = get_logger(__name__)
-FIRE_CONCURRENCY = 8
+FIRE_CONCURRENCY = 1
 
 
 def _conf(app: Any, name: str, default: Any = None) -> Any:

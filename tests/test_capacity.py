@@ -269,3 +269,19 @@ def test_forecast_command_prints_bins_and_json(r, settings, crons, monkeypatch, 
     assert main(["capacity", "--baseline-qps", "1", "--peak-qps", "3", "--tokens-per-request", "10",
                  "--instance-rps", "1"]) == 0
     assert "warm pool (min replicas) 2, max replicas 5" in capsys.readouterr().out
+
+
+def test_upstream_time_is_flushed_in_batches(r, settings, monkeypatch):
+    from workers import upstream_stats
+
+    keys = Keys(settings.key_prefix)
+    tally = upstream_stats.UpstreamTimeTally()
+    field = tier_field(UPSTREAM_MS, "vip")
+    for _ in range(upstream_stats.FLUSH_EVERY - 1):
+        tally.add(r, keys, "default", "vip", 10.4)
+    assert r.hget(keys.stats("default"), field) is None            # not yet: no round trip per call
+    tally.add(r, keys, "default", "vip", 10.4)
+    assert int(r.hget(keys.stats("default"), field)) == round(10.4 * upstream_stats.FLUSH_EVERY)
+    monkeypatch.setattr(upstream_stats, "FLUSH_AFTER_S", 0.0)        # ... or once the interval passed
+    tally.add(r, keys, "default", "batch", 7.0)
+    assert int(r.hget(keys.stats("default"), tier_field(UPSTREAM_MS, "batch"))) == 7

@@ -21,15 +21,15 @@ from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
-from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, UPSTREAM_MS, tier_field
+from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.upstream import chat
 from workers.streaming import chat_streamed
+from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -127,12 +127,14 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
     upstream_ms = (time.monotonic() - started) * 1000.0
 
-    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-                  model=req.model, completion_tokens=reply.completion_tokens)
-    bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
-    # issue 12 (capacity model): upstream time of completed calls, for Little's law
-    r.hincrby(keys.stats(pool.name), tier_field(UPSTREAM_MS, req.tier), int(round(upstream_ms)))
-    done_ms = redis_now_ms(r)
+    # one call: the real usage, the reply's rate-limit headers, and the Redis clock
+    settled = bucket.settle_reply(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier,
+                                  tenant_id=req.tenant_id, model=req.model,
+                                  completion_tokens=reply.completion_tokens, headers=reply.headers,
+                                  debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
+                                  dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES))
+    done_ms = settled.now_ms
+    UPSTREAM_TIME.add(r, keys, pool.name, req.tier, upstream_ms)   # issue 12: capacity model latency
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

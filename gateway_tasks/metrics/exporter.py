@@ -102,7 +102,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for pool in pools:
             pipe.hgetall(keys.stats(pool))
             pipe.hgetall(keys.bucket(pool))
-            pipe.hgetall(keys.depth(pool))
+            for tier in settings.tiers:
+                pipe.zcard(keys.index(pool, tier.name))   # a tier's queue length
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
             for tier in settings.tiers:
@@ -118,16 +119,18 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     for pool in pools:
         snap.stats[pool] = _num_hash(replies[i])
         snap.buckets[pool] = _num_hash(replies[i + 1])
-        depth = _num_hash(replies[i + 2])
+        i += 2
         for tier in settings.tiers:
-            snap.depth[settings.queue_name(tier.name, pool)] = int(depth.get(tier.name, 0))
-        for tenant, n in _num_hash(replies[i + 3]).items():
+            snap.depth[settings.queue_name(tier.name, pool)] = int(replies[i])
+            i += 1
+        for tenant, n in _num_hash(replies[i]).items():
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
-        snap.unacked += int(replies[i + 4])
-        for j, tier in enumerate(settings.tiers):
+        snap.unacked += int(replies[i + 1])
+        i += 2
+        for tier in settings.tiers:
             snap.backlog_tokens[(tier.name, pool)] = backlog_tokens(
-                replies[i + 5 + j] or [], int(depth.get(tier.name, 0)))
-        i += 5 + len(settings.tiers)
+                replies[i] or [], snap.depth[settings.queue_name(tier.name, pool)])
+            i += 1
     snap.tenants = int(replies[i])
     snap.cron = _num_hash(replies[i + 1])
     if replies[i + 2]:

@@ -25,7 +25,7 @@ from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -74,9 +74,10 @@ class Gateway:
         return self.tenants.register(tenant_id, tier, api_key, weight)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None) -> InferenceRequest:
-        """Validate a request and compute its routing and token estimate (enqueues nothing)."""
-        tenant = self.tenants.get(tenant_id)
+                 max_tokens: int | None = None, *, tenant: Tenant | None = None) -> InferenceRequest:
+        """Validate a request and compute its routing and token estimate (enqueues nothing).
+        ``tenant``: the tenant's record when the caller read it already."""
+        tenant = tenant or self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
         msgs = validate_messages(messages)
         if max_tokens is None:
@@ -124,16 +125,31 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream", "stream_options"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
-        req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
-                      source=source, extra_body=extra_body or {}, stream=bool(stream))
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
+        # one round trip: the tenant's record, and the task's owner written ahead (a
+        # request found invalid below takes it back)
+        record, owned = {}, False
+        if isinstance(tenant_id, str):
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.tenant(tenant_id))
+                pipe.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s, nx=True)
+                record, owned = pipe.execute()
+        try:
+            req = replace(self.estimate(tenant_id, messages, model, max_tokens,
+                                        tenant=TenantRegistry.from_record(tenant_id, record)),
+                          deadline_s=deadline_s, source=source, extra_body=extra_body or {},
+                          stream=bool(stream))
+        except Exception:
+            if owned:
+                self.r.delete(self.keys.task_owner(task_id))
+            raise
+        if idempotency_key is not None:
             first = self.r.set(self.keys.meta(task_id), "submitted", nx=True,
                                ex=self.settings.result_ttl_s)
             if not first:
                 return self._handle(task_id, req)
-        self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             self.app.send_task(
                 TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),

@@ -54,6 +54,8 @@ def format_storm_report(result: dict[str, Any]) -> str:
         a, b = off["tiers"][tier], on["tiers"][tier]
         row(f"{tier} end-to-end p50, ms", a["e2e"]["p50_ms"], b["e2e"]["p50_ms"])
         row(f"{tier} end-to-end p99, ms", a["e2e"]["p99_ms"], b["e2e"]["p99_ms"])
+        row(f"{tier} from scheduled time p50, ms", a["from_scheduled"]["p50_ms"], b["from_scheduled"]["p50_ms"])
+        row(f"{tier} from scheduled time p99, ms", a["from_scheduled"]["p99_ms"], b["from_scheduled"]["p99_ms"])
         row(f"{tier} deferred", a["deferred"], b["deferred"])
         row(f"{tier} beat fire lag p99, ms", a["fire_lag_p99_ms"], b["fire_lag_p99_ms"])
     row("VIP probe p99 before the storm, ms", off["vip_probe"]["quiet"]["p99_ms"],

@@ -42,8 +42,10 @@ bench-dispatch: $(STAMP)
 bench-spread: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench --runs 3 --policies wfq
 
+# the scheduler bench (100k crons, ~1 min), then the cron storm end to end (~4 min)
 bench-beat: $(STAMP)
 	$(PY) -m gateway_tasks.cli cron bench
+	$(PY) -m gateway_tasks.cli cron bench --storm
 
 # the fault suite (issues 11 + 14) at full size against real processes: one table, ~15 min on 2 cores
 chaos: $(STAMP)

@@ -1,6 +1,6 @@
 """Python API of tenant crons: register, list, delete.
 
-    from beat.api import register_cron, list_crons, delete_cron
+    from beat.api import register_cron, list_crons, get_cron, delete_cron
     register_cron(settings, client, "acme", "daily-digest", "0 7 * * *",
                   {"messages": [{"role": "user", "content": "Summarise yesterday"}]})
 
@@ -54,8 +54,18 @@ def list_crons(settings: Settings, client: redis.Redis,
     return [cron_row(e) for e in CronStore(client, settings).list(tenant_id)]
 
 
-def delete_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id: str) -> bool:
-    """Delete one cron; CronError if it does not exist."""
+def get_cron(settings: Settings, client: redis.Redis, tenant_id: str,
+             task_id: str) -> dict[str, Any] | None:
+    """One cron's row; None if the tenant has no cron of that id."""
+    entry = CronStore(client, settings).get(tenant_id, task_id)
+    return None if entry is None else cron_row(entry)
+
+
+def delete_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id: str,
+                missing_ok: bool = False) -> bool:
+    """Delete one cron; CronError if it does not exist (False with ``missing_ok``)."""
     if not CronStore(client, settings).delete(tenant_id, task_id):
+        if missing_ok:
+            return False
         raise CronError(f"tenant {tenant_id!r} has no cron {task_id!r}")
     return True

@@ -4,13 +4,15 @@ One ``tick``:
 
 1. not leader: try the lock; still not leader -> sleep a quarter tick interval;
 2. leader: renew the lock (lost -> follower again);
-3. read the due head of the sorted set in chunks (ZRANGEBYSCORE ... LIMIT),
+3. read the due head of the sorted set (ZRANGEBYSCORE ... LIMIT, up to 8
+   chunks at a time, ordered by tier so VIP runs go first), in chunks,
    plan each entry in Python (cron maths, misfire grace, jitter for the next
    run), then settle each through ``cron_fire.lua`` in one pipeline: that
    script atomically checks the idempotency key (SET NX PX), checks and counts
    the tenant's hourly quota and moves the entry to its next fire time;
-4. call the fire function for the runs the script admitted, record their task
-   ids (or errors) on the entries;
+4. call the fire function for the runs the script admitted -- VIP first, one
+   at a time or up to ``fire_concurrency`` at once on a thread pool -- and
+   record their task ids (or errors) on the entries;
 5. return the seconds until the next due entry, capped at the tick interval
    (the lock's TTL is two tick intervals, so the leader must come back sooner).
 
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
@@ -53,6 +57,8 @@ DEFAULT_TICK_INTERVAL_S = 1.0
 FOLLOWER_RETRY_TICKS = 0.25  # a follower tries the lock every quarter tick: it takes over within
                              # a quarter tick of the lock lapsing (a SET NX each time)
 DEFAULT_BATCH_SIZE = 500
+PRIORITY_CHUNKS = 8           # due entries ordered by tier are read this many chunks at a time
+DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (gateway_beat_fire_concurrency)
 QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
 PLAN_ERROR = "error"       # the status of an entry that cannot be planned
@@ -125,11 +131,14 @@ class CronEngine:
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  idempotency_ttl_s: int | None = None,
                  quota_ttl_s: int = QUOTA_TTL_S,
-                 token: str | None = None):
+                 token: str | None = None,
+                 fire_concurrency: int = DEFAULT_FIRE_CONCURRENCY):
         if tick_interval_s <= 0:
             raise ConfigError(f"beat tick_interval_s={tick_interval_s!r} is invalid; expected > 0")
         if batch_size <= 0:
             raise ConfigError(f"beat batch_size={batch_size!r} is invalid; expected > 0")
+        if fire_concurrency < 1:
+            raise ConfigError(f"beat fire_concurrency={fire_concurrency!r} is invalid; expected >= 1")
         if misfire_grace_s < 0:
             raise ConfigError(f"beat misfire_grace_s={misfire_grace_s!r} is invalid; expected >= 0")
         max_window_s = max(t.jitter_window_s for t in settings.tiers)
@@ -156,6 +165,9 @@ class CronEngine:
         self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=int(2000 * self.tick_interval_s),
                              token=token)
         self.scripts = scripts_for(client)
+        self.fire_concurrency = int(fire_concurrency)
+        self._pool: ThreadPoolExecutor | None = None
+        self._report_lock = threading.Lock()
 
     # -- the loop --------------------------------------------------------------
     def now_ms(self) -> int:
@@ -202,25 +214,51 @@ class CronEngine:
         report = TickReport(now_ms, leader=True)
         start = time.monotonic()
         first = True
-        while True:
-            batch = self.store.due(now_ms, self.batch_size)
-            if not batch:
+        stop = False
+        while not stop:
+            window = self._by_tier(self.store.due(now_ms, self.batch_size * PRIORITY_CHUNKS))
+            if not window:
                 break
-            if not first and keep_leading is not None and not keep_leading():
-                report.lost_leadership = True
-                report.leader = False
-                break
-            first = False
-            report.due_seen += len(batch)
-            self._process(batch, now_ms, report, start, keep_leading)
-            if budget_s is not None and time.monotonic() - start >= budget_s:
-                report.more_due = bool(self.store.due(now_ms, 1))
-                break
+            for i in range(0, len(window), self.batch_size):
+                batch = window[i:i + self.batch_size]
+                if not first and keep_leading is not None and not keep_leading():
+                    report.lost_leadership = True
+                    report.leader = False
+                    stop = True
+                    break
+                first = False
+                report.due_seen += len(batch)
+                self._process(batch, now_ms, report, start, keep_leading)
+                if budget_s is not None and time.monotonic() - start >= budget_s:
+                    report.more_due = bool(self.store.due(now_ms, 1))
+                    stop = True
+                    break
         report.duration_s = time.monotonic() - start
         return report
 
+    def _by_tier(self, due: list[Due]) -> list[Due]:
+        """Due entries in tier order (vip first), due order within a tier: when a storm
+        makes many runs due at once, the tiers without jitter go out first."""
+        if len(due) <= 1:
+            return due
+        with self.r.pipeline(transaction=False) as pipe:
+            for d in due:
+                pipe.hget(self.keys.cron(d.entry_id), "tier")
+            tiers = pipe.execute()
+        rank: dict[str, int] = {}
+        for i, t in enumerate(self.settings.tiers):
+            for name in (t.name, *t.aliases):
+                rank[name] = i
+        last = len(self.settings.tiers)
+        order = sorted(range(len(due)),
+                       key=lambda i: rank.get(tiers[i].decode() if tiers[i] else "", last))
+        return [due[i] for i in order]
+
     def close(self) -> None:
         """Release the lock if held (a follower takes over at its next tick)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self.lock.held:
             try:
                 self.lock.release()
@@ -244,18 +282,16 @@ class CronEngine:
                 planned.append(step)
             results = pipe.execute()
 
-        records: list[CronRecordCall] = []
-        renewed = time.monotonic()
+        admitted: list[tuple[Planned, CronFireCall, CronOutcome]] = []
         for step, position in zip(planned, positions):
-            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
-                # Slow fire calls: keep the lock alive.  The runs of this chunk are
-                # settled already, so they are fired even if the lock was lost.
-                keep_leading()
-                renewed = time.monotonic()
             outcome = step.call.parse(results[position])
             report.statuses[outcome.status] += 1
             if outcome.status == CRON_FIRED and isinstance(step.call, CronFireCall):
-                records.append(self._fire(step, step.call, outcome, report, start))
+                admitted.append((step, step.call, outcome))
+        # runs due together fire in tier order (vip first), then in due order
+        rank = {t.name: i for i, t in enumerate(self.settings.tiers)}
+        admitted.sort(key=lambda a: rank.get(a[1].tier, len(rank)))
+        records = self._fire_all(admitted, report, start, keep_leading)
         if records:
             with self.r.pipeline(transaction=False) as pipe:
                 for record in records:
@@ -280,6 +316,37 @@ class CronEngine:
             return {t: (v.decode() if v is not None else None)
                     for t, v in zip(tenant_ids, pipe.execute())}
 
+    def _fire_all(self, admitted: list[tuple[Planned, CronFireCall, CronOutcome]], report: TickReport,
+                  start: float, keep_leading: Callable[[], bool] | None) -> list[CronRecordCall]:
+        """Fire the admitted runs, ``fire_concurrency`` at a time, renewing the lock meanwhile.
+
+        The runs are settled already (cron_fire.lua), so they are fired even if
+        the lock is lost while they go out."""
+        records: list[CronRecordCall] = []
+        renewed = time.monotonic()
+
+        def renew_if_due() -> None:
+            nonlocal renewed
+            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
+                keep_leading()
+                renewed = time.monotonic()
+
+        if self.fire_concurrency <= 1 or len(admitted) <= 1:
+            for step, call, outcome in admitted:
+                renew_if_due()
+                records.append(self._fire(step, call, outcome, report, start))
+            return records
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.fire_concurrency,
+                                            thread_name_prefix="beat-fire")
+        pending = {self._pool.submit(self._fire, step, call, outcome, report, start)
+                   for step, call, outcome in admitted}
+        while pending:
+            done, pending = wait(pending, timeout=self.tick_interval_s / 4, return_when=FIRST_COMPLETED)
+            records.extend(f.result() for f in done)
+            renew_if_due()
+        return records
+
     def _fire(self, step: Planned, call: CronFireCall, outcome: CronOutcome, report: TickReport,
               start: float) -> CronRecordCall:
         """Call the fire function for a run cron_fire.lua admitted; the record of its outcome."""
@@ -293,9 +360,11 @@ class CronEngine:
         except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
             error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
-            report.statuses[CRON_FIRE_ERROR] += 1
-        report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
-                                     time.monotonic() - start, error))
+        with self._report_lock:            # _fire may run on the fire threads
+            if error is not None:
+                report.statuses[CRON_FIRE_ERROR] += 1
+            report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
+                                         time.monotonic() - start, error))
         if error is None:
             return CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "")
         return CronRecordCall(self.keys, eid, last_error=error, last_task_id="",

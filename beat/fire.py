@@ -7,6 +7,7 @@ tenant's hourly quota).  Tests and the benchmark pass their own.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from gateway_tasks.core.settings import Settings
@@ -32,17 +33,23 @@ def task_id_of(result: Any) -> str | None:
     return str(result)
 
 
+def _gateway(settings: Settings, app: Any, client: Any) -> Any:
+    from gateway_tasks.producer.gateway import Gateway   # lazy: the producer is optional here
+    kwargs = {k: v for k, v in (("app", app), ("client", client)) if v is not None}
+    return Gateway(settings, **kwargs)
+
+
 def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> FireFn:
     """The default fire function: ``Gateway(settings).submit(...)`` with source="cron"
     (on the given Celery app and Redis client when the scheduler has them)."""
     gateway: Any = None
+    lock = threading.Lock()        # the scheduler may fire from several threads
 
     def fire(entry: CronEntry, nominal_ms: int) -> Any:
         nonlocal gateway
-        if gateway is None:
-            from gateway_tasks.producer.gateway import Gateway   # lazy: the producer is optional here
-            kwargs = {k: v for k, v in (("app", app), ("client", client)) if v is not None}
-            gateway = Gateway(settings, **kwargs)
+        with lock:
+            if gateway is None:
+                gateway = _gateway(settings, app, client)
         payload = entry.payload
         return gateway.submit(entry.tenant_id, payload["messages"], model=payload.get("model"),
                               max_tokens=payload.get("max_tokens"), source="cron",

@@ -14,6 +14,15 @@ Configuration (all optional):
 * ``app.conf.gateway_beat_tick_interval_s``: the tick interval (default 1 s;
   the leader lock's TTL is twice this);
 * ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
+* ``app.conf.gateway_beat_fire_concurrency``: submits in flight at once when
+  many runs are due together (default 1, one after the other: against a local
+  Redis 8 threads fired 2,000 runs at 340-350/s against 460-590/s for one, the
+  submit being CPU-bound; more may pay where each submit waits on a remote
+  Redis's round trips);
+* ``app.conf.gateway_beat_forecast_interval_s``: how often the leader publishes
+  the token-demand forecast of the schedule (``beat.forecast``; default 15 s,
+  0 disables); ``gateway_beat_forecast_horizon_s`` (600) and
+  ``gateway_beat_forecast_bucket_s`` (60) shape it;
 * ``app.conf.gateway_beat_fire``: a fire function (or "module:attr") instead
   of submitting through ``gateway_tasks.producer.gateway.Gateway``.
 
@@ -37,9 +46,12 @@ from gateway_tasks.core.settings import Settings, get_settings
 
 from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
 from beat.fire import FireFn, gateway_fire
+from beat.forecast import (DEFAULT_BUCKET_S, DEFAULT_HORIZON_S, DEFAULT_PUBLISH_INTERVAL_S,
+                           ForecastPublisher)
 from beat.schedule import MISFIRE_GRACE_S
 
 logger = get_logger(__name__)
+FIRE_CONCURRENCY = 1
 
 
 def _conf(app: Any, name: str, default: Any = None) -> Any:
@@ -78,11 +90,19 @@ class TenantCronScheduler(Scheduler):
                                                              DEFAULT_TICK_INTERVAL_S)),
             "misfire_grace_s": int(misfire_grace_s if misfire_grace_s is not None else
                                    _conf(app, "gateway_beat_misfire_grace_s", MISFIRE_GRACE_S)),
+            "fire_concurrency": int(_conf(app, "gateway_beat_fire_concurrency", FIRE_CONCURRENCY)),
         }
         if clock is not None:
             engine_kwargs["clock"] = clock
         self.gateway_settings = settings
         self.engine = CronEngine(client, settings, fire, **engine_kwargs)
+        interval = float(_conf(app, "gateway_beat_forecast_interval_s", DEFAULT_PUBLISH_INTERVAL_S))
+        self.forecast: ForecastPublisher | None = None
+        if interval > 0:
+            self.forecast = ForecastPublisher(
+                client, settings, interval,
+                int(_conf(app, "gateway_beat_forecast_horizon_s", DEFAULT_HORIZON_S)),
+                int(_conf(app, "gateway_beat_forecast_bucket_s", DEFAULT_BUCKET_S)))
         self.last_report: TickReport | None = None
         super().__init__(app, *args, **kwargs)
 
@@ -99,10 +119,19 @@ class TenantCronScheduler(Scheduler):
         self.last_report = report
         if not report.leader:
             return report.delay_s
+        self._publish_forecast(report)
         delay = min(report.delay_s, self.engine.tick_interval_s)
         if self.schedule:                      # static beat_schedule entries (leader only)
             delay = min(delay, super().tick(*args, **kwargs))
         return max(0.0, min(delay, self.max_interval))
+
+    def _publish_forecast(self, report: TickReport) -> None:
+        if self.forecast is None:
+            return
+        try:
+            self.forecast.maybe_publish(self.engine.now_ms(), busy=report.more_due)
+        except redis.RedisError as exc:
+            logger.warning("beat: could not publish the demand forecast: %s", exc)
 
     @property
     def is_leader(self) -> bool:

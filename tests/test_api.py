@@ -423,9 +423,16 @@ def test_chat_completions_failure_and_stream(client, gateway, vip_key):
                        json={"messages": HELLO, "idempotency_key": "fail-1"})
     assert resp.status_code == 504 and resp.json()["error"]["type"] == "DeadlineExceeded"
     assert resp.json()["error"]["task_id"] == task_id
+    # streamed: the response has started (200), so the failure is one SSE error event
     resp = client.post("/v1/chat/completions", headers=auth(vip_key),
-                       json={"messages": HELLO, "stream": True})
-    assert resp.status_code == 400 and "stream" in resp.json()["error"]["message"]
+                       json={"messages": HELLO, "stream": True, "idempotency_key": "fail-1"})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 1 and events[0]["error"]["type"] == "DeadlineExceeded"
+    assert events[0]["error"]["task_id"] == task_id
+    resp = client.post("/v1/chat/completions", headers=auth(vip_key),
+                       json={"messages": HELLO, "stream_options": {"include_usage": True}})
+    assert resp.status_code == 400 and "stream_options" in resp.json()["error"]["message"]
 
 
 # -- health, metrics, CLI -----------------------------------------------------------

@@ -307,3 +307,41 @@ def test_slow_fire_calls_keep_the_lock_renewed(redis_url, r, settings, tenants):
     report = a.tick(now_ms=B)                   # 6 x 60 ms > the 200 ms lock TTL
     assert report.fired_count == 6 and a.is_leader
     assert not b.tick(now_ms=B).leader
+
+
+def test_runs_due_together_fire_vip_first_and_in_parallel(r, settings):
+    flat = settings.with_(tiers=tuple(replace(t, jitter_window_s=0) for t in settings.tiers))
+    reg = TenantRegistry(r, flat)
+    store = CronStore(r, flat)
+    specs = []
+    for tier, n in (("batch", 12), ("normal", 6), ("vip", 6)):      # ids sort batch < normal < vip
+        for i in range(n):
+            reg.register(f"{tier}-{i}", tier)
+            specs.append(CronSpec(f"{tier}-{i}", "job", "0 * * * *", PAYLOAD))
+    store.add_many(specs, now=B - 60_000)
+    started: list[str] = []
+    threads: set[str] = set()
+    lock = threading.Lock()
+    gate = threading.Barrier(4, timeout=10)     # passes only if 4 fire calls run at once
+
+    def fire(entry, nominal_ms):
+        with lock:
+            started.append(entry.tier)
+            threads.add(threading.current_thread().name)
+            first_four = len(started) <= 4
+        if first_four:
+            gate.wait()
+        return f"t-{entry.entry_id}"
+
+    engine = make_engine(r, flat, fire, fire_concurrency=4, batch_size=8)   # 3 chunks
+    try:
+        report = engine.run_due(B)
+    finally:
+        engine.close()
+    assert report.fired_count == 24 and len(started) == 24 and len(threads) == 4
+    assert started[:4] == ["vip"] * 4          # the first calls in flight are VIP runs
+    assert started.count("vip") == 6 and started[-1] != "vip"
+    assert "batch" not in started[:6 + 6 - 4]     # across chunks: vip, then normal, then batch
+    assert {e.last_task_id for e in store.list()} == {f"t-{s.tenant_id}:job" for s in specs}
+    with pytest.raises(Exception, match="fire_concurrency"):
+        make_engine(r, flat, fire, fire_concurrency=0)

@@ -91,3 +91,26 @@ def test_redis_errors_do_not_stop_beat(settings):
     s = TenantCronScheduler(app=make_app(), settings=settings, client=dead,
                             fire=lambda e, n: None, tick_interval_s=0.3)
     assert s.tick() == 0.3 and not s.is_leader
+
+
+def test_leader_publishes_the_demand_forecast_and_followers_do_not(r, settings, cron):
+    from beat.forecast import read_published
+
+    clock = [B / 1000 - 60]
+    app = make_app(gateway_beat_forecast_interval_s=15, gateway_beat_forecast_horizon_s=600)
+    lead = TenantCronScheduler(app=app, settings=settings, client=r, clock=lambda: clock[0],
+                               fire=lambda e, n: "t", tick_interval_s=0.5)
+    follow = TenantCronScheduler(app=app, settings=settings, client=r, clock=lambda: clock[0],
+                                 fire=lambda e, n: "t", tick_interval_s=0.5)
+    lead.tick()
+    follow.tick()
+    assert lead.is_leader and not follow.is_leader
+    assert follow.forecast is not None and follow.forecast.last is None
+    fc = read_published(r, settings)
+    assert fc is not None and fc.start_ms == B - 60_000
+    (series,) = fc.series.values()
+    assert series.runs == [0, 1, 0, 0, 0, 0, 1, 0, 0, 0]       # */5 from 10:59: 11:00 and 11:05
+    off = TenantCronScheduler(app=make_app(gateway_beat_forecast_interval_s=0), settings=settings,
+                              client=r, fire=lambda e, n: "t")
+    assert off.forecast is None
+    lead.close()

@@ -1,7 +1,11 @@
 """deploy/k8s and the Dockerfile stay consistent with the code: every YAML
-parses, commands name real modules, CLI commands and queues, the ConfigMap's
-gateway.toml and the Secret's GATEWAY_POOLS_JSON load with load_settings, and
-every reference (ConfigMap/Secret keys, Services, HPA, PDBs) resolves."""
+parses and validates against the Kubernetes schemas (kubernetes-validate, offline;
+KEDA's ScaledObject against tests/schemas), both kustomizations (HPA fallback and
+KEDA) hold every worker Deployment with exactly one autoscaler, commands name
+real modules, CLI commands and queues, the ConfigMap's gateway.toml and the
+Secret's GATEWAY_POOLS_JSON load with load_settings, every reference
+(ConfigMap/Secret keys, Services, HPA, ScaledObjects, PDBs) resolves, and the
+KEDA queries name metrics the exporter really serves."""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ import importlib
 import importlib.util
 import json
 import os
+import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,10 +38,10 @@ WORKLOADS = ("Deployment", "StatefulSet")
 
 def all_docs() -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
-                out.append((path.name, doc))
+                out.append((str(path.relative_to(K8S)), doc))
     return out
 
 
@@ -100,7 +107,7 @@ def test_every_yaml_parses_into_named_objects():
     assert DOCS, "no manifests found"
     kinds = {d["kind"] for _, d in DOCS}
     assert {"Namespace", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service",
-            "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+            "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy", "ScaledObject"} <= kinds
     for filename, doc in DOCS:
         assert doc.get("apiVersion") and doc.get("kind"), filename
         if doc["kind"] == "Kustomization":
@@ -111,11 +118,140 @@ def test_every_yaml_parses_into_named_objects():
     assert one("Namespace", NAMESPACE)
 
 
-def test_kustomization_lists_every_manifest():
-    kustomization = [d for _, d in DOCS if d["kind"] == "Kustomization"]
-    assert len(kustomization) == 1
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization[0]["resources"]) == files
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    """What `kubectl kustomize DIR` renders, for these plain kustomizations (resources only)."""
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert set(kust) <= {"apiVersion", "kind", "resources"}, f"{directory}: only resources are used"
+    out: list[dict[str, Any]] = []
+    for res in kust["resources"]:
+        target = (directory / res).resolve()
+        assert target.exists(), f"{directory}/kustomization.yaml names {res}, which does not exist"
+        if target.is_dir():
+            out += _kustomize(target)
+        else:
+            out += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
+    return out
+
+
+def _listed_files(directory: Path) -> set[Path]:
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    return {(directory / r).resolve() for r in kust["resources"] if not (directory / r).is_dir()}
+
+
+VARIANTS = {"hpa": K8S, "keda": K8S / "keda"}
+
+
+def test_every_manifest_is_in_one_kustomization_and_both_variants_are_complete():
+    dirs = [p.parent for p in K8S.rglob("kustomization.yaml")]
+    listed = [f for d in dirs for f in _listed_files(d)]
+    files = {p.resolve() for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"}
+    assert sorted(listed) == sorted(files), "every manifest listed exactly once"
+    for variant, directory in VARIANTS.items():
+        docs = _kustomize(directory)
+        names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+        assert len(names) == len(set(names)), (variant, names)
+        workers = [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"
+                   and d["metadata"]["name"].startswith("gateway-worker-")]
+        assert sorted(workers) == sorted(f"gateway-worker-{t.name}" for t in Settings().tiers)
+        scalers = [d["spec"]["scaleTargetRef"]["name"] for d in docs
+                   if d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")]
+        assert sorted(scalers) == sorted(workers), f"{variant}: one autoscaler per worker Deployment"
+        kinds = {d["kind"] for d in docs}
+        assert ("ScaledObject" in kinds) == (variant == "keda")
+        assert ("HorizontalPodAutoscaler" in kinds) == (variant == "hpa")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_kubectl_kustomize_renders_what_the_tests_check(variant):
+    out = subprocess.run(["kubectl", "kustomize", str(VARIANTS[variant])], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rendered = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d)
+    assert rendered == sorted((d["kind"], d["metadata"]["name"]) for d in _kustomize(VARIANTS[variant]))
+
+
+# -- schemas -------------------------------------------------------------------------
+K8S_VERSIONS = ("1.30.0", "1.33.0")          # the oldest and a recent supported minor
+SCALEDOBJECT_SCHEMA = ROOT / "tests" / "schemas" / "keda-scaledobject-v1alpha1.json"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_builtin_manifest_validates_against_the_kubernetes_schema(version):
+    kv = pytest.importorskip("kubernetes_validate")
+    checked = 0
+    for filename, doc in DOCS:
+        if doc["kind"] in ("Kustomization", "ScaledObject"):
+            continue
+        try:
+            kv.validate(doc, version, strict=True)       # strict: unknown fields fail too
+        except kv.ValidationError as exc:
+            pytest.fail(f"{filename} {doc['kind']} {doc['metadata']['name']}: {exc}")
+        checked += 1
+    assert checked >= 20
+
+
+def test_the_schema_check_catches_a_wrong_field():
+    kv = pytest.importorskip("kubernetes_validate")
+    bad = json.loads(json.dumps(one("Deployment", "gateway-worker-vip")))
+    bad["spec"]["replica"] = 3
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+def test_scaled_objects_validate_against_the_keda_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCALEDOBJECT_SCHEMA.read_text())
+    objs = of_kind("ScaledObject")
+    assert len(objs) == len(Settings().tiers)
+    for obj in objs:
+        jsonschema.validate(obj, schema)
+    bad = json.loads(json.dumps(objs[0]))
+    bad["spec"]["minReplicas"] = 1                  # the HPA's spelling, not KEDA's
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_scaled_objects_scale_each_tier_on_served_metrics(r, settings):
+    from prometheus_client.parser import text_string_to_metric_families
+    from gateway_tasks.metrics.exporter import render
+
+    served = {f.name for f in text_string_to_metric_families(render(r, settings).decode())}
+    for obj in of_kind("ScaledObject"):
+        spec = obj["spec"]
+        tier = obj["metadata"]["labels"]["gateway-tasks/tier"]
+        assert spec["scaleTargetRef"]["name"] == f"gateway-worker-{tier}"
+        target = one("Deployment", f"gateway-worker-{tier}")
+        assert arg_after(target["spec"]["template"]["spec"]["containers"][0]["command"], "-Q") == \
+            f"gt.{tier}.default"
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]     # a warm pool
+        behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleUp"]["stabilizationWindowSeconds"] < \
+            behavior["scaleDown"]["stabilizationWindowSeconds"]             # up fast, down slow
+        names = {t["name"] for t in spec["triggers"]}
+        assert {"backlog-tokens", "backlog-requests", "cron-forecast"} <= names
+        for trig in spec["triggers"]:
+            assert trig["type"] == "prometheus"
+            query = trig["metadata"]["query"]
+            metrics = set(re.findall(r"(gateway_[a-z_]+)\{", query))
+            assert metrics and metrics <= served, (query, served)
+            assert f'tier="{tier}"' in query
+            assert float(trig["metadata"]["threshold"]) > 0
+
+
+def _cluster_reachable() -> bool:
+    if shutil.which("kubectl") is None:
+        return False
+    probe = subprocess.run(["kubectl", "version", "--request-timeout=3s"], capture_output=True,
+                           text=True, timeout=20)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _cluster_reachable(), reason="no Kubernetes API server reachable for a dry run")
+def test_server_dry_run_accepts_the_fallback_variant():
+    out = subprocess.run(["kubectl", "apply", "--dry-run=server", "-k", str(K8S)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 # -- settings ------------------------------------------------------------------------
@@ -243,10 +379,11 @@ def test_services_hpa_and_pdbs_point_at_workloads():
                 w["spec"]["template"]["metadata"]["labels"].items()
     for svc_name in ("gateway-api", "flower"):
         assert one("Service", svc_name)
-    hpa = one("HorizontalPodAutoscaler", "gateway-worker")
-    target = hpa["spec"]["scaleTargetRef"]
-    assert target["kind"] == "Deployment" and one("Deployment", target["name"])
-    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    for tier in Settings().tiers:
+        hpa = one("HorizontalPodAutoscaler", f"gateway-worker-{tier.name}")
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment" and one("Deployment", target["name"])
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     pdbs = of_kind("PodDisruptionBudget")
     assert pdbs
     for pdb in pdbs:

@@ -335,10 +335,30 @@ def test_malformed_body_is_400(sim, body, param):
     assert "x-ratelimit-remaining-tokens" in response.headers
 
 
-def test_stream_is_rejected(sim):
-    with pytest.raises(openai.BadRequestError) as info:
-        client(sim).chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
-    assert "stream" in info.value.message
+def test_stream_sends_openai_chunks_with_usage_and_counts_the_request(sim):
+    c = client(sim)
+    plain = c.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=30)
+    chunks = list(c.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=30,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content and len(chunks) > 4
+    assert chunks[-2].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == plain.usage.total_tokens
+    assert {ch.id for ch in chunks} == {chunks[0].id} and chunks[0].object == "chat.completion.chunk"
+    without = list(c.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=30,
+                                             stream=True))
+    assert all(ch.usage is None for ch in without)
+    stats = sim.stats()
+    assert stats["requests_ok"] == 3 and stats["tokens_completion"] == 3 * plain.usage.completion_tokens
+
+
+@pytest.mark.parametrize("extra,param", [({"stream": "yes"}, "stream"),
+                                         ({"stream_options": {"include_usage": True}}, "stream_options")])
+def test_bad_stream_fields_are_400(sim, extra, param):
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, **extra}
+    response = httpx.post(f"{sim.base_url}/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
 
 
 def test_fail_rate_is_deterministic_and_reset_reseeds():

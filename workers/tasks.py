@@ -31,11 +31,14 @@ from workers.dead_letter import dispatched_queue, refund_unrunnable
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from workers.redis_retry import through_restarts
 from workers.upstream import chat
+from workers.streaming import chat_streamed
+from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
 RESULT_HIDING_REQUEST = "workers.redaction:ResultHidingRequest"  # results stay out of task events
 MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
+CHUNKS_TTL_S = 600       # a streaming task's chunks stay readable this long
 
 
 @lru_cache(maxsize=8)
@@ -116,7 +119,10 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body, task_id=self.request.id)
+        if req.stream:   # issue 12: chunks go to the waiting API process (workers/streaming.py)
+            reply = chat_streamed(r, keys, req, pool, self.request.id, CHUNKS_TTL_S)
+        else:
+            reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body, task_id=self.request.id)
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
@@ -147,6 +153,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
     kill_point(AFTER_SETTLE)
     done_ms = settled.now_ms
+    UPSTREAM_TIME.add(r, keys, pool.name, req.tier, upstream_ms)   # issue 12: capacity model latency
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

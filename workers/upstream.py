@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import openai
@@ -57,3 +57,57 @@ def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int
     return UpstreamReply(body=completion.model_dump(mode="json"), headers=dict(raw.headers),
                          prompt_tokens=usage.prompt_tokens if usage else 0,
                          completion_tokens=usage.completion_tokens if usage else 0)
+
+
+# -- issue 12: streaming ---------------------------------------------------------------
+class StreamBroken(Exception):
+    """The upstream's stream failed after chunks were already passed on: the call cannot be
+    retried (the client has part of the answer); the task fails with it."""
+
+
+def chat_stream(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
+                extra_body: dict[str, Any] | None, on_chunk: Callable[[dict[str, Any]], None],
+                prompt_tokens: int) -> UpstreamReply:
+    """One streamed chat completion: every chunk goes to ``on_chunk`` as it arrives; the
+    reply is the whole completion assembled from them, its usage from the stream's final
+    usage chunk (requested with ``stream_options.include_usage``; counted with tiktoken when
+    an upstream sends none).  Errors before the first chunk are the SDK's own (so 429s
+    requeue as usual); after it, StreamBroken."""
+    raw = client_for(pool).chat.completions.with_raw_response.create(
+        model=model, messages=messages, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra_body or None)
+    content: list[str] = []
+    first: dict[str, Any] | None = None
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    passed = 0
+    try:
+        for chunk in raw.parse():
+            data = chunk.model_dump(mode="json", exclude_unset=True)
+            first = first or data
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    content.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage.model_dump(mode="json", exclude_none=True)
+            on_chunk(data)
+            passed += 1
+    except (openai.APIError, httpx.HTTPError) as exc:
+        if not passed:
+            raise
+        raise StreamBroken(f"the upstream's stream broke after {passed} chunks: {exc}") from None
+    text = "".join(content)
+    if usage is None:
+        from gateway_tasks.core.tokens import count_text_tokens
+        completion = count_text_tokens(text)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion}
+    body = {"id": (first or {}).get("id", ""), "object": "chat.completion",
+            "created": (first or {}).get("created", 0), "model": (first or {}).get("model", model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish}],
+            "usage": usage}
+    return UpstreamReply(body=body, headers=dict(raw.headers),
+                         prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                         completion_tokens=int(usage.get("completion_tokens", 0)))

@@ -26,6 +26,8 @@ examples:
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
   gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream
   gateway demo                                the whole system on an embedded Redis
+  gateway capacity --measure-s 30 --peak-qps 120   instances needed, from measured rates
+  gateway capacity forecast                   token demand per pool from the cron schedule
 
 workers and beat run under Celery:
   celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
@@ -49,6 +51,7 @@ COMMAND_MODULES = (
     "gateway_tasks.cli.ready",                 # ready
     "gateway_tasks.cli.dead_letters",          # dead-letters
     "gateway_tasks.devtools.chaos.command",    # chaos
+    "gateway_tasks.cli.capacity",              # capacity, capacity forecast
 )
 
 

@@ -159,6 +159,11 @@ class Keys:
         the REST API shows a task to its owner only)."""
         return f"{self.prefix}task-owner:{task_id}"
 
+    def chunks(self, task_id: str) -> str:
+        """Stream (TTL): a streaming task's upstream chunks, then 'done' or 'error', for the
+        API process waiting on them (``gateway_tasks.core.chunks``)."""
+        return f"{self.prefix}chunks:{task_id}"
+
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"
@@ -200,3 +205,9 @@ class Keys:
         """String: JSON payload (messages, model, max_tokens) of one cron, kept out
         of its hash so the hash stays a compact listpack."""
         return f"{self.prefix}cron:payload:{entry_id}"
+
+    @property
+    def cron_forecast(self) -> str:
+        """String (TTL): JSON token-demand forecast of the cron schedule per pool and tier,
+        published by the leader beat (``gateway_tasks.core.forecast``)."""
+        return f"{self.prefix}cron:forecast"

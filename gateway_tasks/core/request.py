@@ -47,6 +47,7 @@ class InferenceRequest:
     source: str = "api"
     extra_body: dict[str, Any] = field(default_factory=dict)
     tenant_weight: float = 1.0
+    stream: bool = False     # the worker publishes the upstream's chunks (gateway_tasks.core.chunks)
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -90,6 +91,8 @@ class InferenceRequest:
         _check(isinstance(source, str), "source", source, "a string")
         extra = body.get("extra_body") or {}
         _check(isinstance(extra, dict), "extra_body", "...", "an object")
+        stream = body.get("stream", False)
+        _check(isinstance(stream, bool), "stream", stream, "a boolean")
         weight = body.get("tenant_weight", 1.0)
         _check(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0,
                "tenant_weight", weight, "> 0")
@@ -97,7 +100,7 @@ class InferenceRequest:
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,
-                   source=source, extra_body=dict(extra))
+                   source=source, extra_body=dict(extra), stream=stream)
 
 
 def _check(ok: bool, name: str, value: Any, expected: str) -> None:

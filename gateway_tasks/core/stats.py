@@ -26,6 +26,7 @@ COMPLETED = "completed"            # settle.lua: upstream calls that completed w
 RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
 EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline
 DEAD_LETTERED = "dead_lettered"    # workers.dead_letter: malformed messages taken off a queue
+UPSTREAM_MS = "upstream_ms"        # workers.tasks: upstream call time of the completed calls, summed (whole ms)
 
 
 def tier_field(counter: str, tier: str) -> str:

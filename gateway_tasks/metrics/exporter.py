@@ -22,14 +22,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.forecast import Forecast
+from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DEAD_LETTERED, DISPATCHED, EST_TOKENS, RETRIES,
-                                      UPSTREAM_429, WAIT_MS, tier_field)
+                                      UPSTREAM_429, UPSTREAM_MS, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
+#: index entries read per (tier, pool) to estimate the backlog's tokens: exact up to
+#: this many queued tasks, a uniform sample (ZRANDMEMBER) scaled to the depth beyond
+BACKLOG_SAMPLE = 2000
+#: the forecast windows exported, in minutes from now (each one sums the bins it covers)
+FORECAST_WINDOWS_MIN = (1, 5, 10)
 
 # per-tier stats counter (gateway_tasks.core.stats) -> (metric name, help)
 _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -45,6 +52,8 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Transient upstream failures requeued against the tier's retry budget."),
     (DEAD_LETTERED, "gateway_dead_lettered_messages",
      "Malformed messages taken off a queue and dead-lettered with their reason."),
+    (UPSTREAM_MS, "gateway_upstream_call_milliseconds",
+     "Upstream call time of the completed calls, summed (mean latency = this / completed)."),
 )
 
 
@@ -60,6 +69,21 @@ class Snapshot:
     tenants: int = 0
     unacked: int = 0
     cron: dict[str, float] = field(default_factory=dict)                  # outcome -> count
+    backlog_tokens: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, pool) ->
+    forecast: Forecast | None = None
+
+
+def backlog_tokens(entries: list[bytes], depth: int) -> float:
+    """Estimated tokens of a tier's queued tasks from (a sample of) its index entries."""
+    ests = []
+    for raw in entries:
+        try:
+            ests.append(IndexEntry.decode(raw).est_tokens)
+        except (ValueError, UnicodeDecodeError):
+            continue
+    if not ests or depth <= 0:
+        return 0.0
+    return float(sum(ests)) if len(ests) >= depth else sum(ests) / len(ests) * depth
 
 
 def _num_hash(raw: dict[bytes, bytes]) -> dict[str, float]:
@@ -85,8 +109,11 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
                 pipe.zcard(keys.index(pool, tier.name))   # a tier's queue length
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
+            for tier in settings.tiers:
+                pipe.zrandmember(keys.index(pool, tier.name), BACKLOG_SAMPLE)
         pipe.scard(keys.tenants)
         pipe.hgetall(keys.cron_stats)
+        pipe.get(keys.cron_forecast)
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -103,8 +130,17 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
         snap.unacked += int(replies[i + 1])
         i += 2
+        for tier in settings.tiers:
+            snap.backlog_tokens[(tier.name, pool)] = backlog_tokens(
+                replies[i] or [], snap.depth[settings.queue_name(tier.name, pool)])
+            i += 1
     snap.tenants = int(replies[i])
     snap.cron = _num_hash(replies[i + 1])
+    if replies[i + 2]:
+        try:
+            snap.forecast = Forecast.from_json(replies[i + 2])
+        except (ValueError, KeyError, TypeError):
+            snap.forecast = None
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -137,6 +173,8 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
             queue = settings.queue_name(tier, pool.name)
             depth.add_metric([queue, tier, pool.name], snap.depth.get(queue, 0))
     yield depth
+    yield from _backlog_families(snap, settings)
+    yield from _forecast_families(snap)
 
     for counter, name, help_text in _TIER_COUNTERS:
         fam = CounterMetricFamily(name, help_text, labels=["tier", "pool"])
@@ -186,6 +224,54 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     for outcome, n in sorted(snap.cron.items()):
         cron.add_metric([outcome], n)
     yield cron
+
+
+def _backlog_families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
+    """The scaling signals of each tier's workers: queued requests and their tokens."""
+    requests = GaugeMetricFamily("gateway_backlog_requests",
+                                 "Requests queued for a tier and pool (reactive scaling signal).",
+                                 labels=["tier", "pool"])
+    tokens = GaugeMetricFamily("gateway_backlog_tokens",
+                               "Estimated tokens of the queued requests (exact up to "
+                               f"{BACKLOG_SAMPLE} queued, sampled beyond).", labels=["tier", "pool"])
+    for pool in settings.pools:
+        for tier in settings.tiers:
+            requests.add_metric([tier.name, pool.name],
+                                snap.depth.get(settings.queue_name(tier.name, pool.name), 0))
+            tokens.add_metric([tier.name, pool.name], snap.backlog_tokens.get((tier.name, pool.name), 0.0))
+    yield requests
+    yield tokens
+
+
+def _forecast_families(snap: Snapshot) -> Iterator[Metric]:
+    """The leader beat's forecast of cron demand (predictive pre-scaling signal)."""
+    tokens = GaugeMetricFamily("gateway_cron_forecast_tokens",
+                               "Estimated tokens cron runs will ask a pool for within the next "
+                               "window_minutes (from the schedule, jitter included).",
+                               labels=["pool", "tier", "window_minutes"])
+    runs = GaugeMetricFamily("gateway_cron_forecast_runs",
+                             "Cron runs firing within the next window_minutes.",
+                             labels=["pool", "tier", "window_minutes"])
+    peak = GaugeMetricFamily("gateway_cron_forecast_peak_tokens_per_minute",
+                             "The busiest minute of the forecast horizon, in tokens, per pool.",
+                             labels=["pool"])
+    made = GaugeMetricFamily("gateway_cron_forecast_generated_timestamp_seconds",
+                             "When the leader beat computed the forecast (absent: no beat leads).")
+    fc = snap.forecast
+    if fc is not None:
+        elapsed_bins = max(0, (snap.now_ms - fc.start_ms) // (fc.bucket_s * 1000))
+        for (pool, tier), series in sorted(fc.series.items()):
+            for minutes in FORECAST_WINDOWS_MIN:
+                n = -(-minutes * 60 // fc.bucket_s)
+                sl = slice(elapsed_bins, elapsed_bins + n)
+                tokens.add_metric([pool, tier, str(minutes)], float(sum(series.tokens[sl])))
+                runs.add_metric([pool, tier, str(minutes)], float(sum(series.runs[sl])))
+        per_minute = 60 / fc.bucket_s
+        for pool in sorted({p for p, _ in fc.series}):
+            bins = fc.pool_tokens(pool)[elapsed_bins:]
+            peak.add_metric([pool], max(bins, default=0) * per_minute)
+        made.add_metric([], fc.generated_ms / 1000.0)
+    yield from (tokens, runs, peak, made)
 
 
 def _bucket_families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:

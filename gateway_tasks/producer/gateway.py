@@ -133,24 +133,26 @@ class Gateway:
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
-               extra_body: dict[str, Any] | None = None) -> TaskHandle:
-        """Validate, estimate and enqueue one inference task on its tier's queue.
+               extra_body: dict[str, Any] | None = None, stream: bool = False) -> TaskHandle:
+        """Validate, estimate and enqueue one inference task on its tier's queue
+        (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.core.chunks``).
         Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued."""
         with redis_errors("submit"):
             return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
                                 deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
-                                extra_body=extra_body)
+                                extra_body=extra_body, stream=stream)
 
     def _submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                 model: str | None, max_tokens: int | None, deadline_s: float | None, source: str,
-                idempotency_key: str | None, extra_body: dict[str, Any] | None) -> TaskHandle:
+                idempotency_key: str | None, extra_body: dict[str, Any] | None,
+                stream: bool = False) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         if extra_body is not None:
             if not isinstance(extra_body, dict):
                 raise InvalidRequest("extra_body must be an object of upstream parameters")
-            clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
+            clash = set(extra_body) & {"model", "messages", "max_tokens", "stream", "stream_options"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
         self.memory.check()
@@ -168,7 +170,8 @@ class Gateway:
         try:
             req = replace(self.estimate(tenant_id, messages, model, max_tokens,
                                         tenant=TenantRegistry.from_record(tenant_id, record)),
-                          deadline_s=deadline_s, source=source, extra_body=extra_body or {})
+                          deadline_s=deadline_s, source=source, extra_body=extra_body or {},
+                          stream=bool(stream))
         except Exception:
             if owned:
                 with contextlib.suppress(redis.RedisError):

@@ -3,7 +3,8 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
 
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
-    POST /v1/chat/completions   submit, wait, return the upstream body as-is
+    POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
+    POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks)
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
     /v1/admin/...               tenants and settings (gateway_tasks.rest.admin; admin credential)
@@ -31,11 +32,13 @@ from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
+from gateway_tasks.rest.crons import router as crons_router
 from gateway_tasks.rest.errors import error_body, install_error_handlers
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
+from gateway_tasks.rest.streaming import streaming_response
 
 DEFAULT_SYNC_TIMEOUT_S = 60.0
 
@@ -58,6 +61,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
+    app.include_router(crons_router)
     install_openapi(app)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
@@ -79,17 +83,18 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions", name="chat_completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request,
-                               tenant: TenantDep) -> JSONResponse:
-        if body.stream:
-            raise InvalidRequest("stream=true is not supported: the gateway queues the request "
-                                 "and returns the whole completion")
+                               tenant: TenantDep) -> Response:
+        if body.stream_options is not None and not body.stream:
+            raise InvalidRequest("stream_options is only allowed with stream=true")
         idempotency_key = body.idempotency_key or request.headers.get("Idempotency-Key")
         handle = await run_in_threadpool(
             gateway.submit, tenant.tenant_id, [m.model_dump() for m in body.messages],
             model=body.model, max_tokens=body.max_tokens or body.max_completion_tokens,
             deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
-            extra_body=body.upstream_extras() or None)
+            extra_body=body.upstream_extras() or None, stream=body.stream)
         timeout_s = body.deadline_s or DEFAULT_SYNC_TIMEOUT_S
+        if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
+            return streaming_response(gateway, handle, body.include_usage(), timeout_s)
         status_url = _status_url(request, handle.id)
         meta = await wait_for_meta(gateway, handle.id, timeout_s)
         headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}

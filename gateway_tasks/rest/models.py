@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # fields of an OpenAI chat request the gateway handles itself (never forwarded in extra_body)
 _OWN_CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stream",
-                    "deadline_s", "idempotency_key"}
+                    "stream_options", "deadline_s", "idempotency_key"}
 
 
 class ChatMessage(BaseModel):
@@ -53,10 +53,16 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = Field(default=None, min_length=1)
     max_tokens: int | None = Field(default=None, gt=0, strict=True)
     max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True,
+                         description="stream the completion as server-sent chat.completion.chunk events")
+    stream_options: dict[str, Any] | None = Field(
+        default=None, description="with stream: {'include_usage': true} adds the usage chunk")
     deadline_s: float | None = Field(default=None, gt=0,
                                      description="gateway extension: queue deadline and wait timeout")
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage", False))
 
     def upstream_extras(self) -> dict[str, Any]:
         return {k: v for k, v in (self.model_extra or {}).items() if k not in _OWN_CHAT_FIELDS}

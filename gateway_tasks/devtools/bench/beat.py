@@ -364,9 +364,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1000, help="due entries per chunk")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    from gateway_tasks.devtools.bench.storm_report import add_storm_arguments
+    add_storm_arguments(parser)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if getattr(args, "storm", False):
+        from gateway_tasks.devtools.bench.storm_report import run_storm_from_args
+        return run_storm_from_args(args)
     clock = Stopwatch()
     settings = load_settings()
     kwargs = dict(entries=args.entries, cron=args.cron, crons_per_tenant=args.crons_per_tenant,

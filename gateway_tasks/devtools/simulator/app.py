@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway_tasks.core.errors import ApiError, ConfigError
 from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
@@ -27,7 +27,8 @@ from gateway_tasks.devtools.simulator.admission import Simulator
 from gateway_tasks.devtools.simulator.calls import CallCounter
 from gateway_tasks.devtools.simulator.config import SimConfig
 from gateway_tasks.devtools.simulator.faults import Fault, fault_error, fault_from_json
-from gateway_tasks.devtools.simulator.reply import chat_completion, completion_tokens_for, error_body
+from gateway_tasks.devtools.simulator.reply import (chat_completion, completion_tokens_for, error_body,
+                                                    stream_chunks)
 from gateway_tasks.devtools.simulator.request import INVALID, parse_chat_request
 
 
@@ -136,6 +137,8 @@ def create_app(config: SimConfig) -> FastAPI:
 
         completion_tokens = completion_tokens_for(chat, config)
         latency_ms = config.base_latency_ms + completion_tokens * config.ms_per_output_token
+        if chat.stream:
+            return streamed(chat, completion_tokens, started_s)
         sim.stats.in_flight += 1
         calls.start(task_id)
         try:
@@ -151,5 +154,36 @@ def create_app(config: SimConfig) -> FastAPI:
         headers["x-request-id"] = f"req_{request_id}"
         headers["openai-processing-ms"] = str(round((time.monotonic() - started_s) * 1000))
         return JSONResponse(chat_completion(chat, completion_tokens, request_id, config.reply_text), headers=headers)
+
+    def streamed(chat: Any, completion_tokens: int, started_s: float) -> StreamingResponse:
+        """Server-sent events: the first chunk after base_latency_ms, then one text chunk
+        every few output tokens' worth of ms_per_output_token; the buckets settle and the
+        request counts as served when the stream ends (or the client goes away)."""
+        request_id = uuid.uuid4().hex
+        chunks = stream_chunks(chat, completion_tokens, request_id)
+        per_chunk_s = completion_tokens * config.ms_per_output_token / 1000.0 / max(1, len(chunks) - 1)
+        headers = sim.rate_limit_headers()
+        headers["x-request-id"] = f"req_{request_id}"
+
+        async def events() -> Any:
+            sim.stats.in_flight += 1
+            finished = False
+            try:
+                await asyncio.sleep(config.base_latency_ms / 1000.0)
+                for i, chunk in enumerate(chunks):
+                    if i:
+                        await asyncio.sleep(per_chunk_s)
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                yield "data: [DONE]\n\n"
+                finished = True
+            finally:
+                sim.stats.in_flight -= 1
+                sim.complete(chat.prompt_tokens, chat.max_tokens, completion_tokens)
+                if finished:
+                    sim.stats.record_ok(chat.model, chat.prompt_tokens, completion_tokens)
+                else:
+                    sim.stats.record_error(chat.model)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     return app

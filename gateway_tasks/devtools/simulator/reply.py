@@ -55,3 +55,46 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     """OpenAI's error document for ``exc``: ``code`` and ``param`` come from its extras."""
     return {"error": {"message": exc.message, "type": exc.type,
                       "param": exc.extra.get("param"), "code": exc.extra.get("code")}}
+
+
+STREAM_WORDS_PER_CHUNK = 4
+
+
+def chunk_texts(completion_tokens: int) -> list[str]:
+    """The reply's text (one filler word a token) cut into chunks of a few words; joined,
+    they are exactly the non-streamed reply's content."""
+    words = [FILLER_WORDS[i % len(FILLER_WORDS)] for i in range(completion_tokens)]
+    out = []
+    for start in range(0, len(words), STREAM_WORDS_PER_CHUNK):
+        text = " ".join(words[start:start + STREAM_WORDS_PER_CHUNK])
+        out.append(text if start == 0 else " " + text)
+    return out
+
+
+def stream_chunk(chat: ChatRequest, request_id: str, created: int, delta: dict[str, Any],
+                 finish_reason: str | None = None, usage: dict[str, int] | None = None,
+                 with_choice: bool = True) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` (OpenAI's streaming format)."""
+    return {
+        "id": f"chatcmpl-sim{request_id[:24]}", "object": "chat.completion.chunk",
+        "created": created, "model": chat.model, "system_fingerprint": "fp_simulator",
+        "choices": ([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+                    if with_choice else []),
+        "usage": usage,
+    }
+
+
+def stream_chunks(chat: ChatRequest, completion_tokens: int, request_id: str) -> list[dict[str, Any]]:
+    """Every chunk of a streamed reply: the role, the text pieces, the finish reason and,
+    with ``include_usage``, a last chunk without choices carrying the usage."""
+    created = int(time.time())
+    finish = "length" if completion_tokens == chat.max_tokens else "stop"
+    out = [stream_chunk(chat, request_id, created, {"role": "assistant", "content": ""})]
+    out += [stream_chunk(chat, request_id, created, {"content": text})
+            for text in chunk_texts(completion_tokens)]
+    out.append(stream_chunk(chat, request_id, created, {}, finish_reason=finish))
+    if chat.include_usage:
+        out.append(stream_chunk(chat, request_id, created, {}, with_choice=False, usage={
+            "prompt_tokens": chat.prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": chat.prompt_tokens + completion_tokens}))
+    return out

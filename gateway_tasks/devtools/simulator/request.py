@@ -1,7 +1,7 @@
 """Parsing and validating one ``POST /v1/chat/completions`` body.
 
 Everything a request can get wrong is answered here, before it touches a
-bucket: a bad body, model, ``stream``/``n``, messages or token field is a 400
+bucket: a bad body, model, ``stream``/``stream_options``/``n``, messages or token field is a 400
 (404 for an unknown model), and a request whose ``prompt + max_tokens``
 exceeds the token bucket's capacity is a 400 ``request_too_large`` -- OpenAI
 answers 429 for that, which makes clients retry forever.
@@ -28,6 +28,8 @@ class ChatRequest:
     max_tokens: int
     forced_completion_tokens: int | None
     prompt_tokens: int
+    stream: bool = False            # answer as server-sent chat.completion.chunk events
+    include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
 
 
 def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
@@ -53,10 +55,16 @@ def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
                        f"The model `{model}` does not exist or you do not have access to it. "
                        f"This simulator serves: {', '.join(config.models)}",
                        code="model_not_found", param="model")
-    if body.get("stream"):
-        raise ApiError(400, INVALID, "stream=true is not supported by the simulator; "
-                                     "send a non-streaming request",
-                       code="unsupported_value", param="stream")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, INVALID, f"stream must be a boolean, got {stream!r}",
+                       code="invalid_type", param="stream")
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict)):
+        raise ApiError(400, INVALID, "stream_options is only allowed with stream=true and must be "
+                                     "an object such as {'include_usage': true}",
+                       code="invalid_value", param="stream_options")
+    include_usage = bool((options or {}).get("include_usage", False))
     n = _int_field(body, "n", 1)
     if n is not None and n != 1:
         raise ApiError(400, INVALID, f"n={n} is not supported by the simulator; only n=1",
@@ -77,7 +85,8 @@ def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
     chat = ChatRequest(model=model, messages=messages,
                        max_tokens=config.default_max_tokens if max_tokens is None else max_tokens,
                        forced_completion_tokens=forced,
-                       prompt_tokens=count_prompt_tokens(messages))
+                       prompt_tokens=count_prompt_tokens(messages), stream=bool(stream),
+                       include_usage=include_usage)
     _require_fits(chat, config)
     return chat
 

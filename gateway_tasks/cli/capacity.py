@@ -1,0 +1,289 @@
+"""`gateway capacity`: instances needed for a load, and the cron demand forecast.
+
+    gateway capacity --baseline-qps 20 --peak-qps 120 --tokens-per-request 900 --instance-tps 5000
+    gateway capacity --measure-s 30 [--peak-qps 120]     # rates measured in Redis now
+    gateway capacity forecast [--horizon-s 600] [--bucket-s 60] [--json]
+
+The model (gateway_tasks.core.capacity): instances = ceil(max(QPS x tokens per
+request / instance tokens/s, QPS / instance requests/s) x safety factor 1.5).
+With ``--measure-s S`` it samples the deployment's counters in Redis every
+second for S seconds: baseline QPS = completed calls/s over the window, peak
+QPS = the busiest second, tokens per request = upstream-reported tokens per
+call, and a worker's throughput by Little's law = its thread count (Celery
+``inspect stats``) / the mean upstream latency.  Flags given explicitly win
+over measured values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import redis
+
+from gateway_tasks.core.capacity import (DEFAULT_SAFETY_FACTOR, CapacityPlan, Instance,
+                                         instance_rps_from_concurrency, plan)
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.forecast import Forecast
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field
+
+from beat.forecast import DEFAULT_BUCKET_S, DEFAULT_HORIZON_S, compute_forecast, read_published
+from beat.schedule import iso_utc
+
+
+# -- measuring -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Counters:
+    """Completed calls, their tokens and upstream time, summed over pools and tiers."""
+
+    completed: float
+    tokens: float
+    upstream_ms: float
+
+
+def read_counters(client: redis.Redis, settings: Settings) -> Counters:
+    keys = Keys(settings.key_prefix)
+    fields = [(c, t.name) for c in (COMPLETED, ACTUAL_TOKENS, UPSTREAM_MS) for t in settings.tiers]
+    with client.pipeline(transaction=False) as pipe:
+        for pool in settings.pools:
+            pipe.hmget(keys.stats(pool.name), [tier_field(c, t) for c, t in fields])
+        replies = pipe.execute()
+    sums = {COMPLETED: 0.0, ACTUAL_TOKENS: 0.0, UPSTREAM_MS: 0.0}
+    for reply in replies:
+        for (counter, _), value in zip(fields, reply):
+            sums[counter] += float(value or 0)
+    return Counters(sums[COMPLETED], sums[ACTUAL_TOKENS], sums[UPSTREAM_MS])
+
+
+@dataclass(frozen=True)
+class Measured:
+    window_s: float
+    baseline_qps: float
+    peak_qps: float
+    tokens_per_request: float | None
+    latency_s: float | None
+    workers: int
+    concurrency: float | None          # threads per worker (mean)
+
+
+def rates(samples: list[tuple[float, Counters]]) -> tuple[float, float, float | None, float | None]:
+    """(mean QPS, busiest-interval QPS, tokens per call, mean latency s) of counter samples
+    taken at the given monotonic times (pure)."""
+    if len(samples) < 2:
+        raise ConfigError("capacity: at least two samples are needed to measure a rate")
+    (t0, first), (t1, last) = samples[0], samples[-1]
+    span = t1 - t0
+    if span <= 0:
+        raise ConfigError("capacity: the samples span no time")
+    done = last.completed - first.completed
+    peak = max((b.completed - a.completed) / (tb - ta)
+               for (ta, a), (tb, b) in zip(samples, samples[1:]) if tb > ta)
+    tpr = (last.tokens - first.tokens) / done if done > 0 else None
+    lat = (last.upstream_ms - first.upstream_ms) / done / 1000.0 if done > 0 else None
+    return done / span, peak, tpr, (lat if lat and lat > 0 else None)
+
+
+def worker_concurrency(settings: Settings) -> tuple[int, float | None]:
+    """(workers answering, their mean thread count) from Celery ``inspect stats``."""
+    from gateway_tasks.core.celery_app import make_app
+
+    app = make_app(settings)
+    try:
+        stats = app.control.inspect(timeout=1.0).stats() or {}
+    finally:
+        app.close()
+    threads = [float((s.get("pool") or {}).get("max-concurrency") or 0) for s in stats.values()]
+    threads = [t for t in threads if t > 0]
+    return len(stats), (sum(threads) / len(threads) if threads else None)
+
+
+def measure(client: redis.Redis, settings: Settings, window_s: float,
+            sleep: Callable[[float], None] = time.sleep,
+            clock: Callable[[], float] = time.monotonic) -> Measured:
+    """Sample the counters about every second for ``window_s`` seconds."""
+    samples = [(clock(), read_counters(client, settings))]
+    end = samples[0][0] + window_s
+    while samples[-1][0] < end:
+        sleep(min(1.0, max(0.0, end - clock())))
+        samples.append((clock(), read_counters(client, settings)))
+    base, peak, tpr, lat = rates(samples)
+    workers, concurrency = worker_concurrency(settings)
+    return Measured(window_s, base, peak, tpr, lat, workers, concurrency)
+
+
+# -- planning --------------------------------------------------------------------
+def instance_of(args: argparse.Namespace, measured: Measured | None) -> Instance:
+    rps = args.instance_rps
+    if rps is None and args.instance_concurrency is not None and args.latency_s is not None:
+        rps = instance_rps_from_concurrency(args.instance_concurrency, args.latency_s)
+    if rps is None and args.instance_tps is None and measured is not None:
+        concurrency = args.instance_concurrency or measured.concurrency
+        latency = args.latency_s or measured.latency_s
+        if concurrency and latency:
+            rps = instance_rps_from_concurrency(concurrency, latency)
+    if rps is None and args.instance_tps is None:
+        raise ConfigError("capacity: give the per-instance throughput: --instance-tps, --instance-rps, "
+                          "or --instance-concurrency with --latency-s (or --measure-s on a running "
+                          "deployment with completed calls)")
+    return Instance(tokens_per_s=args.instance_tps, requests_per_s=rps)
+
+
+def plan_from_args(args: argparse.Namespace, settings: Settings,
+                   measured: Measured | None = None) -> CapacityPlan:
+    def pick(name: str, measured_value: float | None) -> float:
+        value = getattr(args, name)
+        if value is None:
+            value = measured_value
+        if value is None:
+            raise ConfigError(f"capacity: --{name.replace('_', '-')} is required "
+                              "(or measure it: --measure-s 30 on a running deployment)")
+        return value
+
+    m = measured
+    baseline = pick("baseline_qps", m.baseline_qps if m else None)
+    peak = pick("peak_qps", max(m.peak_qps, baseline) if m else None)
+    tpr = pick("tokens_per_request", m.tokens_per_request if m else None)
+    upstream = args.upstream_tpm if args.upstream_tpm is not None else \
+        float(sum(p.tpm for p in settings.pools))
+    return plan(baseline, peak, tpr, instance_of(args, m), args.safety_factor, upstream)
+
+
+def format_plan(p: CapacityPlan, measured: Measured | None) -> str:
+    lines = []
+    if measured is not None:
+        lines.append(f"measured over {measured.window_s:g} s: {measured.baseline_qps:.2f} req/s mean, "
+                     f"{measured.peak_qps:.2f} req/s busiest second, "
+                     + (f"{measured.tokens_per_request:.0f} tokens/request, "
+                        if measured.tokens_per_request else "no completed calls, ")
+                     + (f"upstream latency {measured.latency_s * 1000:.0f} ms, " if measured.latency_s else "")
+                     + f"{measured.workers} worker(s)"
+                     + (f" x {measured.concurrency:g} threads" if measured.concurrency else ""))
+    inst = []
+    if p.instance.tokens_per_s is not None:
+        inst.append(f"{p.instance.tokens_per_s:g} tokens/s")
+    if p.instance.requests_per_s is not None:
+        inst.append(f"{p.instance.requests_per_s:.3g} requests/s")
+    lines.append(f"per instance: {' and '.join(inst)}; {p.tokens_per_request:g} tokens/request; "
+                 f"safety factor {p.safety_factor:g}")
+    lines.append(f"{'load':<9} {'req/s':>10} {'tokens/s':>12} {'TPM':>14} {'raw':>8} {'instances':>10}")
+    for ln in (p.baseline, p.peak):
+        lines.append(f"{ln.name:<9} {ln.qps:>10.2f} {ln.tokens_per_s:>12.0f} {ln.tokens_per_minute:>14.0f} "
+                     f"{ln.raw_instances:>8.2f} {ln.instances:>10d}")
+    ratio = f"{p.peak_over_baseline:.2f}x" if p.peak_over_baseline else "-"
+    lines.append(f"peak/baseline {ratio}; warm pool (min replicas) {p.warm_pool}, max replicas "
+                 f"{p.max_replicas}")
+    if p.upstream_tpm_available is not None:
+        verdict = "enough" if p.upstream_ok else "NOT enough: raise the quota or add a pool"
+        lines.append(f"upstream quota: peak needs {p.upstream_tpm_needed:.0f} TPM with the factor, "
+                     f"pools have {p.upstream_tpm_available:.0f} TPM: {verdict}")
+    return "\n".join(lines)
+
+
+def _client(settings: Settings, who: str) -> redis.Redis:
+    return redis.Redis.from_url(settings.require_redis_url(who))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    measured = None
+    if args.measure_s:
+        if args.measure_s <= 0:
+            raise ConfigError(f"capacity: --measure-s={args.measure_s!r} is invalid; expected > 0")
+        client = _client(settings, "`gateway capacity --measure-s`")
+        try:
+            measured = measure(client, settings, args.measure_s)
+        finally:
+            client.close()
+    p = plan_from_args(args, settings, measured)
+    if args.json:
+        out: dict[str, Any] = p.as_dict()
+        if measured is not None:
+            out["measured"] = asdict(measured)
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_plan(p, measured))
+    return 0
+
+
+# -- forecast --------------------------------------------------------------------
+def format_forecast(fc: Forecast, settings: Settings) -> str:
+    if not fc.series:
+        return (f"no cron runs in the next {fc.bucket_s * fc.buckets} s "
+                f"({fc.entries_read} entries read)")
+    head = f"{'pool':<12} {'tier':<8} " + " ".join(f"{'+' + str(i * fc.bucket_s) + 's':>9}"
+                                                  for i in range(fc.buckets))
+    lines = [f"cron demand from {iso_utc(fc.start_ms)} in {fc.bucket_s} s bins "
+             "(estimated tokens; runs in brackets on the next line)", head]
+    for (pool, tier), s in sorted(fc.series.items()):
+        lines.append(f"{pool:<12} {tier:<8} " + " ".join(f"{t:>9d}" for t in s.tokens))
+        lines.append(f"{'':<12} {'':<8} " + " ".join(f"{'(' + str(n) + ')':>9}" for n in s.runs))
+    for pool in settings.pools:
+        tokens = fc.pool_tokens(pool.name)
+        per_min = max(tokens, default=0) * 60 / fc.bucket_s
+        if per_min:
+            lines.append(f"pool {pool.name}: busiest bin {per_min:.0f} tokens/min = "
+                         f"{100 * per_min / pool.tpm:.0f}% of its {pool.tpm} TPM")
+    return "\n".join(lines)
+
+
+def cmd_forecast(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    client = _client(settings, "`gateway capacity forecast`")
+    try:
+        if args.published:
+            fc = read_published(client, settings)
+            if fc is None:
+                raise ConfigError("no published forecast: is a beat running "
+                                  "(celery -A beat.app beat)? Without --published it is computed now")
+        else:
+            sec, usec = client.time()
+            fc = compute_forecast(client, settings, int(sec) * 1000 + int(usec) // 1000,
+                                  args.horizon_s, args.bucket_s)
+    finally:
+        client.close()
+    if args.json:
+        print(fc.to_json())
+    else:
+        print(format_forecast(fc, settings))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "capacity", help="instances needed for a load (flags or measured in Redis); cron demand forecast",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline-qps", type=float, default=None, help="baseline requests/s")
+    parser.add_argument("--peak-qps", type=float, default=None, help="peak requests/s")
+    parser.add_argument("--tokens-per-request", type=float, default=None,
+                        help="prompt + completion tokens of a request")
+    parser.add_argument("--instance-tps", type=float, default=None, help="tokens/s one instance sustains")
+    parser.add_argument("--instance-rps", type=float, default=None,
+                        help="requests/s one instance sustains")
+    parser.add_argument("--instance-concurrency", type=float, default=None,
+                        help="concurrent calls per instance (worker threads, -c)")
+    parser.add_argument("--latency-s", type=float, default=None, help="mean upstream call latency (s)")
+    parser.add_argument("--safety-factor", type=float, default=DEFAULT_SAFETY_FACTOR,
+                        help="headroom multiplier (default %(default)s)")
+    parser.add_argument("--upstream-tpm", type=float, default=None,
+                        help="upstream quota to check against (default: the pools' TPM summed)")
+    parser.add_argument("--measure-s", type=float, default=0.0,
+                        help="measure rates in the deployment's Redis for this many seconds")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=cmd_plan)
+    sub = parser.add_subparsers(dest="capacity_command")
+    fc = sub.add_parser("forecast", help="expected token demand per pool from the cron schedule",
+                        description=sys.modules["beat.forecast"].__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    fc.add_argument("--horizon-s", type=int, default=DEFAULT_HORIZON_S,
+                    help="how far ahead (default %(default)s)")
+    fc.add_argument("--bucket-s", type=int, default=DEFAULT_BUCKET_S, help="bin size (default %(default)s)")
+    fc.add_argument("--published", action="store_true",
+                    help="show the forecast the leader beat last published instead of computing it")
+    fc.add_argument("--json", action="store_true", help="print JSON")
+    fc.set_defaults(func=cmd_forecast)

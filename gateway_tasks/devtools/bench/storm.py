@@ -1,0 +1,341 @@
+"""Benchmark: a cron storm end to end (``gateway cron bench --storm``).
+
+Many tenants x 3 crons at the same minute, jitter off and then on, side by
+side in one run, through the whole system: real beat replicas
+(``celery -A beat.app beat`` x 2: one leads, one waits), real workers
+(``celery -A workers.app worker`` x 2, threads), the upstream simulator with a
+TPM/RPM limit, results read back from the Celery result backend.
+
+Per mode, on a fresh key prefix (deleted afterwards):
+
+1. a minute boundary B at least ``lead_s`` ahead is chosen; tenants are
+   registered (vip/normal/batch = 10/30/60 %) with 3 crons each,
+   ``"<B's minute> <B's hour> * * *"`` (each fires once, at B plus its jitter);
+2. the simulator is reset (full buckets, zeroed counters), workers and beats
+   start; a VIP probe tenant submits ``probe_rate`` requests/s from then on,
+   so its latency just before B ("quiet") and during the storm can be compared;
+3. beat fires every run at its jittered time; the run ends when every cron
+   task has a result (or ``timeout_s``).
+
+**Time compression.**  The real jitter windows are 120 s (normal) and 600 s
+(batch): two 10-minute storms would not fit "a few minutes".  The windows are
+divided by ``compress`` (20: 6 s and 30 s) and the upstream quota is sized so
+that the storm's tokens, spread over the compressed batch window, use
+``quota_fill`` of it, the VIP probe's requests included (1.0: the quota of a
+deployment sized for its jittered load, no more).  Everything else -- the cron maths, beat's 1 s tick, the bucket, the
+queues, the upstream latency -- runs in real time.  The same quota serves
+both modes, so jitter off sees the same storm all at once.
+
+What is measured, per mode:
+
+* upstream requests/s: the simulator's own per-second count of served
+  requests over [B, last cron task completed]: peak, mean and peak/mean in 1 s
+  bins (judged) and 5 s bins (shown); its 429s over all its answers;
+* per tier, the cron tasks' end-to-end latency (completed - enqueued, both
+  Redis TIME: what a tenant waits for its run's result once beat fired it)
+  p50/p99, the latency from the run's scheduled (jittered) time -- beat's own
+  fire lag included: what the storm does to the tenant --, queue wait p99,
+  and deferred tasks (held >= 1 s in the queue by the bucket instead of being
+  sent into a 429), plus the gateway's 429 requeues;
+* the VIP probe's p99 before B and during the storm, and beat's fire lag
+  (enqueue time - scheduled jittered time) p99.
+
+Targets (judged on jitter on): peak/mean <= 1.25, 429 <= 0.3 %, VIP p99 during
+the storm <= 1.5 x its p99 just before it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import redis
+
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.stats import UPSTREAM_429
+from gateway_tasks.core.tokens import count_prompt_tokens
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.bench.load import count_results, read_results
+from gateway_tasks.devtools.bench.storm_stats import (deferred, latency_stats, rate_429_pct, rate_stats,
+                                                      targets, vip_p99_ratio, window_series)
+from gateway_tasks.devtools.measure import percentile
+from gateway_tasks.devtools.redis_server import discard_prefix
+from gateway_tasks.devtools.simulator import SimConfig
+from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
+
+from beat.fire import run_key
+from beat.jitter import jitter_offset_s
+from beat.store import CronSpec, CronStore
+
+MODEL = "gpt-4o-mini"
+TIERS = ("vip", "normal", "batch")
+TIER_MIX = (("vip", 0.10), ("normal", 0.30), ("batch", 0.60))
+CRONS_PER_TENANT = 3
+PROBE_TENANT = "storm-probe"
+QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 10 s, B)
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StormSpec:
+    tenants: int = 1000
+    compress: int = 20
+    quota_fill: float = 1.0
+    max_tokens: int = 48
+    burst_s: float = 1.0
+    base_latency_ms: float = 150.0
+    ms_per_output_token: float = 2.0
+    workers: int = 2
+    concurrency: int = 16
+    beats: int = 2
+    lead_s: float = 22.0
+    probe_rate: float = 2.0
+    timeout_s: float = 150.0
+
+    def tenants_of(self) -> list[tuple[str, str]]:
+        """(tenant id, tier) of every storm tenant."""
+        out: list[tuple[str, str]] = []
+        for tier, share in TIER_MIX:
+            out += [(f"storm-{tier}-{i}", tier) for i in range(max(1, round(self.tenants * share)))]
+        return out
+
+
+def prompt(tenant: str, k: int) -> str:
+    return f"Nightly digest {k} for {tenant}: summarise the day."
+
+
+PROBE_MAX_TOKENS = 16
+
+
+def probe_prompt(i: int) -> str:
+    return f"Probe {i}: are you there?"
+
+
+def _charged(content: str, max_tokens: int) -> int:
+    """What the simulator charges a request: prompt + its reply (~60 % of max_tokens)."""
+    return count_prompt_tokens([{"role": "user", "content": content}]) + \
+        math.ceil(max_tokens * SimConfig().completion_fraction)
+
+
+def tokens_per_run(spec: StormSpec) -> int:
+    return _charged(prompt("storm-normal-100", 1), spec.max_tokens)
+
+
+def quota(spec: StormSpec, base: Settings) -> tuple[int, int]:
+    """(TPM, RPM) of the upstream: the storm's tokens over the compressed batch window plus
+    the VIP probe's, / fill; RPM 1.5 x the matching request rate, so tokens bind first."""
+    window_s = max(1, base.tier("batch").jitter_window_s // spec.compress)
+    runs = len(spec.tenants_of()) * CRONS_PER_TENANT
+    tokens_per_s = runs * tokens_per_run(spec) / window_s + \
+        spec.probe_rate * _charged(probe_prompt(100), PROBE_MAX_TOKENS)
+    requests_per_s = runs / window_s + spec.probe_rate
+    return (math.ceil(tokens_per_s * 60 / spec.quota_fill),
+            math.ceil(requests_per_s * 60 / spec.quota_fill * 1.5))
+
+
+def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool) -> Settings:
+    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0))
+                  for t in base.tiers)
+    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq")
+
+
+def task_id_of(tenant: str, entry_id: str, nominal_ms: int) -> str:
+    """The task id beat's submit gets for one run (producer idempotency, beat.fire.run_key)."""
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}:{run_key(entry_id, nominal_ms)}"))
+
+
+class Probe(threading.Thread):
+    """Submits one VIP request every 1/rate s through its own producer until stopped."""
+
+    def __init__(self, settings: Settings, rate: float):
+        super().__init__(name="storm-probe", daemon=True)
+        self.gw = Gateway(settings)
+        self.interval_s = 1.0 / rate
+        self.sent: list[tuple[str, float]] = []      # (task id, wall time sent)
+        self.errors = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        next_t = time.monotonic()
+        while not self._stop_event.is_set():
+            try:
+                h = self.gw.submit(PROBE_TENANT, probe_prompt(i), max_tokens=PROBE_MAX_TOKENS,
+                                   model=MODEL, source="bench")
+                self.sent.append((h.id, time.time()))
+            except Exception:  # noqa: BLE001 -- a failed probe is counted, the bench goes on
+                self.errors += 1
+            i += 1
+            next_t += self.interval_s
+            self._stop_event.wait(max(0.0, next_t - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10.0)
+        self.gw.app.close()
+        self.gw.r.close()
+
+
+def beat_child(settings: Settings, name: str, log_dir: str) -> processes.Child:
+    argv = [sys.executable, "-m", "celery", "-A", "beat.app", "beat", "-l", "info",
+            "-s", os.path.join(log_dir, f"{name}-schedule")]
+    return processes.Child(argv, processes.child_env(settings), os.path.join(log_dir, f"{name}.log"))
+
+
+def _wall_to_mono(wall_s: float) -> float:
+    return time.monotonic() - time.time() + wall_s
+
+
+def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
+             log_dir: str, progress: Progress = lambda _: None) -> dict[str, Any]:
+    tpm, rpm = quota(spec, base)
+    prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
+    pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
+                rpm=rpm, burst_s=spec.burst_s)
+    settings = storm_settings(base, spec, jitter, prefix, pool)
+    gw = Gateway(settings, client=client)
+    children: list[processes.Child] = []
+    probe: Probe | None = None
+    started = time.monotonic()
+    try:
+        boundary_s = math.ceil((time.time() + spec.lead_s) / 60.0) * 60
+        boundary_ms = boundary_s * 1000
+        at = datetime.fromtimestamp(boundary_s, timezone.utc)
+        cron = f"{at.minute} {at.hour} * * *"
+        tenants = spec.tenants_of()
+        for tenant, tier in tenants:
+            gw.register_tenant(tenant, tier)
+        gw.register_tenant(PROBE_TENANT, "vip")
+        specs = [CronSpec(t, f"digest-{k}", cron,
+                          {"messages": [{"role": "user", "content": prompt(t, k)}], "model": MODEL,
+                           "max_tokens": spec.max_tokens})
+                 for t, _ in tenants for k in range(CRONS_PER_TENANT)]
+        CronStore(client, settings).add_many(specs)
+        tier_of = dict(tenants)
+        expected = {task_id_of(s.tenant_id, f"{s.tenant_id}:{s.task_id}", boundary_ms): s for s in specs}
+        sim.reset_stats()
+        for i in range(spec.workers):
+            children.append(processes.worker(settings, concurrency=spec.concurrency, name=f"storm-{mode}-{i}",
+                                             log_path=os.path.join(log_dir, f"worker-{mode}-{i}.log")).start())
+        for i in range(spec.beats):
+            children.append(beat_child(settings, f"beat-{mode}-{i}", log_dir).start())
+        processes.wait_for_workers(gw.app, spec.workers, timeout_s=60.0)
+        probe = Probe(settings, spec.probe_rate)
+        probe.start()
+        progress(f"  {mode}: {len(specs)} crons of {len(tenants)} tenants at {at:%H:%M}:00 UTC "
+                 f"(in {boundary_s - time.time():.0f} s); upstream {tpm} TPM, {rpm} RPM, "
+                 f"burst {spec.burst_s:g} s")
+        ids = list(expected)
+        deadline = boundary_s + spec.timeout_s
+        window_s = max(t.jitter_window_s for t in settings.tiers)
+        while time.time() < deadline:
+            if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) >= len(ids):
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)
+        probe.stop()
+        probe_ids = list(probe.sent)
+        deadline = time.time() + 20
+        while time.time() < deadline and count_results(client, gw.app, [p for p, _ in probe_ids]) < len(probe_ids):
+            time.sleep(0.25)
+        time.sleep(1.05)                                    # the simulator's last second closes
+        upstream = sim.stats()
+        requeued_429 = int(client.hget(Keys(prefix).stats(pool.name), UPSTREAM_429) or 0)
+        fired = {k.decode(): int(v) for k, v in client.hgetall(Keys(prefix).cron_stats).items()}
+        results = read_results(client, gw.app, ids)
+        probe_results = {res["task_id"]: res for res in read_results(client, gw.app, [p for p, _ in probe_ids])}
+    finally:
+        if probe is not None and probe.is_alive():
+            probe.stop()
+        for child in children:
+            child.stop(timeout_s=15.0)
+        discard_prefix(client, prefix)
+        gw.app.close()
+
+    # -- numbers -----------------------------------------------------------------------
+    done_ms = [res["timing"]["completed_ms"] for res in results]
+    end_wall_s = (max(done_ms) / 1000.0) if done_ms else time.time()
+    series_all = upstream["served_per_s"]
+    series = window_series(series_all["first_second"], series_all["requests"],
+                           _wall_to_mono(boundary_s), _wall_to_mono(end_wall_s))
+    per_tier: dict[str, Any] = {}
+    for tier in TIERS:
+        mine = [res for res in results if tier_of.get(res["tenant_id"]) == tier]
+        n_expected = sum(1 for s in expected.values() if tier_of[s.tenant_id] == tier)
+        e2e = [res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"] for res in mine]
+        waits = [res["timing"]["queue_wait_ms"] for res in mine if res["timing"]["queue_wait_ms"] is not None]
+        lag, from_scheduled = [], []
+        window = settings.tier(tier).jitter_window_s
+        for res in mine:
+            run = expected.get(res["task_id"])
+            if run is None:
+                continue
+            scheduled_ms = boundary_ms + jitter_offset_s(res["tenant_id"], run.task_id, window, 86_400) * 1000
+            lag.append(res["timing"]["enqueued_ms"] - scheduled_ms)
+            from_scheduled.append(res["timing"]["completed_ms"] - scheduled_ms)
+        per_tier[tier] = {"runs": n_expected, "completed": len(mine),
+                          "e2e": latency_stats(e2e, missing=n_expected - len(mine)),
+                          "from_scheduled": latency_stats(from_scheduled, missing=n_expected - len(mine)),
+                          "queue_wait_p99_ms": round(percentile(waits, 99, default=0.0), 1) if waits else None,
+                          "deferred": deferred(waits),
+                          "fire_lag_p99_ms": round(percentile(lag, 99, default=0.0), 1) if lag else None,
+                          "jitter_window_s": window}
+    quiet, storm, storm_waits = [], [], []
+    for task_id, sent_s in probe_ids:
+        res = probe_results.get(task_id)
+        if res is None:
+            continue
+        e2e = res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"]
+        if boundary_s - QUIET_WINDOW_S <= sent_s < boundary_s:
+            quiet.append(e2e)
+        elif boundary_s <= sent_s <= end_wall_s:
+            storm.append(e2e)
+            storm_waits.append(res["timing"]["queue_wait_ms"] or 0)
+    quiet_stats, storm_stats = latency_stats(quiet), latency_stats(storm)
+    storm_stats["queue_wait_p99_ms"] = round(percentile(storm_waits, 99), 1) if storm_waits else None
+    return {
+        "mode": mode, "jitter": jitter,
+        "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
+        "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},
+        "runs": len(expected), "completed": len(results), "fired": fired,
+        "storm_s": round(end_wall_s - boundary_s, 1),
+        "upstream": {
+            "rate": rate_stats(series, 1), "rate_5s": rate_stats(series, 5),
+            "requests_ok": upstream["requests_ok"], "requests_429": upstream["requests_429"],
+            "rate_429_pct": rate_429_pct(upstream["requests_ok"], upstream["requests_429"],
+                                         upstream["requests_error"]),
+            "series": series,
+        },
+        "tiers": per_tier,
+        "deferred": sum(t["deferred"] for t in per_tier.values()),
+        "requeued_after_429": requeued_429,
+        "vip_probe": {"quiet": quiet_stats, "storm": storm_stats, "errors": probe.errors if probe else 0,
+                      "p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], storm_stats["p99_ms"])},
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
+
+
+def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec(),
+              progress: Progress = lambda _: None) -> dict[str, Any]:
+    from gateway_tasks.devtools.simulator.runner import SimulatorProcess
+
+    tpm, rpm = quota(spec, base)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gateway-storm-") as log_dir:
+        sim_cfg = SimConfig(tpm=tpm, rpm=rpm, burst_s=spec.burst_s, base_latency_ms=spec.base_latency_ms,
+                            ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
+        with SimulatorProcess(sim_cfg) as sim:
+            modes = {}
+            for mode, jitter in (("jitter_off", False), ("jitter_on", True)):
+                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress)
+    return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
+            "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

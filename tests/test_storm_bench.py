@@ -1,0 +1,103 @@
+"""The cron storm benchmark's pure measures (rates, bins, latency percentiles,
+deferred, targets), its quota sizing and task-id derivation, and its arguments
+(`gateway cron bench --storm`).  The storm itself runs in `make bench-beat`."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from beat import cli as beat_cli
+from beat.fire import run_key
+from gateway_tasks.core.settings import Settings
+from gateway_tasks.devtools.bench import storm
+from gateway_tasks.devtools.bench.storm_stats import (deferred, latency_stats, rate_429_pct, rate_stats,
+                                                      rebin, targets, vip_p99_ratio, window_series)
+from gateway_tasks.producer.gateway import Gateway
+
+
+@pytest.mark.parametrize("first,series,start,end,expected", [
+    (100, [1, 2, 3, 4, 5], 101.2, 103.9, [2, 3, 4]),
+    (100, [1, 2, 3], 98.0, 101.5, [0, 0, 1, 2]),        # before the series: zeros
+    (100, [1, 2, 3], 102.0, 104.0, [3, 0, 0]),          # after it: zeros
+])
+def test_window_series(first, series, start, end, expected):
+    assert window_series(first, series, start, end) == expected
+
+
+@pytest.mark.parametrize("series,bin_s,expected", [
+    ([1, 2, 3, 4, 5], 2, [3, 7]), ([1, 2], 5, [3]), ([], 5, []), ([4, 4, 4], 1, [4, 4, 4])])
+def test_rebin(series, bin_s, expected):
+    assert rebin(series, bin_s) == expected
+
+
+@pytest.mark.parametrize("series,bin_s,peak,mean,ratio", [
+    ([10, 10, 10, 10], 1, 10, 10, 1.0),
+    ([40, 10, 10, 20], 1, 40, 20, 2.0),
+    ([40, 10, 10, 20], 2, 25, 20, 1.25),
+    ([0, 0], 1, 0.0, 0.0, None),
+])
+def test_rate_stats(series, bin_s, peak, mean, ratio):
+    got = rate_stats(series, bin_s)
+    assert (got["peak_per_s"], got["mean_per_s"], got["peak_over_mean"]) == (peak, mean, ratio)
+
+
+def test_latency_stats_count_unfinished_tasks_as_infinite():
+    assert latency_stats([100.0] * 99 + [900.0]) == {"count": 100, "missing": 0, "p50_ms": 100.0,
+                                                      "p99_ms": 100.0, "max_ms": 900.0}
+    got = latency_stats([100.0] * 98, missing=2)
+    assert got["p50_ms"] == 100.0 and got["p99_ms"] is None and got["max_ms"] is None
+    assert latency_stats([])["p99_ms"] is None
+
+
+def test_deferred_429_rate_and_vip_ratio():
+    assert deferred([0, 999, 1000, 5000]) == 2
+    assert rate_429_pct(997, 3) == 0.3 and rate_429_pct(0, 0) == 0.0
+    assert vip_p99_ratio(200.0, 300.0) == 1.5 and vip_p99_ratio(None, 1.0) is None
+
+
+def test_targets_are_judged_on_jitter_on():
+    run = {"upstream": {"rate": {"peak_over_mean": 1.2}, "rate_429_pct": 0.31},
+           "vip_probe": {"quiet": {"p99_ms": 200.0}, "storm": {"p99_ms": 280.0}, "p99_ratio": 1.4}}
+    got = {t["target"]: t["ok"] for t in targets(run)}
+    assert got == {"peak_over_mean": True, "rate_429_pct": False, "vip_p99_ratio": True}
+
+
+def test_quota_fits_the_jittered_storm_plus_the_probe():
+    spec = storm.StormSpec(tenants=100, compress=20, quota_fill=1.0, probe_rate=2.0)
+    tpm, rpm = storm.quota(spec, Settings())
+    runs = 3 * len(spec.tenants_of())
+    assert runs == 300 and [t for _, t in spec.tenants_of()].count("batch") == 60
+    probe = storm._charged(storm.probe_prompt(100), storm.PROBE_MAX_TOKENS)
+    assert tpm == pytest.approx((runs * storm.tokens_per_run(spec) / 30 + 2 * probe) * 60, abs=1)
+    assert rpm == pytest.approx((runs / 30 + 2) * 60 * 1.5, abs=1)
+    half = storm.quota(storm.StormSpec(tenants=100, quota_fill=0.5), Settings())
+    assert half[0] == pytest.approx(2 * tpm, abs=2)
+
+
+def test_storm_settings_compress_or_zero_the_windows(settings):
+    pool = settings.pools[0]
+    on = storm.storm_settings(settings, storm.StormSpec(compress=20), True, "p:", pool)
+    off = storm.storm_settings(settings, storm.StormSpec(compress=20), False, "p:", pool)
+    assert [t.jitter_window_s for t in on.tiers] == [0, 6, 30]
+    assert [t.jitter_window_s for t in off.tiers] == [0, 0, 0]
+    assert on.key_prefix == "p:" and on.pools == (pool,)
+
+
+def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):
+    gw = Gateway(settings)
+    try:
+        gw.register_tenant("t1", "batch")
+        h = gw.submit("t1", "hello", source="cron", idempotency_key=run_key("t1:digest-0", 1234))
+        assert storm.task_id_of("t1", "t1:digest-0", 1234) == h.id
+    finally:
+        gw.app.close()
+
+
+def test_cron_bench_takes_the_storm_flags():
+    parser = argparse.ArgumentParser(prog="gateway")
+    beat_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["cron", "bench", "--storm", "--tenants", "50", "--compress", "10"])
+    assert args.storm and args.tenants == 50 and args.compress == 10 and args.quota_fill == 1.0
+    assert not parser.parse_args(["cron", "bench"]).storm

@@ -154,6 +154,20 @@ class Keys:
         the REST API shows a task to its owner only)."""
         return f"{self.prefix}task-owner:{task_id}"
 
+    def task_ref(self, task_id: str) -> str:
+        """String (TTL): where a queued task sits, '<pool>|<tier>|<delivery tag>|<index entry>'
+        (written after its enqueue; cancel and eviction find it by it)."""
+        return f"{self.prefix}task-ref:{task_id}"
+
+    def cancelled(self, task_id: str) -> str:
+        """String (TTL): a cancelled task's reason ('queued' | 'running'); the worker, the lease
+        sweep and a requeue check it, so a cancelled task never runs or comes back."""
+        return f"{self.prefix}cancelled:{task_id}"
+
+    def tenant_bucket(self, tenant_id: str) -> str:
+        """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/quota_take.lua)."""
+        return f"{self.prefix}tenant-bucket:{tenant_id}"
+
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"
@@ -182,7 +196,8 @@ class Keys:
         return f"{self.prefix}cron:fired:{entry_id}:{nominal_ms}"
 
     def quota(self, tenant_id: str, hour: int) -> str:
-        """Integer (TTL): tasks one tenant's crons fired in one clock hour
+        """Integer (TTL): tasks one tenant submitted in one clock hour, every path together
+        (cron fires: lua/cron_fire.lua; Python API and REST: lua/quota_take.lua)
         (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
         return f"{self.prefix}quota:{tenant_id}:{hour}"
 

@@ -44,10 +44,13 @@ class InferenceRequest:
     source: str = "api"
     extra_body: dict[str, Any] = field(default_factory=dict)
     tenant_weight: float = 1.0
+    tenant_tpm: int = 0   # the tenant's TPM quota at submit (0: none); not sent to the worker
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
-        return asdict(self)
+        body = asdict(self)
+        body.pop("tenant_tpm")
+        return body
 
     def routing_headers(self) -> dict[str, Any]:
         return {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,

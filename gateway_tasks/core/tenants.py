@@ -29,6 +29,7 @@ class Tenant:
     api_key_sha256: str = ""
     created_ms: int = 0
     weight: float = 1.0   # share of its tier against the tier's other tenants (fair queuing)
+    tpm: int = 0          # its own TPM quota (0: its tier's tenant_tpm)
 
 
 class TenantRegistry:
@@ -38,7 +39,7 @@ class TenantRegistry:
         self.keys = Keys(settings.key_prefix)
 
     def register(self, tenant_id: str, tier: str, api_key: str | None = None,
-                 weight: float = 1.0) -> tuple[Tenant, str]:
+                 weight: float = 1.0, tpm: int = 0) -> tuple[Tenant, str]:
         """Create or update a tenant; returns it and its API key (generated if not given).
         ``weight`` is its share inside its tier: a tenant of weight 2 gets twice the
         tokens of a weight-1 tenant of the same tier while both have work queued."""
@@ -48,16 +49,19 @@ class TenantRegistry:
         tier_name = self.settings.tier(tier).name
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000:
             raise InvalidRequest(f"tenant weight {weight!r} is invalid; expected a number in (0, 1000]")
+        if isinstance(tpm, bool) or not isinstance(tpm, int) or tpm < 0:
+            raise InvalidRequest(f"tenant tpm {tpm!r} is invalid; expected a whole number of tokens "
+                                 "per minute >= 0 (0: the tier's tenant_tpm)")
         api_key = api_key or f"gt-{secrets.token_urlsafe(24)}"
         digest = hash_api_key(api_key)
-        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight))
+        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight), tpm)
         old = self.r.hget(self.keys.tenant(tenant_id), "api_key_sha256")
         with self.r.pipeline() as pipe:
             if old and old.decode() != digest:
                 pipe.hdel(self.keys.api_keys, old)
             pipe.hset(self.keys.tenant(tenant_id), mapping={
                 "tier": tier_name, "api_key_sha256": digest, "created_ms": tenant.created_ms,
-                "weight": tenant.weight})
+                "weight": tenant.weight, "tpm": tenant.tpm})
             pipe.hset(self.keys.api_keys, digest, tenant_id)
             pipe.sadd(self.keys.tenants, tenant_id)
             pipe.execute()
@@ -70,7 +74,7 @@ class TenantRegistry:
                                 "(gateway tenant add TENANT --tier TIER)")
         d = {k.decode(): v.decode() for k, v in raw.items()}
         return Tenant(tenant_id, d["tier"], d.get("api_key_sha256", ""), int(d.get("created_ms", 0)),
-                      float(d.get("weight", 1.0)))
+                      float(d.get("weight", 1.0)), int(d.get("tpm", 0)))
 
     def authenticate(self, api_key: str) -> Tenant:
         """The tenant of an API key, else UnknownTenant("invalid API key").

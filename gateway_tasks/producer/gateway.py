@@ -21,8 +21,11 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
+from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
@@ -68,10 +71,11 @@ class Gateway:
         self.tenants = TenantRegistry(self.r, self.settings)
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
-                        weight: float = 1.0) -> str:
+                        weight: float = 1.0, tpm: int = 0) -> str:
         """Register (or update) a tenant; returns its API key.  ``weight``: its share
-        against the other tenants of its tier (default 1)."""
-        return self.tenants.register(tenant_id, tier, api_key, weight)[1]
+        against the other tenants of its tier (default 1); ``tpm``: its own tokens-per-
+        minute quota (default 0: its tier's ``tenant_tpm``)."""
+        return self.tenants.register(tenant_id, tier, api_key, weight, tpm)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
                  max_tokens: int | None = None) -> InferenceRequest:
@@ -106,14 +110,20 @@ class Gateway:
                 completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
         return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                                 messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight)
+                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
+                                tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm))
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
-               extra_body: dict[str, Any] | None = None) -> TaskHandle:
-        """Validate, estimate and enqueue one inference task on its tier's queue."""
+               extra_body: dict[str, Any] | None = None, count_quota: bool = True) -> TaskHandle:
+        """Validate, estimate and enqueue one inference task on its tier's queue.
+
+        The tenant's quotas are taken first, atomically (``gateway_tasks.core.quota``):
+        ``QuotaExceeded`` (reason, retry_after_s) when its tier's ``max_tasks_per_hour``
+        or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
+        elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies."""
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
@@ -132,17 +142,36 @@ class Gateway:
                                ex=self.settings.result_ttl_s)
             if not first:
                 return self._handle(task_id, req)
+        try:
+            take = self._take_quota(req, count_quota)
+        except Exception:
+            if idempotency_key is not None:
+                self.r.delete(self.keys.meta(task_id))
+            raise
         self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             self.app.send_task(
                 TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
                 headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
         except Exception:
+            scripts_for(self.r).run(QuotaRefundCall(take, counted=count_quota))
             self.r.delete(self.keys.task_owner(task_id))
             if idempotency_key is not None:
                 self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
+
+    def _take_quota(self, req: InferenceRequest, count_quota: bool) -> QuotaTakeCall:
+        """Take the task from its tenant's hourly and TPM quotas (both or neither), or raise
+        QuotaExceeded saying which, its limit and when to retry."""
+        tier = self.settings.tier(req.tier)
+        take = QuotaTakeCall(self.keys, req.tenant_id, redis_now_ms(self.r),
+                             tier.max_tasks_per_hour if count_quota else 0, req.est_tokens, req.tenant_tpm)
+        take.check_fits()
+        taken = scripts_for(self.r).run(take)
+        if not taken.ok:
+            raise take.refusal(taken)
+        return take
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)

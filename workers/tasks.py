@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
+from gateway_tasks.core.errors import DeadlineExceeded, RetryBudgetExceeded, UpstreamError
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
@@ -31,8 +31,9 @@ from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
 from workers.upstream import chat
 
 logger = logging.getLogger(__name__)
-MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
+TASK_RETRIES_SPENT = "task_retries_spent"    # RetryBudgetExceeded reasons
+TIER_RETRY_BUDGET_SPENT = "tier_retry_budget_spent"
 
 
 @lru_cache(maxsize=8)
@@ -44,27 +45,37 @@ def _settings(task: Any) -> Settings:
     return settings_of(task.app)
 
 
-def _count_attempt(r: redis.Redis, keys: Keys, settings: Settings, task_id: str) -> int:
-    """One more upstream attempt of a task (every requeue counts: 429s too); returns the count."""
+def _count_failure(r: redis.Redis, keys: Keys, settings: Settings, task_id: str) -> int:
+    """One more failed upstream attempt of a task (every requeue counts: 429s too); returns
+    how many it has had."""
     with r.pipeline() as pipe:
         pipe.incr(keys.attempts(task_id))
         pipe.expire(keys.attempts(task_id), settings.result_ttl_s)
         return int(pipe.execute()[0])
 
 
-def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
-                   task_id: str) -> bool:
+def task_may_retry(failures: int, max_retries: int) -> bool:
+    """A task that failed ``failures`` times may run again while that is within its
+    tier's ``max_retries`` (so at most max_retries + 1 upstream attempts)."""
+    return failures <= max_retries
+
+
+def _retry_refusal(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
+                   task_id: str) -> str:
+    """'' when a transient failure may be requeued (counted), else the reason it may not:
+    the task's own retries are spent, or its tier's budget (retry_budget_ratio of completed
+    requests) that stops retry storms."""
     tier = settings.tier(req.tier)
     stats = keys.stats(req.pool)
-    if _count_attempt(r, keys, settings, task_id) >= MAX_ATTEMPTS:
-        return False
+    if not task_may_retry(_count_failure(r, keys, settings, task_id), tier.max_retries):
+        return TASK_RETRIES_SPENT
     retries_field = tier_field(RETRIES, tier.name)
     retries, completed = r.hmget(stats, retries_field, tier_field(COMPLETED, tier.name))
     budget = RETRY_BUDGET_FLOOR + tier.retry_budget_ratio * int(completed or 0)
     if int(retries or 0) >= budget:
-        return False
+        return TIER_RETRY_BUDGET_SPENT
     r.hincrby(stats, retries_field, 1)
-    return True
+    return ""
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -105,18 +116,24 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
-        attempts = _count_attempt(r, keys, settings, self.request.id)
-        if attempts >= MAX_ATTEMPTS:
-            raise UpstreamError(f"the upstream answered 429 to {attempts} attempts of this task; "
-                                f"giving up (retry after {wait / 1000:.1f} s)") from None
-        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (attempt %d of %d)",
-                       pool.name, wait, self.request.id, attempts, MAX_ATTEMPTS)
+        failures = _count_failure(r, keys, settings, self.request.id)
+        max_retries = settings.tier(req.tier).max_retries
+        if not task_may_retry(failures, max_retries):
+            raise RetryBudgetExceeded(
+                f"the upstream answered 429 to {failures} attempts of this task, its tier "
+                f"{req.tier!r} allows {max_retries} retries; retry after {wait / 1000:.1f} s",
+                wait / 1000.0, TASK_RETRIES_SPENT) from None
+        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (retry %d of %d)",
+                       pool.name, wait, self.request.id, failures, max_retries)
         raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
     except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
         refund()
-        if _retry_allowed(r, keys, settings, req, self.request.id):
+        refusal = _retry_refusal(r, keys, settings, req, self.request.id)
+        if not refusal:
             raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
-        raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
+        what = (f"this task's {settings.tier(req.tier).max_retries} retries (tier {req.tier!r}) are spent"
+                if refusal == TASK_RETRIES_SPENT else f"tier {req.tier!r}'s retry budget is spent")
+        raise RetryBudgetExceeded(f"upstream failed and {what}: {exc}", None, refusal) from None
     except openai.APIStatusError as exc:
         refund()
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None

@@ -16,6 +16,7 @@ visibility timeout stays as the last resort: a lease is never renewed past it.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Callable
@@ -26,7 +27,7 @@ from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import Scripts
 from gateway_tasks.core.settings import Settings
-from workers.release import REQUEUE, ReleaseCall, RenewCall
+from workers.release import ACK, REQUEUE, ReleaseCall, RenewCall
 
 logger = logging.getLogger(__name__)
 SWEEP_LIMIT = 200  # expired tasks restored per pool per sweep
@@ -41,11 +42,26 @@ def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: S
         tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_s, byscore=True,
                              offset=0, num=limit or SWEEP_LIMIT)
         for tag in tags:
-            call = ReleaseCall(keys, settings, pool.name, tag.decode(), REQUEUE, expired_only=True)
+            cancelled = _is_cancelled(client, keys, pool.name, tag)
+            call = ReleaseCall(keys, settings, pool.name, tag.decode(), ACK if cancelled else REQUEUE,
+                               expired_only=True)
             if scripts.run(call).released:
+                if cancelled:   # its holder died after it was cancelled: drop it, never resurrect it
+                    logger.warning("task %s: its dispatcher's lease expired; cancelled, dropped", call.tag)
+                    continue
                 restored += 1
                 logger.warning("task %s: its dispatcher's lease expired; back in line", call.tag)
     return restored
+
+
+def _is_cancelled(client: redis.Redis, keys: Keys, pool: str, tag: bytes) -> bool:
+    """Whether the task of a dispatched delivery tag was cancelled (Keys.cancelled of its id)."""
+    raw = client.hget(keys.messages(pool), tag)
+    try:
+        task_id = (json.loads(raw).get("headers") or {}).get("id") if raw else None
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(task_id, str) and bool(client.exists(keys.cancelled(task_id)))
 
 
 class LeaseKeeper:

@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.core.errors import DeadlineExceeded, RetryBudgetExceeded, UpstreamError
+from gateway_tasks.core.errors import DeadlineExceeded, RetryBudgetExceeded, TaskCancelled, UpstreamError
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
@@ -78,6 +78,19 @@ def _retry_refusal(r: redis.Redis, keys: Keys, settings: Settings, req: Inferenc
     return ""
 
 
+def _cancel_mark(r: redis.Redis, keys: Keys, task_id: str) -> str | None:
+    """What a cancelled task was when it was cancelled ('queued', 'running', 'gone'), else None."""
+    mark = r.get(keys.cancelled(task_id))
+    return mark.decode() if mark is not None else None
+
+
+def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskCancelled:
+    if after_call:
+        return TaskCancelled(f"task {task_id} was cancelled while its upstream call ran; the call "
+                             f"finished and its result was discarded", None, mark)
+    return TaskCancelled(f"task {task_id} was cancelled ({mark}); the upstream was not called", None, mark)
+
+
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
     """The tighter of the request's deadline and the tier's queue TTL (0 = none)."""
     if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
@@ -103,6 +116,11 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
                       model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
 
+    mark = _cancel_mark(r, keys, self.request.id)
+    if mark is not None:     # cancelled after it was taken (or put back): never call the upstream
+        refund()
+        raise _cancelled_error(self.request.id, mark)
+
     limit_s, why = effective_deadline_s(req.deadline_s, settings.tier(req.tier).queue_ttl_s)
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
         refund()
@@ -123,11 +141,17 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
                 f"the upstream answered 429 to {failures} attempts of this task, its tier "
                 f"{req.tier!r} allows {max_retries} retries; retry after {wait / 1000:.1f} s",
                 wait / 1000.0, TASK_RETRIES_SPENT) from None
+        mark = _cancel_mark(r, keys, self.request.id)
+        if mark is not None:
+            raise _cancelled_error(self.request.id, mark)
         logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (retry %d of %d)",
                        pool.name, wait, self.request.id, failures, max_retries)
         raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
     except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
         refund()
+        mark = _cancel_mark(r, keys, self.request.id)
+        if mark is not None:
+            raise _cancelled_error(self.request.id, mark)
         refusal = _retry_refusal(r, keys, settings, req, self.request.id)
         if not refusal:
             raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
@@ -142,6 +166,9 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
                   model=req.model, completion_tokens=reply.completion_tokens)
     bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    mark = _cancel_mark(r, keys, self.request.id)
+    if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
+        raise _cancelled_error(self.request.id, mark, after_call=True)
     done_ms = redis_now_ms(r)
     return {
         "task_id": self.request.id,

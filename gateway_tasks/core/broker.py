@@ -21,6 +21,7 @@ from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
+from gateway_tasks.core.cancel import TaskRef
 from gateway_tasks.core.enqueue import EnqueueCall
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
@@ -81,6 +82,12 @@ class Channel(kredis.Channel):
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
         done = self._gt_scripts.run(call)
+        task_id = headers.get("id")
+        if done.accepted and isinstance(task_id, str) and task_id:
+            # where it sits: Gateway.cancel and eviction find it by it
+            self._gt_raw.set(self._gt_keys.task_ref(task_id),
+                             TaskRef(parts[1], tier.name, call.tenant, call.tag).encode(),
+                             ex=self._gt_settings.result_ttl_s)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued")

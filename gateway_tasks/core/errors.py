@@ -6,6 +6,7 @@
     ├── InvalidRequest       a request rejected before anything was enqueued
     │   ├── UnknownTenant
     │   ├── PromptTooLarge
+    │   ├── UnknownTask      a task id the caller never submitted (or long forgotten)
     │   └── CronError
     ├── Rejected             a valid request the gateway will not run now (reason, retry_after_s)
     │   ├── QueueFull
@@ -46,6 +47,10 @@ class UnknownTenant(InvalidRequest):
 
 class PromptTooLarge(InvalidRequest):
     """The prompt (plus max_tokens) cannot fit the model or the pool."""
+
+
+class UnknownTask(InvalidRequest):
+    """No task of this id for this tenant (another tenant's ids look the same: unknown)."""
 
 
 class CronError(InvalidRequest):

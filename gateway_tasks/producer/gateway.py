@@ -17,12 +17,13 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 import redis
-from celery import Celery
+from celery import Celery, states
 from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
+from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
+from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge, TaskCancelled, UnknownTask
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
@@ -33,6 +34,24 @@ from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
+ALREADY_CANCELLED, FINISHED = "already_cancelled", "finished"
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``Gateway.cancel`` did: ``was`` is 'queued' (removed: it never reaches the
+    upstream), 'running' (revoked: a call in flight finishes and its result is discarded),
+    'gone' (neither queued nor running yet -- being published, or lost -- marked so it never
+    runs), 'already_cancelled', or 'finished' (nothing to cancel: ``status`` says how it ended)."""
+
+    task_id: str
+    was: str
+    status: str
+
+    @property
+    def cancelled(self) -> bool:
+        return self.was != FINISHED
 
 
 @dataclass(frozen=True)
@@ -182,6 +201,51 @@ class Gateway:
 
     def result(self, task_id: str) -> AsyncResult:
         return AsyncResult(task_id, app=self.app)
+
+    def owner(self, task_id: str) -> str | None:
+        """The tenant that submitted a task (None: unknown id, or its record expired)."""
+        owner = self.r.get(self.keys.task_owner(task_id))
+        return owner.decode() if owner else None
+
+    def cancel(self, task_id: str, tenant_id: str | None = None) -> Cancelled:
+        """Cancel a task.  Queued: its index entry and message go together (lua/cancel.lua),
+        so it never reaches the upstream.  Running: revoked, and marked so the worker
+        discards its result and no requeue or lease sweep puts it back.  Its result becomes
+        ``TaskCancelled`` (reason 'queued' | 'running').  ``tenant_id``: only that tenant's
+        task (anyone else's id is ``UnknownTask``, as if it did not exist)."""
+        owner = self.owner(task_id)
+        if owner is None or (tenant_id is not None and owner != tenant_id):
+            raise UnknownTask(f"no task {task_id!r}" + (f" for tenant {tenant_id!r}" if tenant_id else ""))
+        if self.r.exists(self.keys.cancelled(task_id)):
+            return Cancelled(task_id, ALREADY_CANCELLED, states.FAILURE)
+        status = self._status(task_id)
+        if status in states.READY_STATES:
+            return Cancelled(task_id, FINISHED, status)
+        raw_ref = self.r.get(self.keys.task_ref(task_id))
+        was = GONE
+        if raw_ref is not None:
+            ref = TaskRef.decode(raw_ref)
+            for _ in range(CANCEL_TRIES):
+                was = scripts_for(self.r).run(CancelCall(self.keys, task_id, ref, find_entry(self.r, self.keys, ref),
+                                                         self.settings.result_ttl_s * 1000))
+                if was != GONE or self._status(task_id) in states.READY_STATES:
+                    break
+        if was == GONE:
+            status = self._status(task_id)
+            if status in states.READY_STATES:
+                return Cancelled(task_id, FINISHED, status)
+            self.r.set(self.keys.cancelled(task_id), GONE, ex=self.settings.result_ttl_s)
+        if was == RUNNING:
+            self.app.control.revoke(task_id)
+        message = {QUEUED: "cancelled while queued; it never reached the upstream",
+                   RUNNING: "cancelled while running; it was revoked and its result is discarded",
+                   GONE: "cancelled before it was queued or after it was lost; it will not run"}[was]
+        self.app.backend.store_result(task_id, TaskCancelled(f"task {task_id} {message}", None, was),
+                                      states.FAILURE)
+        return Cancelled(task_id, was, states.FAILURE)
+
+    def _status(self, task_id: str) -> str:
+        return str(self.app.backend.get_task_meta(task_id).get("status") or states.PENDING)
 
 
 @lru_cache(maxsize=1)

@@ -4,7 +4,7 @@ its owner, its error, and waiting for it to finish."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from celery import states
 from fastapi.concurrency import run_in_threadpool
@@ -77,8 +77,10 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
     return view
 
 
-async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float) -> dict[str, Any] | None:
-    """Poll the result backend until the task is ready; None on timeout."""
+async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float,
+                        gone: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None:
+    """Poll the result backend until the task is ready; None on timeout, or as soon as
+    ``gone()`` says the client disconnected."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     delay = POLL_FIRST_S
@@ -87,7 +89,7 @@ async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float) -> dic
         if meta.get("status") in states.READY_STATES:
             return meta
         remaining = deadline - loop.time()
-        if remaining <= 0:
+        if remaining <= 0 or (gone is not None and await gone()):
             return None
         await asyncio.sleep(min(delay, remaining))
         delay = min(delay * 1.5, POLL_MAX_S)

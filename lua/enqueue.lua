@@ -14,14 +14,24 @@
 -- ARGV[7] the tier's queue_max_len   ARGV[8] the tier's max in-flight per tenant
 -- ARGV[9] max bell tokens kept
 -- ARGV[10] enqueue time (ms) to record: '' = now on the Redis clock (a given one: tools, tests)
+-- ARGV[11] the pool's shared queue capacity, all tiers together ('' or 0 = none)
 --
--- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full.
+-- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full, or
+-- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua).
 
 local tier, tenant, tag = ARGV[1], ARGV[2], ARGV[3]
 local depth = tonumber(redis.call('HGET', KEYS[7], tier)) or 0
 if depth >= tonumber(ARGV[7]) then
   return {0, depth}
 end
+-- [lifecycle: shared capacity] begin
+local capacity = tonumber(ARGV[11]) or 0
+if capacity > 0 then
+  local total = 0
+  for _, n in ipairs(redis.call('HVALS', KEYS[7])) do total = total + (tonumber(n) or 0) end
+  if total >= capacity then return {0, depth, 1} end
+end
+-- [lifecycle: shared capacity] end
 local now = tonumber(ARGV[10]) or gt_now_ms()
 local seq = redis.call('INCR', KEYS[8])
 local entry = tenant .. '|' .. string.format('%016x', seq) .. '|' .. tag .. '|' .. ARGV[4]

@@ -23,6 +23,7 @@ from kombu.transport import redis as kredis
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.cancel import TaskRef
 from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
@@ -80,7 +81,8 @@ class Channel(kredis.Channel):
                            tag=str((message.get("properties") or {}).get("delivery_tag") or uuid.uuid4()),
                            est_tokens=_whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS),
                            message_json=json.dumps(message),
-                           tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
+                           tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
+                           pool_capacity=self._gt_pool_capacity(parts[1]))
         done = self._gt_scripts.run(call)
         task_id = headers.get("id")
         if done.accepted and isinstance(task_id, str) and task_id:
@@ -88,9 +90,17 @@ class Channel(kredis.Channel):
             self._gt_raw.set(self._gt_keys.task_ref(task_id),
                              TaskRef(parts[1], tier.name, call.tenant, call.tag).encode(),
                              ex=self._gt_settings.result_ttl_s)
+        if done.pool_full:
+            raise QueueFull(f"pool {parts[1]!r} is at its shared queue capacity "
+                            f"({self._gt_pool_capacity(parts[1])} tasks, all tiers); the request was "
+                            f"not enqueued", throttle_retry_after_s(tier), POOL_FULL)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
-                            f"{tier.queue_max_len}); the request was not enqueued")
+                            f"{tier.queue_max_len}); the request was not enqueued",
+                            throttle_retry_after_s(tier), TIER_FULL)
+
+    def _gt_pool_capacity(self, pool: str) -> int:
+        return next((p.queue_capacity for p in self._gt_settings.pools if p.name == pool), 0)
 
     def _size(self, queue: str) -> int:
         parts = split_queue_name(queue)

@@ -17,6 +17,7 @@ class Enqueued:
     accepted: bool            # False: the tier's queue was at its length limit, nothing was queued
     queue_length: int         # tasks queued in the tier after the push (or when refused)
     enqueued_ms: int | None   # the Redis TIME of the enqueue (None when refused)
+    pool_full: bool = False   # refused because the pool's shared queue capacity is full
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class EnqueueCall:
     tenant_weight: float = 1.0
     bell_max: int = BELL_MAX
     enqueued_ms: int | None = None   # None: now on the Redis clock (a given time: tools, tests)
+    pool_capacity: int = 0           # the pool's shared queue capacity (0: none)
 
     @property
     def script_keys(self) -> list[str]:
@@ -44,9 +46,9 @@ class EnqueueCall:
     def script_args(self) -> list[str | int | float]:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
                 self.message_json, self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
-                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms]
+                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:
-            return Enqueued(False, int(reply[1]), None)
+            return Enqueued(False, int(reply[1]), None, pool_full=len(reply) > 2)
         return Enqueued(True, int(reply[2]), int(reply[1]))

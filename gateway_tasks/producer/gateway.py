@@ -23,7 +23,10 @@ from celery.result import AsyncResult
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge, TaskCancelled, UnknownTask
+from gateway_tasks.core.errors import (Evicted, InvalidRequest, PromptTooLarge, QueueFull, TaskCancelled,
+                                       UnknownTask)
+from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
+                                      tiers_below)
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
@@ -35,6 +38,7 @@ from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
 CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
+EVICT_TRIES = 3       # evictions one arrival may make (parallel arrivals can take the room freed)
 ALREADY_CANCELLED, FINISHED = "already_cancelled", "finished"
 
 
@@ -169,9 +173,7 @@ class Gateway:
             raise
         self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
-            self.app.send_task(
-                TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
-                headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
+            self._send(req, task_id)
         except Exception:
             scripts_for(self.r).run(QuotaRefundCall(take, counted=count_quota))
             self.r.delete(self.keys.task_owner(task_id))
@@ -179,6 +181,35 @@ class Gateway:
                 self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
+
+    def _send(self, req: InferenceRequest, task_id: str) -> None:
+        """Publish the task; when its pool's shared queue capacity is full, evict the newest
+        queued task of the lowest tier below it and try again (``gateway_tasks.core.evict``)."""
+        lower = tuple(t.name for t in tiers_below(self.settings, req.tier))
+        for attempt in range(EVICT_TRIES + 1):
+            try:
+                self.app.send_task(
+                    TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
+                    headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
+                return
+            except QueueFull as exc:
+                if exc.reason != POOL_FULL or not lower or attempt == EVICT_TRIES:
+                    raise
+                victim = scripts_for(self.r).run(EvictCall(self.keys, req.pool, lower))
+                if victim is None:      # nothing below it queued: only its peers (or higher) fill the pool
+                    raise QueueFull(f"{exc}; no lower-tier task is queued to make room for this "
+                                    f"{req.tier} request", exc.retry_after_s, POOL_FULL) from None
+                self._fail_evicted(victim, req)
+
+    def _fail_evicted(self, victim: Any, by: InferenceRequest) -> None:
+        """The evicted task's result: Evicted, with a throttle reason and when to retry."""
+        if victim.task_id is None:
+            return
+        retry_s = throttle_retry_after_s(self.settings.tier(victim.tier))
+        self.app.backend.store_result(victim.task_id, Evicted(
+            f"task {victim.task_id} ({victim.tier}) was evicted from the full queue of pool "
+            f"{by.pool!r} to make room for a {by.tier} request; it never reached the upstream; "
+            f"retry in {retry_s:g} s", retry_s, EVICTED_BY_HIGHER_TIER), states.FAILURE)
 
     def _take_quota(self, req: InferenceRequest, count_quota: bool) -> QuotaTakeCall:
         """Take the task from its tenant's hourly and TPM quotas (both or neither), or raise

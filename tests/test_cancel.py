@@ -61,6 +61,7 @@ def test_a_queued_task_is_removed_with_its_message_and_fails_as_cancelled(gw):
         b.get(timeout=5)
     assert info.value.reason == "queued"
     assert gw.cancel(b.id).was == "already_cancelled"
+    assert int(gw.r.hget(keys.stats("default"), "cancelled:vip")) == 1     # gateway_cancelled_tasks
 
 
 def test_the_last_queued_task_of_a_tenant_takes_it_out_of_line(gw):

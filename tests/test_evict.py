@@ -62,6 +62,7 @@ def test_a_vip_arrival_evicts_the_newest_batch_task(gw):
         newest.get(timeout=5)
     assert info.value.reason == EVICTED_BY_HIGHER_TIER and info.value.retry_after_s == 60.0
     assert isinstance(info.value, QueueFull)          # a tail drop, as far as the caller is concerned
+    assert int(gw.r.hget(Keys(gw.settings.key_prefix).stats("default"), "evicted:batch")) == 1
     # the next one evicts the next newest (b1's second task)
     gw.submit("v2", "urgent too", max_tokens=5)
     assert batch[2].id not in ids(gw, "batch") and len(ids(gw, "batch")) == 2

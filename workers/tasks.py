@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.core.errors import DeadlineExceeded, RetryBudgetExceeded, TaskCancelled, UpstreamError
+from gateway_tasks.core.errors import DeadlineExceeded, Expired, RetryBudgetExceeded, TaskCancelled, UpstreamError
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
@@ -91,11 +91,14 @@ def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskC
     return TaskCancelled(f"task {task_id} was cancelled ({mark}); the upstream was not called", None, mark)
 
 
+QUEUE_TTL, DEADLINE = "queue_ttl", "deadline"   # Expired / DeadlineExceeded reasons
+
+
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
-    """The tighter of the request's deadline and the tier's queue TTL (0 = none)."""
+    """The tighter of the request's deadline and the tier's queue TTL (0 = none), and which."""
     if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
-        return queue_ttl_s, "tier queue TTL"
-    return (deadline_s or None), "deadline"
+        return queue_ttl_s, QUEUE_TTL
+    return (deadline_s or None), DEADLINE
 
 
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
@@ -125,8 +128,11 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
         refund()
         r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
-        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
-                               f"{limit_s} s; the upstream was not called")
+        if why == QUEUE_TTL:
+            raise Expired(f"task waited {disp_ms - enq_ms} ms, past its tier's queue TTL of {limit_s} s "
+                          f"(stale); the upstream was not called", None, QUEUE_TTL)
+        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its deadline of "
+                               f"{limit_s} s; the upstream was not called", None, DEADLINE)
 
     started = time.monotonic()
     try:

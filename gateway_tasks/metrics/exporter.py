@@ -24,8 +24,8 @@ from prometheus_client.registry import Collector
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, EST_TOKENS, RETRIES,
-                                      UPSTREAM_429, WAIT_MS, tier_field)
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, COMPLETED, DISPATCHED, EST_TOKENS, EVICTED,
+                                      EXPIRED, RETRIES, UPSTREAM_429, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
@@ -42,6 +42,13 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Upstream calls that completed with a usage report."),
     (RETRIES, "gateway_retries",
      "Transient upstream failures requeued against the tier's retry budget."),
+    (EXPIRED, "gateway_expired_tasks",
+     "Tasks dropped stale: dispatched past their deadline or their tier's queue TTL, "
+     "without calling the upstream."),
+    (EVICTED, "gateway_evicted_tasks",
+     "Queued tasks evicted to make room for a higher tier's arrival (shared queue capacity full)."),
+    (CANCELLED, "gateway_cancelled_tasks",
+     "Tasks cancelled by their owner (or a synchronous caller that went away), queued or running."),
 )
 
 

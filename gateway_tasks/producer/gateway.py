@@ -30,6 +30,7 @@ from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCa
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.stats import CANCELLED, EVICTED, tier_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
@@ -203,6 +204,7 @@ class Gateway:
 
     def _fail_evicted(self, victim: Any, by: InferenceRequest) -> None:
         """The evicted task's result: Evicted, with a throttle reason and when to retry."""
+        self.r.hincrby(self.keys.stats(by.pool), tier_field(EVICTED, victim.tier), 1)
         if victim.task_id is None:
             return
         retry_s = throttle_retry_after_s(self.settings.tier(victim.tier))
@@ -266,6 +268,8 @@ class Gateway:
             if status in states.READY_STATES:
                 return Cancelled(task_id, FINISHED, status)
             self.r.set(self.keys.cancelled(task_id), GONE, ex=self.settings.result_ttl_s)
+        if was in (QUEUED, RUNNING):
+            self.r.hincrby(self.keys.stats(ref.pool), tier_field(CANCELLED, ref.tier), 1)
         if was == RUNNING:
             self.app.control.revoke(task_id)
         message = {QUEUED: "cancelled while queued; it never reached the upstream",

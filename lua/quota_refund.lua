@@ -5,15 +5,16 @@
 --
 -- KEYS[1] the tenant's task counter of the hour it was taken in   KEYS[2] the tenant's TPM bucket hash
 -- ARGV[1] 1: the task was counted in KEYS[1]   ARGV[2] its estimated tokens
--- ARGV[3] the tenant's TPM (0: none was taken)   ARGV[4] now (ms)
+-- ARGV[3] the tenant's TPM (0: none was taken)
 --
 -- Returns 1.
 
 if ARGV[1] == '1' and tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then
   redis.call('DECR', KEYS[1])
 end
-local tpm, now = tonumber(ARGV[3]), tonumber(ARGV[4])
+local tpm = tonumber(ARGV[3])
 if tpm > 0 then
+  local now = gt_now_ms()
   local b = redis.call('HMGET', KEYS[2], 'tokens', 'ts_ms')
   local tokens, ts = tonumber(b[1]), tonumber(b[2])
   if tokens then

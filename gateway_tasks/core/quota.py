@@ -65,7 +65,7 @@ class QuotaTakeCall:
 
     keys: Keys
     tenant_id: str
-    now_ms: int
+    now_ms: int            # the caller's clock (names the hour's counter; the bucket uses Redis TIME)
     max_per_hour: int      # 0: not counted here (a cron fire: cron_fire.lua counted it)
     est_tokens: int
     tpm: int               # 0: no TPM quota
@@ -76,7 +76,7 @@ class QuotaTakeCall:
 
     @property
     def script_args(self) -> list[int]:
-        return [self.max_per_hour, QUOTA_TTL_MS, self.est_tokens, self.tpm, self.now_ms]
+        return [self.max_per_hour, QUOTA_TTL_MS, self.est_tokens, self.tpm]
 
     def parse(self, reply: Any) -> QuotaTaken:
         if int(reply[0]) == 1:
@@ -123,7 +123,7 @@ class QuotaRefundCall:
     @property
     def script_args(self) -> list[int]:
         t = self.take
-        return [1 if self.counted else 0, t.est_tokens, t.tpm, t.now_ms]
+        return [1 if self.counted else 0, t.est_tokens, t.tpm]
 
     def parse(self, reply: Any) -> int:
         return int(reply)

@@ -16,7 +16,7 @@
 -- ARGV[10] enqueue time (ms) to record: '' = now on the Redis clock (a given one: tools, tests)
 -- ARGV[11] the pool's shared queue capacity, all tiers together ('' or 0 = none)
 --
--- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full, or
+-- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full, or
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua).
 
 local tier, tenant, tag = ARGV[1], ARGV[2], ARGV[3]
@@ -43,4 +43,4 @@ if not redis.call('ZSCORE', KEYS[3], tenant) and redis.call('HEXISTS', KEYS[5], 
   gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], tier, tenant, tonumber(ARGV[8]))
 end
 gt_ring(KEYS[10], ARGV[9])
-return {1, now, depth}
+return {1, now, depth, entry}   -- [lifecycle] the entry: cancel finds the task by it

@@ -88,7 +88,7 @@ class Channel(kredis.Channel):
         if done.accepted and isinstance(task_id, str) and task_id:
             # where it sits: Gateway.cancel and eviction find it by it
             self._gt_raw.set(self._gt_keys.task_ref(task_id),
-                             TaskRef(parts[1], tier.name, call.tenant, call.tag).encode(),
+                             TaskRef(parts[1], tier.name, call.tenant, call.tag, done.entry).encode(),
                              ex=self._gt_settings.result_ttl_s)
         if done.pool_full:
             raise QueueFull(f"pool {parts[1]!r} is at its shared queue capacity "

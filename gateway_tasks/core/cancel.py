@@ -30,20 +30,24 @@ class TaskRef:
     tier: str
     tenant: str
     tag: str
+    entry: str = ""    # its index entry as enqueue.lua made it (requeues put the same one back)
 
     def encode(self) -> str:
-        return SEP.join((self.pool, self.tier, self.tenant, self.tag))
+        return SEP.join((self.pool, self.tier, self.tenant, self.tag, self.entry))
 
     @classmethod
     def decode(cls, text: str | bytes) -> "TaskRef":
         if isinstance(text, bytes):
             text = text.decode()
-        pool, tier, tenant, tag = text.split(SEP)
-        return cls(pool, tier, tenant, tag)
+        pool, tier, tenant, tag, *entry = text.split(SEP, 4)
+        return cls(pool, tier, tenant, tag, entry[0] if entry else "")
 
 
 def find_entry(client: redis.Redis, keys: Keys, ref: TaskRef) -> str:
-    """The task's index entry if it is queued now, else '' (scans its tenant's range only)."""
+    """The task's index entry: the one recorded at enqueue, else (a ref without one) found in
+    its tenant's range of the index if it is queued now ('' if not)."""
+    if ref.entry:
+        return ref.entry
     low, high = tenant_range(ref.tenant)
     needle = f"{SEP}{ref.tag}{SEP}"
     offset = 0

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import text
 from gateway_tasks.core.settings import Tier
 
 
@@ -18,6 +19,7 @@ class Enqueued:
     queue_length: int         # tasks queued in the tier after the push (or when refused)
     enqueued_ms: int | None   # the Redis TIME of the enqueue (None when refused)
     pool_full: bool = False   # refused because the pool's shared queue capacity is full
+    entry: str = ""           # the task's index entry (accepted): stable until it is acked
 
 
 @dataclass(frozen=True)
@@ -51,4 +53,4 @@ class EnqueueCall:
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:
             return Enqueued(False, int(reply[1]), None, pool_full=len(reply) > 2)
-        return Enqueued(True, int(reply[2]), int(reply[1]))
+        return Enqueued(True, int(reply[2]), int(reply[1]), entry=text(reply[3]) if len(reply) > 3 else "")

@@ -21,6 +21,7 @@ from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, Expired, RetryBudgetExceeded, TaskCancelled, UpstreamError
+from gateway_tasks.core import depends
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
@@ -103,6 +104,28 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
 
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True)
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """One inference; when it ends (not requeued), the tasks held on it are released."""
+    try:
+        result = _infer(self, body)
+    except Reject:
+        raise
+    except Exception:
+        _finished(self, ok=False)
+        raise
+    _finished(self, ok=True)
+    return result
+
+
+def _finished(task: Any, ok: bool) -> None:
+    settings = _settings(task)
+    try:
+        depends.finish(task.app, redis_for(task.app.conf.broker_url), Keys(settings.key_prefix),
+                       settings.result_ttl_s, task.request.id, ok)
+    except redis.RedisError:   # the result still stands; its dependents wait for their TTL
+        logger.warning("could not release the tasks depending on %s", task.request.id, exc_info=True)
+
+
+def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     req = InferenceRequest.from_body(body)   # a crafted message fails here, clearly
     settings = _settings(self)
     keys = Keys(settings.key_prefix)

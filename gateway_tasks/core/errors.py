@@ -15,6 +15,7 @@
     ├── DeadlineExceeded     waited past its deadline; the upstream was not called
     │   └── Expired          waited past its tier's queue TTL (stale-drop)
     ├── TaskCancelled        cancelled by its owner (queued: never ran; running: result discarded)
+    ├── DependencyFailed     a task it depends on (depends_on) did not succeed; it never ran
     ├── UpstreamError        the upstream failed in a way retries could not hide
     │   └── RetryBudgetExceeded  the task's attempts (by tier) are spent (retry_after_s)
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
@@ -115,6 +116,11 @@ class TaskCancelled(_Explained):
     """The task was cancelled by its owner (``Gateway.cancel``, ``DELETE /v1/tasks/{id}``,
     a synchronous caller that went away): reason 'queued' (removed, never ran) or
     'running' (revoked; a call already in flight finishes and its result is discarded)."""
+
+
+class DependencyFailed(_Explained):
+    """A task named in ``depends_on`` ended without succeeding (failed, cancelled, evicted,
+    expired); the dependent task was not run."""
 
 
 class UpstreamError(_Explained):

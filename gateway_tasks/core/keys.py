@@ -168,6 +168,20 @@ class Keys:
         """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/quota_take.lua)."""
         return f"{self.prefix}tenant-bucket:{tenant_id}"
 
+    # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
+    def held(self, task_id: str) -> str:
+        """Hash (TTL): a task held until its dependencies finish -- pending (how many are
+        still running), send (how to send it, JSON), failed (a dependency that did not succeed)."""
+        return f"{self.prefix}{{deps}}:held:{task_id}"
+
+    def waiters(self, task_id: str) -> str:
+        """Set (TTL): ids of the held tasks that depend on this task."""
+        return f"{self.prefix}{{deps}}:waiters:{task_id}"
+
+    def done(self, task_id: str) -> str:
+        """String (TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end)."""
+        return f"{self.prefix}{{deps}}:done:{task_id}"
+
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"

@@ -22,9 +22,10 @@ from celery import Celery, states
 from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
+from gateway_tasks.core import depends
 from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry
-from gateway_tasks.core.errors import (Evicted, InvalidRequest, PromptTooLarge, QueueFull, TaskCancelled,
-                                       UnknownTask)
+from gateway_tasks.core.errors import (DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, QueueFull,
+                                       TaskCancelled, UnknownTask)
 from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
                                       tiers_below)
 from gateway_tasks.core.keys import Keys, learned_field
@@ -40,13 +41,14 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
 CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
 EVICT_TRIES = 3       # evictions one arrival may make (parallel arrivals can take the room freed)
-ALREADY_CANCELLED, FINISHED = "already_cancelled", "finished"
+ALREADY_CANCELLED, FINISHED, WAITING = "already_cancelled", "finished", "waiting"
 
 
 @dataclass(frozen=True)
 class Cancelled:
     """What ``Gateway.cancel`` did: ``was`` is 'queued' (removed: it never reaches the
-    upstream), 'running' (revoked: a call in flight finishes and its result is discarded),
+    upstream), 'waiting' (held on its depends_on: dropped), 'running' (revoked: a call in
+    flight finishes and its result is discarded),
     'gone' (neither queued nor running yet -- being published, or lost -- marked so it never
     runs), 'already_cancelled', or 'finished' (nothing to cancel: ``status`` says how it ended)."""
 
@@ -141,13 +143,19 @@ class Gateway:
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
-               extra_body: dict[str, Any] | None = None, count_quota: bool = True) -> TaskHandle:
+               extra_body: dict[str, Any] | None = None, count_quota: bool = True,
+               depends_on: Sequence[str] | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue.
 
         The tenant's quotas are taken first, atomically (``gateway_tasks.core.quota``):
         ``QuotaExceeded`` (reason, retry_after_s) when its tier's ``max_tasks_per_hour``
         or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
-        elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies."""
+        elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies.
+
+        ``depends_on``: ids of tasks (any tenant's: ids are unguessable) that must finish
+        first; the task is held, taking no queue space, until they have, then queued
+        (``gateway_tasks.core.depends``).  An unknown id is ``UnknownTask``; a dependency
+        that did not succeed fails it with ``DependencyFailed``."""
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
@@ -159,6 +167,7 @@ class Gateway:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
         req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
                       source=source, extra_body=extra_body or {})
+        deps = self._dependencies(depends_on)
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
@@ -174,7 +183,8 @@ class Gateway:
             raise
         self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
-            self._send(req, task_id)
+            if not deps or not self._hold(req, task_id, deps):
+                self._send(req, task_id)
         except Exception:
             scripts_for(self.r).run(QuotaRefundCall(take, counted=count_quota))
             self.r.delete(self.keys.task_owner(task_id))
@@ -182,6 +192,32 @@ class Gateway:
                 self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
+
+    def _dependencies(self, depends_on: Sequence[str] | None) -> tuple[str, ...]:
+        if depends_on is None:
+            return ()
+        try:
+            deps = depends.dependency_ids(depends_on)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        with self.r.pipeline(transaction=False) as pipe:
+            for dep in deps:
+                pipe.exists(self.keys.task_owner(dep))
+            known = pipe.execute()
+        unknown = [d for d, ok in zip(deps, known) if not ok]
+        if unknown:
+            raise UnknownTask(f"depends_on names unknown tasks: {unknown}")
+        return deps
+
+    def _hold(self, req: InferenceRequest, task_id: str, deps: tuple[str, ...]) -> bool:
+        """Hold the task on its dependencies; False when none is running any more (send it now)."""
+        spec = depends.send_spec(task_id, self._queue(req), req.to_body(), req.routing_headers(), req.argsrepr())
+        held = scripts_for(self.r).run(depends.DependCall(self.keys, task_id, deps, spec,
+                                                          self.settings.result_ttl_s * 1000))
+        if held.pending == 0 and held.failed:
+            raise DependencyFailed(f"task {held.failed} (in depends_on) did not succeed; this task "
+                                   f"was not queued", None, "dependency_failed")
+        return held.pending > 0
 
     def _send(self, req: InferenceRequest, task_id: str) -> None:
         """Publish the task; when its pool's shared queue capacity is full, evict the newest
@@ -207,6 +243,7 @@ class Gateway:
         self.r.hincrby(self.keys.stats(by.pool), tier_field(EVICTED, victim.tier), 1)
         if victim.task_id is None:
             return
+        self._finished(victim.task_id)
         retry_s = throttle_retry_after_s(self.settings.tier(victim.tier))
         self.app.backend.store_result(victim.task_id, Evicted(
             f"task {victim.task_id} ({victim.tier}) was evicted from the full queue of pool "
@@ -254,6 +291,11 @@ class Gateway:
         status = self._status(task_id)
         if status in states.READY_STATES:
             return Cancelled(task_id, FINISHED, status)
+        if self.r.delete(self.keys.held(task_id)):     # held on its depends_on: never queued
+            self.r.set(self.keys.cancelled(task_id), WAITING, ex=self.settings.result_ttl_s)
+            self._store_cancelled(task_id, WAITING, "cancelled while it waited on its depends_on; "
+                                                    "it was never queued")
+            return Cancelled(task_id, WAITING, states.FAILURE)
         raw_ref = self.r.get(self.keys.task_ref(task_id))
         was = GONE
         if raw_ref is not None:
@@ -275,9 +317,17 @@ class Gateway:
         message = {QUEUED: "cancelled while queued; it never reached the upstream",
                    RUNNING: "cancelled while running; it was revoked and its result is discarded",
                    GONE: "cancelled before it was queued or after it was lost; it will not run"}[was]
+        self._store_cancelled(task_id, was, message)
+        return Cancelled(task_id, was, states.FAILURE)
+
+    def _store_cancelled(self, task_id: str, was: str, message: str) -> None:
         self.app.backend.store_result(task_id, TaskCancelled(f"task {task_id} {message}", None, was),
                                       states.FAILURE)
-        return Cancelled(task_id, was, states.FAILURE)
+        self._finished(task_id)
+
+    def _finished(self, task_id: str) -> None:
+        """A task ended here (cancelled, evicted): release what waits on it."""
+        depends.finish(self.app, self.r, self.keys, self.settings.result_ttl_s, task_id, ok=False)
 
     def _status(self, task_id: str) -> str:
         return str(self.app.backend.get_task_meta(task_id).get("status") or states.PENDING)

@@ -86,7 +86,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         handle = gateway.submit(
             tenant.tenant_id, [m.model_dump() for m in body.messages], model=body.model,
             max_tokens=body.max_tokens, deadline_s=body.deadline_s, source="api",
-            idempotency_key=body.idempotency_key, extra_body=body.extra_body)
+            idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on)
         status_url = _status_url(request, handle.id)
         response.headers["Location"] = status_url
         return {"task_id": handle.id, "tier": handle.tier, "queue": handle.queue,
@@ -103,6 +103,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             done = gateway.cancel(task_id, tenant.tenant_id)
         except UnknownTask:
             raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant") from None
+        if done.was == "already_cancelled":
+            return JSONResponse({"task_id": task_id, "cancelled": True, "was": done.was})
         if done.was == FINISHED:
             raise ApiError(409, "TaskFinished", f"task {task_id} already finished ({done.status}); "
                            f"nothing to cancel", task_id=task_id, task_status=done.status)

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
-    Rejected, UnknownTenant
+    Rejected, UnknownTask, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
@@ -25,7 +25,7 @@ def status_for(exc: GatewayError) -> int:
     """HTTP status of a GatewayError raised while handling a request."""
     if isinstance(exc, ApiError):
         return exc.status
-    if isinstance(exc, UnknownTenant):
+    if isinstance(exc, (UnknownTenant, UnknownTask)):
         return 404
     if isinstance(exc, PromptTooLarge):
         return 413

@@ -123,3 +123,16 @@ def test_a_dependent_runs_after_its_dependency(settings, r, tmp_path):
             worker.stop()
             g.app.close()
     assert second["timing"]["enqueued_ms"] >= first["timing"]["dispatched_ms"] + 300
+
+
+def test_a_higher_tier_dependent_boosts_its_queued_lower_tier_dependency(gw):
+    dep = gw.submit("bulk", "needed first", max_tokens=5)
+    same = gw.submit("bulk", "a batch dependent inherits nothing", max_tokens=5, depends_on=[dep.id])
+    assert gw.r.hget(gw.keys.fair("default"), "b:batch") is None
+    gw.submit("acme", "vip waits on it", max_tokens=5, depends_on=[dep.id])
+    gw.submit("acme", "and again", max_tokens=5, depends_on=[dep.id])
+    (line,) = gw.r.hget(gw.keys.fair("default"), "b:batch").decode().split("\n")
+    tier, entry = line.split(">")
+    assert tier == "vip" and f"|{gw.r.get(gw.keys.task_ref(dep.id)).decode().split('|')[3]}|" in entry
+    assert gw.r.zscore(gw.keys.index("default", "batch"), entry) is not None
+    assert same.status == states.PENDING

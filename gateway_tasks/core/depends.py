@@ -32,6 +32,7 @@ from gateway_tasks.core.scripts import scripts_for, text
 logger = logging.getLogger(__name__)
 OK, FAILED = "ok", "failed"
 MAX_DEPENDENCIES = 32
+MAX_BOOSTS_PER_TIER = 64   # boosts pick.lua reads per tier and pool (each is one short line)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,30 @@ class DepsReleaseCall:
         if int(reply[0]) == 0:
             return None
         return Released(json.loads(text(reply[1])), text(reply[2]))
+
+
+@dataclass(frozen=True)
+class BoostCall:
+    """lua/boost.lua: dispatch a queued lower-tier task at a higher tier's priority."""
+
+    SCRIPT: ClassVar[str] = "boost"
+
+    keys: Keys
+    pool: str
+    tier: str           # the boosted task's own tier
+    inherits: str       # the tier whose priority it gets
+    entry: str          # its index entry
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.keys.fair(self.pool)]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.tier, self.inherits, self.entry, MAX_BOOSTS_PER_TIER]
+
+    def parse(self, reply: Any) -> int:
+        return int(reply)
 
 
 def send_spec(task_id: str, queue: str, body: dict[str, Any], headers: dict[str, Any], argsrepr: str) -> str:

@@ -217,7 +217,21 @@ class Gateway:
         if held.pending == 0 and held.failed:
             raise DependencyFailed(f"task {held.failed} (in depends_on) did not succeed; this task "
                                    f"was not queued", None, "dependency_failed")
+        if held.pending > 0:
+            self._inherit(req, deps)
         return held.pending > 0
+
+    def _inherit(self, req: InferenceRequest, deps: tuple[str, ...]) -> None:
+        """Priority inheritance: each dependency queued in a lower tier than this task is
+        dispatched at this task's tier's priority (lua/boost.lua, then lua/pick.lua)."""
+        rank = self.settings.tier_rank(req.tier)
+        refs = self.r.mget([self.keys.task_ref(d) for d in deps])
+        for raw in refs:
+            if raw is None:
+                continue
+            ref = TaskRef.decode(raw)
+            if ref.entry and self.settings.tier_rank(ref.tier) > rank:
+                scripts_for(self.r).run(depends.BoostCall(self.keys, ref.pool, ref.tier, req.tier, ref.entry))
 
     def _send(self, req: InferenceRequest, task_id: str) -> None:
         """Publish the task; when its pool's shared queue capacity is full, evict the newest

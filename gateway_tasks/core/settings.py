@@ -177,6 +177,9 @@ class Settings:
     # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
     # expired (its worker died) goes back to the front of its tenant's line
     lease_s: float = 5.0
+    # a queued task with a deadline_s is promoted inside its tier once less than this is left
+    # (lua/deadline.lua, lua/pick.lua); 0 = no deadline boost
+    deadline_boost_s: float = 60.0
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -188,6 +191,8 @@ class Settings:
                  self.max_prompt_tokens, "> 0")
         _require(0.5 <= self.lease_s < self.visibility_timeout_s, "settings", "lease_s", self.lease_s,
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
+        _require(self.deadline_boost_s >= 0, "settings", "deadline_boost_s", self.deadline_boost_s,
+                 ">= 0 seconds (0 = no deadline boost)")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",

@@ -47,6 +47,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.bench.main",       # bench
     "gateway_tasks.devtools.bench.fairness",   # bench-fairness
     "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
+    "gateway_tasks.devtools.bench.lifecycle",  # bench-lifecycle
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
 )

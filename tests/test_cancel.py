@@ -232,3 +232,29 @@ def test_a_cancelled_task_is_not_resurrected_after_its_worker_is_killed(settings
     assert int(r.hget(keys.inflight("default"), "acme") or 0) == 0
     with pytest.raises(TaskCancelled):
         h.get(timeout=5)
+
+
+@pytest.mark.slow
+def test_a_cancelled_task_is_not_retried(settings, r, tmp_path):
+    """A task that keeps failing is requeued on its retry budget (vip: 5 retries); once
+    cancelled, neither the requeue nor the next pick calls the upstream again."""
+    with SimulatorThread(SimConfig(fail_rate=1.0, base_latency_ms=300)) as sim:   # every call: 500
+        s = with_sim(settings, sim)
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            h = gw.submit("acme", "always fails", max_tokens=5)
+            deadline = time.monotonic() + 20
+            while int(r.get(Keys(s.key_prefix).attempts(h.id)) or 0) < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            at_cancel = sim.stats()["requests_error"]
+            assert gw.cancel(h.id).cancelled
+            with pytest.raises(TaskCancelled):
+                h.get(timeout=30)
+            time.sleep(1.0)                               # a retry would have happened by now
+            calls = sim.stats()["requests_error"]
+        finally:
+            worker.stop()
+    assert 1 <= at_cancel and calls <= at_cancel + 1 < 6   # at most the call in flight at the cancel

@@ -6,9 +6,8 @@
 -- the arrival.  Cost: one reverse range read per tenant with queued work in the tier
 -- scanned (O(tenants x log n)); it runs only when the pool is full.
 --
--- KEYS[1] messages hash (tag -> message)   KEYS[2] depth (tier -> queued)
--- KEYS[3] parked tenants (tenant -> tier)
--- then for each candidate tier t (T tiers, lowest first), two keys from KEYS[4]:
+-- KEYS[1] messages hash (tag -> message)   KEYS[2] parked tenants (tenant -> tier)
+-- then for each candidate tier t (T tiers, lowest first), two keys from KEYS[3]:
 --   its index (sorted set of entries), its active tenants (zset)
 -- ARGV[1] T   then T tier names, lowest first
 --
@@ -18,9 +17,9 @@
 
 local T = tonumber(ARGV[1])
 for t = 1, T do
-  local tier, index_key, active_key = ARGV[1 + t], KEYS[2 + 2 * t], KEYS[3 + 2 * t]
+  local tier, index_key, active_key = ARGV[1 + t], KEYS[1 + 2 * t], KEYS[2 + 2 * t]
   local tenants = redis.call('ZRANGE', active_key, 0, -1)
-  local parked = redis.call('HGETALL', KEYS[3])
+  local parked = redis.call('HGETALL', KEYS[2])
   for i = 1, #parked, 2 do
     if parked[i + 1] == tier then tenants[#tenants + 1] = parked[i] end
   end
@@ -40,10 +39,9 @@ for t = 1, T do
     redis.call('ZREM', index_key, best)
     local message = redis.call('HGET', KEYS[1], tag) or ''
     redis.call('HDEL', KEYS[1], tag)
-    if redis.call('HINCRBY', KEYS[2], tier, -1) < 0 then redis.call('HSET', KEYS[2], tier, 0) end
     if gt_tenant_head(index_key, best_tenant) == nil then
       redis.call('ZREM', active_key, best_tenant)
-      if redis.call('HGET', KEYS[3], best_tenant) == tier then redis.call('HDEL', KEYS[3], best_tenant) end
+      if redis.call('HGET', KEYS[2], best_tenant) == tier then redis.call('HDEL', KEYS[2], best_tenant) end
     end
     return {1, tier, tag, message}
   end

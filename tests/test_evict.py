@@ -41,7 +41,8 @@ def ids(gw: Gateway, tier: str) -> list[str]:
 
 
 def total(gw: Gateway) -> int:
-    return sum(int(v) for v in gw.r.hvals(Keys(gw.settings.key_prefix).depth("default")))
+    keys = Keys(gw.settings.key_prefix)
+    return sum(gw.r.zcard(keys.index("default", t.name)) for t in gw.settings.tiers)
 
 
 def test_tiers_below_and_retry_after(settings):

@@ -22,7 +22,6 @@ from celery.exceptions import Reject
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, Expired, RetryBudgetExceeded, TaskCancelled, UpstreamError
 from gateway_tasks.core import depends
-from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
@@ -192,13 +191,16 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
     upstream_ms = (time.monotonic() - started) * 1000.0
 
-    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-                  model=req.model, completion_tokens=reply.completion_tokens)
-    bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    # one call: the real usage, the reply's rate-limit headers, and the Redis clock
+    settled = bucket.settle_reply(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier,
+                                  tenant_id=req.tenant_id, model=req.model,
+                                  completion_tokens=reply.completion_tokens, headers=reply.headers,
+                                  debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
+                                  dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES))
     mark = _cancel_mark(r, keys, self.request.id)
     if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
         raise _cancelled_error(self.request.id, mark, after_call=True)
-    done_ms = redis_now_ms(r)
+    done_ms = settled.now_ms
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

@@ -83,7 +83,8 @@ class Channel(kredis.Channel):
                            est_tokens=_whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS),
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
-                           pool_capacity=self._gt_pool_capacity(parts[1]))
+                           pool_capacity=self._gt_pool_capacity(parts[1]),
+                           pool_tiers=tuple(t.name for t in self._gt_settings.tiers))
         done = self._gt_scripts.run(call)
         task_id = headers.get("id")
         if done.accepted and isinstance(task_id, str) and task_id:
@@ -113,7 +114,7 @@ class Channel(kredis.Channel):
         parts = split_queue_name(queue)
         if parts is None:
             return super()._size(queue)
-        return int(self._gt_raw.hget(self._gt_keys.depth(parts[1]), parts[0]) or 0)
+        return int(self._gt_raw.zcard(self._gt_keys.index(parts[1], parts[0])))
 
     def _purge(self, queue: str) -> int:
         parts = split_queue_name(queue)
@@ -138,7 +139,6 @@ def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
         if tags:
             pipe.hdel(keys.messages(pool), *tags)
         pipe.delete(keys.index(pool, tier), keys.active(pool, tier))
-        pipe.hset(keys.depth(pool), tier, 0)
         pipe.execute()
     return len(tags)
 

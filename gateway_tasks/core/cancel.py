@@ -75,7 +75,7 @@ class CancelCall:
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.ref.pool, self.ref.tier
-        return [k.messages(p), k.index(p, t), k.active(p, t), k.parked(p), k.depth(p), k.dispatched(p),
+        return [k.messages(p), k.index(p, t), k.active(p, t), k.parked(p), k.dispatched(p),
                 k.cancelled(self.task_id)]
 
     @property

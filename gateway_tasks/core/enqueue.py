@@ -37,12 +37,14 @@ class EnqueueCall:
     bell_max: int = BELL_MAX
     enqueued_ms: int | None = None   # None: now on the Redis clock (a given time: tools, tests)
     pool_capacity: int = 0           # the pool's shared queue capacity (0: none)
+    pool_tiers: tuple[str, ...] = ()  # every tier of the pool: their queues count against it
 
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.depth(p), k.seq(p), k.fair(p), k.bell(p)]
+                k.inflight(p), k.seq(p), k.fair(p), k.bell(p),
+                *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ())]
 
     @property
     def script_args(self) -> list[str | int | float]:

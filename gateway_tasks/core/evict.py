@@ -57,7 +57,7 @@ class EvictCall:
     @property
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
-        out = [k.messages(p), k.depth(p), k.parked(p)]
+        out = [k.messages(p), k.parked(p)]
         for tier in self.candidates:
             out += [k.index(p, tier), k.active(p, tier)]
         return out

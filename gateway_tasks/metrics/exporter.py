@@ -85,7 +85,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for pool in pools:
             pipe.hgetall(keys.stats(pool))
             pipe.hgetall(keys.bucket(pool))
-            pipe.hgetall(keys.depth(pool))
+            for tier in settings.tiers:
+                pipe.zcard(keys.index(pool, tier.name))   # a tier's queue length
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
         pipe.scard(keys.tenants)
@@ -98,13 +99,14 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     for pool in pools:
         snap.stats[pool] = _num_hash(replies[i])
         snap.buckets[pool] = _num_hash(replies[i + 1])
-        depth = _num_hash(replies[i + 2])
+        i += 2
         for tier in settings.tiers:
-            snap.depth[settings.queue_name(tier.name, pool)] = int(depth.get(tier.name, 0))
-        for tenant, n in _num_hash(replies[i + 3]).items():
+            snap.depth[settings.queue_name(tier.name, pool)] = int(replies[i])
+            i += 1
+        for tenant, n in _num_hash(replies[i]).items():
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
-        snap.unacked += int(replies[i + 4])
-        i += 5
+        snap.unacked += int(replies[i + 1])
+        i += 2
     snap.tenants = int(replies[i])
     snap.cron = _num_hash(replies[i + 1])
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)

@@ -136,3 +136,16 @@ def test_a_higher_tier_dependent_boosts_its_queued_lower_tier_dependency(gw):
     assert tier == "vip" and f"|{gw.r.get(gw.keys.task_ref(dep.id)).decode().split('|')[3]}|" in entry
     assert gw.r.zscore(gw.keys.index("default", "batch"), entry) is not None
     assert same.status == states.PENDING
+
+
+def test_a_dependency_finished_long_ago_is_read_from_its_result(gw):
+    """The done mark lives only minutes; after it, the stored result says how it ended."""
+    ok = gw.submit("bulk", "succeeded long ago", max_tokens=5)
+    bad = gw.submit("bulk", "failed long ago", max_tokens=5)
+    gw.app.backend.store_result(ok.id, {"response": {}}, states.SUCCESS)
+    gw.app.backend.store_result(bad.id, DependencyFailed("x", None, "dependency_failed"), states.FAILURE)
+    assert gw.r.ttl(gw.keys.done(ok.id)) == -2 and depends.DONE_MARK_TTL_S <= 600
+    now = gw.submit("acme", "runs at once", max_tokens=5, depends_on=[ok.id])
+    assert queued_ids(gw, "vip") == [now.id]
+    with pytest.raises(DependencyFailed, match=bad.id):
+        gw.submit("acme", "refused", max_tokens=5, depends_on=[ok.id, bad.id])

@@ -32,6 +32,9 @@ from gateway_tasks.core.scripts import scripts_for, text
 logger = logging.getLogger(__name__)
 OK, FAILED = "ok", "failed"
 MAX_DEPENDENCIES = 32
+# a finished task's done mark only bridges the moment between its end (its waiters are
+# released) and its result being stored: a dependent submitted later sees the result
+DONE_MARK_TTL_S = 300
 MAX_BOOSTS_PER_TIER = 64   # boosts pick.lua reads per tier and pool (each is one short line)
 
 
@@ -158,7 +161,7 @@ def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: st
     scripts = scripts_for(client)
     outcome = OK if ok else FAILED
     released = 0
-    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, ttl_s * 1000)):
+    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000)):
         got = scripts.run(DepsReleaseCall(keys, dependent, task_id, outcome))
         if got is None:
             continue
@@ -184,6 +187,23 @@ def release(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, spec: dict
         logger.warning("held task %s could not be queued once released: %s", task_id, exc)
         app.backend.store_result(task_id, exc, states.FAILURE)
         finish(app, client, keys, ttl_s, task_id, ok=False)
+
+
+def finished_outcomes(app: Celery, client: redis.Redis, deps: Sequence[str]) -> dict[str, str]:
+    """The dependencies whose result is stored already: id -> OK | FAILED (a running or
+    queued one is absent)."""
+    raws = client.mget([app.backend.get_key_for_task(d) for d in deps]) if deps else []
+    out: dict[str, str] = {}
+    for dep, raw in zip(deps, raws):
+        if raw is None:
+            continue
+        try:
+            status = json.loads(raw).get("status")
+        except (ValueError, AttributeError):
+            continue
+        if status in states.READY_STATES:
+            out[dep] = OK if status == states.SUCCESS else FAILED
+    return out
 
 
 def dependency_ids(value: Any) -> tuple[str, ...]:

@@ -175,7 +175,8 @@ class Keys:
         return f"{self.prefix}{{deps}}:waiters:{task_id}"
 
     def done(self, task_id: str) -> str:
-        """String (TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end)."""
+        """String (short TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end);
+        bridges the moment until its result is stored (a later dependent reads the result)."""
         return f"{self.prefix}{{deps}}:done:{task_id}"
 
     def attempts(self, task_id: str) -> str:

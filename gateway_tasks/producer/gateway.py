@@ -211,14 +211,22 @@ class Gateway:
 
     def _hold(self, req: InferenceRequest, task_id: str, deps: tuple[str, ...]) -> bool:
         """Hold the task on its dependencies; False when none is running any more (send it now)."""
+        finished = depends.finished_outcomes(self.app, self.r, deps)
+        failed = next((d for d, outcome in finished.items() if outcome != depends.OK), "")
+        if failed:
+            raise DependencyFailed(f"task {failed} (in depends_on) did not succeed; this task "
+                                   f"was not queued", None, "dependency_failed")
+        running = tuple(d for d in deps if d not in finished)
+        if not running:
+            return False
         spec = depends.send_spec(task_id, self._queue(req), req.to_body(), req.routing_headers(), req.argsrepr())
-        held = scripts_for(self.r).run(depends.DependCall(self.keys, task_id, deps, spec,
+        held = scripts_for(self.r).run(depends.DependCall(self.keys, task_id, running, spec,
                                                           self.settings.result_ttl_s * 1000))
         if held.pending == 0 and held.failed:
             raise DependencyFailed(f"task {held.failed} (in depends_on) did not succeed; this task "
                                    f"was not queued", None, "dependency_failed")
         if held.pending > 0:
-            self._inherit(req, deps)
+            self._inherit(req, running)
         return held.pending > 0
 
     def _inherit(self, req: InferenceRequest, deps: tuple[str, ...]) -> None:

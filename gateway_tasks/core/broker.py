@@ -23,7 +23,7 @@ from kombu.transport import redis as kredis
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.cancel import TaskRef
 from gateway_tasks.core.deadline import DeadlineCall, urgent_from_ms
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
@@ -85,7 +85,7 @@ class Channel(kredis.Channel):
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
                            pool_capacity=self._gt_pool_capacity(parts[1]),
                            pool_tiers=tuple(t.name for t in self._gt_settings.tiers))
-        done = self._gt_scripts.run(call)
+        done = enqueue(self._gt_raw, call)
         task_id = headers.get("id")
         if done.accepted and isinstance(task_id, str) and task_id:
             # where it sits: Gateway.cancel and eviction find it by it

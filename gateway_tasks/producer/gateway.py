@@ -34,7 +34,7 @@ from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.stats import CANCELLED, EVICTED, tier_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -104,9 +104,10 @@ class Gateway:
         return self.tenants.register(tenant_id, tier, api_key, weight, tpm)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None) -> InferenceRequest:
-        """Validate a request and compute its routing and token estimate (enqueues nothing)."""
-        tenant = self.tenants.get(tenant_id)
+                 max_tokens: int | None = None, *, tenant: Tenant | None = None) -> InferenceRequest:
+        """Validate a request and compute its routing and token estimate (enqueues nothing).
+        ``tenant``: the tenant's record when the caller read it already."""
+        tenant = tenant or self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
         msgs = validate_messages(messages)
         if max_tokens is None:
@@ -165,12 +166,27 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
-        req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
-                      source=source, extra_body=extra_body or {})
-        deps = self._dependencies(depends_on)
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
+        # one round trip: the tenant's record, and the task's owner written ahead (a
+        # request found invalid below takes it back)
+        record, owned = {}, False
+        if isinstance(tenant_id, str):
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.tenant(tenant_id))
+                pipe.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s, nx=True)
+                record, owned = pipe.execute()
+        try:
+            req = replace(self.estimate(tenant_id, messages, model, max_tokens,
+                                        tenant=TenantRegistry.from_record(tenant_id, record)),
+                          deadline_s=deadline_s, source=source, extra_body=extra_body or {})
+            deps = self._dependencies(depends_on)
+        except Exception:
+            if owned:
+                self.r.delete(self.keys.task_owner(task_id))
+            raise
+        if idempotency_key is not None:
             first = self.r.set(self.keys.meta(task_id), "submitted", nx=True,
                                ex=self.settings.result_ttl_s)
             if not first:
@@ -178,10 +194,11 @@ class Gateway:
         try:
             take = self._take_quota(req, count_quota)
         except Exception:
+            if owned:
+                self.r.delete(self.keys.task_owner(task_id))
             if idempotency_key is not None:
                 self.r.delete(self.keys.meta(task_id))
             raise
-        self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             if not deps or not self._hold(req, task_id, deps):
                 self._send(req, task_id)

@@ -53,6 +53,7 @@ def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> Fir
         payload = entry.payload
         return gateway.submit(entry.tenant_id, payload["messages"], model=payload.get("model"),
                               max_tokens=payload.get("max_tokens"), source="cron",
-                              idempotency_key=run_key(entry.entry_id, nominal_ms))
+                              idempotency_key=run_key(entry.entry_id, nominal_ms),
+                              count_quota=False)   # cron_fire.lua counted it in the same counter
 
     return fire

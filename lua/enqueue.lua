@@ -12,14 +12,19 @@
 -- KEYS[5] parked tenants (tenant -> tier)    KEYS[6] in-flight (tenant -> n)
 -- KEYS[7] enqueue sequence                   KEYS[8] fair hash (tv:<tier>)
 -- KEYS[9] bell list
+-- [lifecycle] KEYS[10..] every tier's index of the pool (the shared capacity counts them all;
+--                       passed only when ARGV[10] sets one)
 -- ARGV[1] tier   ARGV[2] tenant   ARGV[3] delivery tag   ARGV[4] est tokens
 -- ARGV[5] tenant weight (> 0)
 -- ARGV[6] the tier's queue_max_len   ARGV[7] the tier's max in-flight per tenant
 -- ARGV[8] max bell tokens kept
 -- ARGV[9] enqueue time (ms) to record: '' = now on the Redis clock (a given one: tools, tests)
+-- ARGV[10] the pool's shared queue capacity, all tiers together ('' or 0 = none)
 --
--- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full; an error
--- when the message is not in the messages hash (not written first: nothing is queued).
+-- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
+-- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua;
+-- the message is taken back out either way); an error when the message is not in the
+-- messages hash (not written first: nothing is queued).
 
 local tier, tenant, tag = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('HEXISTS', KEYS[1], tag) == 0 then
@@ -31,6 +36,17 @@ if depth >= tonumber(ARGV[6]) then
   redis.call('HDEL', KEYS[1], tag)
   return {0, depth}
 end
+-- [lifecycle: shared capacity] begin
+local capacity = tonumber(ARGV[10]) or 0
+if capacity > 0 then
+  local total = 0
+  for k = 10, #KEYS do total = total + redis.call('ZCARD', KEYS[k]) end
+  if total >= capacity then
+    redis.call('HDEL', KEYS[1], tag)
+    return {0, depth, 1}
+  end
+end
+-- [lifecycle: shared capacity] end
 local now = tonumber(ARGV[9]) or gt_now_ms()
 local seq = redis.call('INCR', KEYS[7])
 local entry = tenant .. '|' .. string.format('%016x', seq) .. '|' .. tag .. '|' .. ARGV[4]
@@ -40,4 +56,4 @@ if not redis.call('ZSCORE', KEYS[3], tenant) and redis.call('HEXISTS', KEYS[5], 
   gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], tier, tenant, tonumber(ARGV[7]))
 end
 gt_ring(KEYS[9], ARGV[8])
-return {1, now, depth + 1}
+return {1, now, depth + 1, entry}   -- [lifecycle] the entry: cancel finds the task by it

@@ -412,7 +412,9 @@ def test_chat_completions_times_out_with_the_task_id(client, gateway, vip_key):
     err = resp.json()["error"]
     assert err["type"] == "Timeout" and err["task_id"] in err["message"]
     assert err["status_url"] == f"/v1/tasks/{err['task_id']}"
-    assert queue_len(gateway, "gt.vip.default") == 1  # still queued: poll it later
+    # nobody waits for it any more: cancelled, so it never spends upstream quota later
+    assert err["cancelled"] is True and err["was"] == "queued"
+    assert queue_len(gateway, "gt.vip.default") == 0
 
 
 def test_chat_completions_failure_and_stream(client, gateway, vip_key):

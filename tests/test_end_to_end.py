@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
@@ -128,7 +129,7 @@ def test_three_worker_processes_share_one_bucket(settings, r, tmp_path):
     with SimulatorThread(SimConfig(tpm=tpm, rpm=6_000, burst_s=burst_s, base_latency_ms=5)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
                     tpm=tpm, rpm=6_000, burst_s=burst_s)
-        s = settings.with_(pools=(pool,))
+        s = for_load(settings.with_(pools=(pool,)))     # 40 batch tasks: past the seed's 10 per hour
         gw = Gateway(s, client=r)
         gw.register_tenant("acme", "vip")
         gw.register_tenant("bulk", "batch")

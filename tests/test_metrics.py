@@ -127,3 +127,19 @@ def test_cli_needs_redis_url(settings, monkeypatch):
     monkeypatch.setattr(metrics, "get_settings", lambda: settings.with_(redis_url=""))
     with pytest.raises(ConfigError, match="REDIS_URL"):
         metrics._print_once(argparse.Namespace())
+
+
+def test_lifecycle_counters_are_exported(r, settings):
+    """expired (stale-drop), evicted and cancelled are exported per tier and pool."""
+    from gateway_tasks.core.keys import Keys
+    from gateway_tasks.core.stats import CANCELLED, EVICTED, EXPIRED, tier_field
+    from gateway_tasks.metrics.exporter import families, read_snapshot
+
+    stats = Keys(settings.key_prefix).stats("default")
+    r.hset(stats, mapping={tier_field(EXPIRED, "vip"): 3, tier_field(EVICTED, "batch"): 2,
+                           tier_field(CANCELLED, "normal"): 1})
+    found = {(m.name, s.labels["tier"]): s.value for m in families(read_snapshot(r, settings), settings)
+             for s in m.samples if s.labels.get("pool") == "default" and "tier" in s.labels}
+    assert found[("gateway_expired_tasks", "vip")] == 3
+    assert found[("gateway_evicted_tasks", "batch")] == 2
+    assert found[("gateway_cancelled_tasks", "normal")] == 1

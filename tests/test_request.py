@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -19,7 +20,8 @@ def test_body_round_trips_through_json():
     body = json.loads(json.dumps(GOOD.to_body()))
     assert InferenceRequest.from_body(body) == GOOD
     assert GOOD.routing_headers() == {"gt_tenant": "acme", "gt_tier": "vip", "gt_est_tokens": 73,
-                                      "gt_source": "api", "gt_weight": 1.0}
+                                      "gt_source": "api", "gt_weight": 1.0, "gt_deadline_s": 30.0}
+    assert "gt_deadline_s" not in replace(GOOD, deadline_s=None).routing_headers()
     assert "secret" not in GOOD.argsrepr() and "tenant=acme" in GOOD.argsrepr()
 
 

@@ -85,9 +85,9 @@ def test_unknown_tier_and_model_name_the_choices():
 @pytest.mark.parametrize("deadline_s,ttl_s,expected", [
     (None, 0, (None, "deadline")),
     (5, 0, (5, "deadline")),
-    (None, 30, (30, "tier queue TTL")),
+    (None, 30, (30, "queue_ttl")),
     (5, 30, (5, "deadline")),
-    (60, 30, (30, "tier queue TTL")),
+    (60, 30, (30, "queue_ttl")),
 ])
 def test_effective_deadline_table(deadline_s, ttl_s, expected):
     from workers.tasks import effective_deadline_s

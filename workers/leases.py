@@ -60,10 +60,15 @@ def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: S
         tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_ms, byscore=True,
                              offset=0, num=limit or SWEEP_LIMIT)
         for tag in tags:
-            done = already_final(client, keys, pool.name, tag.decode())
-            call = ReleaseCall(keys, settings, pool.name, tag.decode(), ACK if done else REQUEUE,
+            tag_s = tag.decode()
+            done = already_final(client, keys, pool.name, tag_s)
+            cancelled = not done and _is_cancelled(client, keys, pool.name, tag)
+            call = ReleaseCall(keys, settings, pool.name, tag_s, ACK if done or cancelled else REQUEUE,
                                expired_only=True)
             if not scripts.run(call).released:
+                continue
+            if cancelled:   # its holder died after it was cancelled: drop it, never resurrect it
+                logger.warning("task %s: its dispatcher's lease expired; cancelled, dropped", call.tag)
                 continue
             restored += 1
             if done:
@@ -72,6 +77,16 @@ def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: S
             else:
                 logger.warning("task %s: its dispatcher's lease expired; back in line", call.tag)
     return restored
+
+
+def _is_cancelled(client: redis.Redis, keys: Keys, pool: str, tag: bytes) -> bool:
+    """Whether the task of a dispatched delivery tag was cancelled (Keys.cancelled of its id)."""
+    raw = client.hget(keys.messages(pool), tag)
+    try:
+        task_id = (json.loads(raw).get("headers") or {}).get("id") if raw else None
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(task_id, str) and bool(client.exists(keys.cancelled(task_id)))
 
 
 class LeaseKeeper:

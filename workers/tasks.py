@@ -20,7 +20,9 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
-from gateway_tasks.core.errors import ConfigError, DeadlineExceeded, InvalidRequest, UpstreamError
+from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, InvalidRequest, RetryBudgetExceeded,
+                                       TaskCancelled, UpstreamError)
+from gateway_tasks.core import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS, HEADER_TENANT,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
@@ -36,8 +38,9 @@ from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
 RESULT_HIDING_REQUEST = "workers.redaction:ResultHidingRequest"  # results stay out of task events
-MAX_ATTEMPTS = 5
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
+TASK_RETRIES_SPENT = "task_retries_spent"    # RetryBudgetExceeded reasons
+TIER_RETRY_BUDGET_SPENT = "tier_retry_budget_spent"
 CHUNKS_TTL_S = 600       # a streaming task's chunks stay readable this long
 
 
@@ -50,39 +53,87 @@ def _settings(task: Any) -> Settings:
     return settings_of(task.app)
 
 
-def _count_attempt(r: redis.Redis, keys: Keys, settings: Settings, task_id: str) -> int:
-    """One more upstream attempt of a task (every requeue counts: 429s too); returns the count."""
+def _count_failure(r: redis.Redis, keys: Keys, settings: Settings, task_id: str) -> int:
+    """One more failed upstream attempt of a task (every requeue counts: 429s too); returns
+    how many it has had."""
     with r.pipeline() as pipe:
         pipe.incr(keys.attempts(task_id))
         pipe.expire(keys.attempts(task_id), settings.result_ttl_s)
         return int(pipe.execute()[0])
 
 
-def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
-                   task_id: str) -> bool:
+def task_may_retry(failures: int, max_retries: int) -> bool:
+    """A task that failed ``failures`` times may run again while that is within its
+    tier's ``max_retries`` (so at most max_retries + 1 upstream attempts)."""
+    return failures <= max_retries
+
+
+def _retry_refusal(r: redis.Redis, keys: Keys, settings: Settings, req: InferenceRequest,
+                   task_id: str) -> str:
+    """'' when a transient failure may be requeued (counted), else the reason it may not:
+    the task's own retries are spent, or its tier's budget (retry_budget_ratio of completed
+    requests) that stops retry storms."""
     tier = settings.tier(req.tier)
     stats = keys.stats(req.pool)
-    if _count_attempt(r, keys, settings, task_id) >= MAX_ATTEMPTS:
-        return False
+    if not task_may_retry(_count_failure(r, keys, settings, task_id), tier.max_retries):
+        return TASK_RETRIES_SPENT
     retries_field = tier_field(RETRIES, tier.name)
     retries, completed = r.hmget(stats, retries_field, tier_field(COMPLETED, tier.name))
     budget = RETRY_BUDGET_FLOOR + tier.retry_budget_ratio * int(completed or 0)
     if int(retries or 0) >= budget:
-        return False
+        return TIER_RETRY_BUDGET_SPENT
     r.hincrby(stats, retries_field, 1)
-    return True
+    return ""
+
+
+def _cancel_mark(r: redis.Redis, keys: Keys, task_id: str) -> str | None:
+    """What a cancelled task was when it was cancelled ('queued', 'running', 'gone'), else None."""
+    mark = r.get(keys.cancelled(task_id))
+    return mark.decode() if mark is not None else None
+
+
+def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskCancelled:
+    if after_call:
+        return TaskCancelled(f"task {task_id} was cancelled while its upstream call ran; the call "
+                             f"finished and its result was discarded", None, mark)
+    return TaskCancelled(f"task {task_id} was cancelled ({mark}); the upstream was not called", None, mark)
+
+
+QUEUE_TTL, DEADLINE = "queue_ttl", "deadline"   # Expired / DeadlineExceeded reasons
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
-    """The tighter of the request's deadline and the tier's queue TTL (0 = none)."""
+    """The tighter of the request's deadline and the tier's queue TTL (0 = none), and which."""
     if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
-        return queue_ttl_s, "tier queue TTL"
-    return (deadline_s or None), "deadline"
+        return queue_ttl_s, QUEUE_TTL
+    return (deadline_s or None), DEADLINE
 
 
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True,
              Request=RESULT_HIDING_REQUEST)
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """One inference; when it ends (not requeued), the tasks held on it are released."""
+    try:
+        result = _infer(self, body)
+    except Reject:
+        raise
+    except Exception:
+        _finished(self, ok=False)
+        raise
+    _finished(self, ok=True)
+    return result
+
+
+def _finished(task: Any, ok: bool) -> None:
+    settings = _settings(task)
+    try:
+        depends.finish(task.app, redis_for(task.app.conf.broker_url), Keys(settings.key_prefix),
+                       settings.result_ttl_s, task.request.id, ok)
+    except redis.RedisError:   # the result still stands; its dependents wait for their TTL
+        logger.warning("could not release the tasks depending on %s", task.request.id, exc_info=True)
+
+
+def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     settings = _settings(self)
     keys = Keys(settings.key_prefix)
     r = redis_for(self.app.conf.broker_url)
@@ -110,12 +161,20 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
                       model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
 
+    mark = _cancel_mark(r, keys, self.request.id)
+    if mark is not None:     # cancelled after it was taken (or put back): never call the upstream
+        refund()
+        raise _cancelled_error(self.request.id, mark)
+
     limit_s, why = effective_deadline_s(req.deadline_s, settings.tier(req.tier).queue_ttl_s)
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
         refund()
         r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
-        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
-                               f"{limit_s} s; the upstream was not called")
+        if why == QUEUE_TTL:
+            raise Expired(f"task waited {disp_ms - enq_ms} ms, past its tier's queue TTL of {limit_s} s "
+                          f"(stale); the upstream was not called", None, QUEUE_TTL)
+        raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its deadline of "
+                               f"{limit_s} s; the upstream was not called", None, DEADLINE)
 
     started = time.monotonic()
     try:
@@ -126,18 +185,30 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     except openai.RateLimitError as exc:
         wait = retry_after_ms(dict(exc.response.headers))
         bucket.drain(wait)
-        attempts = _count_attempt(r, keys, settings, self.request.id)
-        if attempts >= MAX_ATTEMPTS:
-            raise UpstreamError(f"the upstream answered 429 to {attempts} attempts of this task; "
-                                f"giving up (retry after {wait / 1000:.1f} s)") from None
-        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (attempt %d of %d)",
-                       pool.name, wait, self.request.id, attempts, MAX_ATTEMPTS)
+        failures = _count_failure(r, keys, settings, self.request.id)
+        max_retries = settings.tier(req.tier).max_retries
+        if not task_may_retry(failures, max_retries):
+            raise RetryBudgetExceeded(
+                f"the upstream answered 429 to {failures} attempts of this task, its tier "
+                f"{req.tier!r} allows {max_retries} retries; retry after {wait / 1000:.1f} s",
+                wait / 1000.0, TASK_RETRIES_SPENT) from None
+        mark = _cancel_mark(r, keys, self.request.id)
+        if mark is not None:
+            raise _cancelled_error(self.request.id, mark)
+        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (retry %d of %d)",
+                       pool.name, wait, self.request.id, failures, max_retries)
         raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
     except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
         refund()
-        if _retry_allowed(r, keys, settings, req, self.request.id):
+        mark = _cancel_mark(r, keys, self.request.id)
+        if mark is not None:
+            raise _cancelled_error(self.request.id, mark)
+        refusal = _retry_refusal(r, keys, settings, req, self.request.id)
+        if not refusal:
             raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
-        raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
+        what = (f"this task's {settings.tier(req.tier).max_retries} retries (tier {req.tier!r}) are spent"
+                if refusal == TASK_RETRIES_SPENT else f"tier {req.tier!r}'s retry budget is spent")
+        raise RetryBudgetExceeded(f"upstream failed and {what}: {exc}", None, refusal) from None
     except openai.APIStatusError as exc:
         refund()
         raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
@@ -152,6 +223,9 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
         dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
     kill_point(AFTER_SETTLE)
+    mark = _cancel_mark(r, keys, self.request.id)
+    if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
+        raise _cancelled_error(self.request.id, mark, after_call=True)
     done_ms = settled.now_ms
     UPSTREAM_TIME.add(r, keys, pool.name, req.tier, upstream_ms)   # issue 12: capacity model latency
     return {

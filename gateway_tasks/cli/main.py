@@ -22,6 +22,7 @@ EPILOG = """\
 examples:
   gateway tenant add acme --tier vip          register a tenant, print its API key
   gateway api --port 8080                     serve the REST API
+  gateway task cancel TASK_ID                 cancel a queued or running task
   gateway flower                              Flower on 127.0.0.1, basic auth on
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
   gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream
@@ -43,10 +44,12 @@ COMMAND_MODULES = (
     "gateway_tasks.rest.cli",         # api
     "gateway_tasks.cli.flower",       # flower
     "gateway_tasks.cli.tenant",  # tenant add/list/delete
+    "gateway_tasks.cli.task",    # task cancel
     "gateway_tasks.metrics.exporter",     # metrics
     "gateway_tasks.devtools.bench.main",       # bench
     "gateway_tasks.devtools.bench.fairness",   # bench-fairness
     "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
+    "gateway_tasks.devtools.bench.lifecycle",  # bench-lifecycle
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
     "gateway_tasks.cli.dead_letters",          # dead-letters

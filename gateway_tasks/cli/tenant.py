@@ -27,7 +27,7 @@ def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
     return {"tenant_id": tenant.tenant_id, "tier": tenant.tier, "weight": tenant.weight,
-            "created_ms": tenant.created_ms}
+            "tpm": tenant.tpm, "created_ms": tenant.created_ms}
 
 
 def _print(obj: Any) -> None:
@@ -36,7 +36,8 @@ def _print(obj: Any) -> None:
 
 
 def _add(args: argparse.Namespace) -> int:
-    tenant, api_key = registry_from_env().register(args.tenant, args.tier, args.api_key, args.weight)
+    tenant, api_key = registry_from_env().register(args.tenant, args.tier, args.api_key, args.weight,
+                                                   args.tpm)
     _print({**tenant_json(tenant), "api_key": api_key})
     return 0
 
@@ -64,6 +65,9 @@ def register(subparsers: Any) -> None:
     add.add_argument("--weight", type=float, default=1.0,
                      help="share against the tier's other tenants while both have work queued "
                           "(default %(default)s)")
+    add.add_argument("--tpm", type=int, default=0,
+                     help="the tenant's own tokens-per-minute quota, checked at submit "
+                          "(default 0: its tier's tenant_tpm, 0 there = none)")
     add.add_argument("--api-key", default=None,
                      help="use this API key instead of generating one")
     add.set_defaults(func=_add)

@@ -22,10 +22,13 @@ from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
+from gateway_tasks.core.cancel import TaskRef
+from gateway_tasks.core.deadline import DeadlineCall, urgent_from_ms
 from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
-from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
+from gateway_tasks.core.request import HEADER_DEADLINE_S, HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
 from gateway_tasks.core.tenants import TENANT_ID_RE
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.scripts import Scripts, scripts_for
@@ -91,11 +94,33 @@ class Channel(kredis.Channel):
                            tag=str((message.get("properties") or {}).get("delivery_tag") or uuid.uuid4()),
                            est_tokens=est_tokens,
                            message_json=json.dumps(message),
-                           tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
+                           tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
+                           pool_capacity=self._gt_pool_capacity(parts[1]),
+                           pool_tiers=tuple(t.name for t in self._gt_settings.tiers))
         done = enqueue(self._gt_raw, call)
+        task_id = headers.get("id")
+        if done.accepted and isinstance(task_id, str) and task_id:
+            # where it sits: Gateway.cancel and eviction find it by it
+            self._gt_raw.set(self._gt_keys.task_ref(task_id),
+                             TaskRef(parts[1], tier.name, call.tenant, call.tag, done.entry).encode(),
+                             ex=self._gt_settings.result_ttl_s)
+        deadline_s = headers.get(HEADER_DEADLINE_S)
+        boost_s = self._gt_settings.deadline_boost_s
+        if done.accepted and boost_s and done.entry and isinstance(deadline_s, (int, float)) \
+                and not isinstance(deadline_s, bool) and deadline_s > 0 and done.enqueued_ms:
+            self._gt_scripts.run(DeadlineCall(self._gt_keys, parts[1], tier.name,
+                                              urgent_from_ms(done.enqueued_ms, deadline_s, boost_s), done.entry))
+        if done.pool_full:
+            raise QueueFull(f"pool {parts[1]!r} is at its shared queue capacity "
+                            f"({self._gt_pool_capacity(parts[1])} tasks, all tiers); the request was "
+                            f"not enqueued", throttle_retry_after_s(tier), POOL_FULL)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
-                            f"{tier.queue_max_len}); the request was not enqueued")
+                            f"{tier.queue_max_len}); the request was not enqueued",
+                            throttle_retry_after_s(tier), TIER_FULL)
+
+    def _gt_pool_capacity(self, pool: str) -> int:
+        return next((p.queue_capacity for p in self._gt_settings.pools if p.name == pool), 0)
 
     def _size(self, queue: str) -> int:
         parts = split_queue_name(queue)

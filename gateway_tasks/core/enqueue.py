@@ -16,7 +16,7 @@ import redis
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import Scripts, scripts_for
+from gateway_tasks.core.scripts import Scripts, scripts_for, text
 from gateway_tasks.core.settings import Tier
 
 
@@ -25,6 +25,8 @@ class Enqueued:
     accepted: bool            # False: the tier's queue was at its length limit, nothing was queued
     queue_length: int         # tasks queued in the tier after the push (or when refused)
     enqueued_ms: int | None   # the Redis TIME of the enqueue (None when refused)
+    pool_full: bool = False   # refused because the pool's shared queue capacity is full
+    entry: str = ""           # the task's index entry (accepted): stable until it is acked
 
 
 @dataclass(frozen=True)
@@ -41,23 +43,26 @@ class EnqueueCall:
     tenant_weight: float = 1.0
     bell_max: int = BELL_MAX
     enqueued_ms: int | None = None   # None: now on the Redis clock (a given time: tools, tests)
+    pool_capacity: int = 0           # the pool's shared queue capacity (0: none)
+    pool_tiers: tuple[str, ...] = ()  # every tier of the pool: their queues count against it
 
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.seq(p), k.fair(p), k.bell(p)]
+                k.inflight(p), k.seq(p), k.fair(p), k.bell(p),
+                *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ())]
 
     @property
     def script_args(self) -> list[str | int | float]:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
                 self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
-                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms]
+                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:
-            return Enqueued(False, int(reply[1]), None)
-        return Enqueued(True, int(reply[2]), int(reply[1]))
+            return Enqueued(False, int(reply[1]), None, pool_full=len(reply) > 2)
+        return Enqueued(True, int(reply[2]), int(reply[1]), entry=text(reply[3]) if len(reply) > 3 else "")
 
 
 def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeline) -> None:

@@ -6,12 +6,19 @@
     ├── InvalidRequest       a request rejected before anything was enqueued
     │   ├── UnknownTenant
     │   ├── PromptTooLarge
+    │   ├── UnknownTask      a task id the caller never submitted (or long forgotten)
     │   └── CronError
-    ├── Rejected             a valid request the gateway will not run now (retry_after_s)
+    ├── Rejected             a valid request the gateway will not run now (reason, retry_after_s)
     │   ├── QueueFull
-    │   └── QuotaExceeded
+    │   │   └── Evicted      queued, then dropped for a higher tier's arrival (shared capacity full)
+    │   └── QuotaExceeded    tasks per hour, or the tenant's TPM quota (reason says which)
     ├── DeadlineExceeded     waited past its deadline; the upstream was not called
+    │   └── Expired          waited past its tier's queue TTL (stale-drop)
+    ├── TaskCancelled        cancelled by its owner (queued: never ran; running: result discarded)
+    ├── DependencyFailed     a task it depends on (depends_on) did not succeed; it never ran
+    ├── DeadLettered         a queued message no worker can run, taken off with its reason
     ├── UpstreamError        the upstream failed in a way retries could not hide
+    │   └── RetryBudgetExceeded  the task's attempts (by tier) are spent (retry_after_s)
     ├── RedisUnavailable     Redis is unreachable or refused the write: nothing was enqueued
     │   └── RedisFull        Redis is at its maxmemory (noeviction): submits are refused
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
@@ -46,37 +53,66 @@ class PromptTooLarge(InvalidRequest):
     """The prompt (plus max_tokens) cannot fit the model or the pool."""
 
 
+class UnknownTask(InvalidRequest):
+    """No task of this id for this tenant (another tenant's ids look the same: unknown)."""
+
+
 class CronError(InvalidRequest):
     """A cron definition is malformed (bad expression, unknown tenant...)."""
 
 
-class Rejected(GatewayError):
-    """A valid request the gateway will not take now; ``retry_after_s`` says when to try again."""
+class _Explained(GatewayError):
+    """An error with a machine-readable ``reason`` and, where it applies, ``retry_after_s``.
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+    Both travel in ``args`` (message, retry_after_s, reason), so the error survives the
+    JSON result backend: Celery rebuilds it as ``cls(*args)`` and a caller of
+    ``TaskHandle.get()`` gets the same type with the same fields; ``str()`` is the message."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None, reason: str = ""):
+        super().__init__(message, retry_after_s, reason)
+        self.message = message
+        self.retry_after_s = None if retry_after_s is None else float(retry_after_s)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.message
+
+    def details(self) -> dict[str, Any]:
+        """The fields a REST error body adds to type and message."""
+        out: dict[str, Any] = {}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s, 3)
+        return out
+
+
+class Rejected(_Explained):
+    """A valid request the gateway will not take now; ``retry_after_s`` says when to try again."""
 
 
 class QueueFull(Rejected):
     """Tier-aware tail drop: the tier's queue is at its limit."""
 
 
+class Evicted(QueueFull):
+    """The task was queued, then dropped to make room for a higher tier's arrival
+    (the pool's shared queue capacity was full); it never reached the upstream."""
+
+
 class QuotaExceeded(Rejected):
-    """A per-tier or per-tenant quota (e.g. tasks per hour) is used up."""
+    """A per-tier or per-tenant quota is used up: reason 'tasks_per_hour' (the tier's
+    max_tasks_per_hour; retry_after_s = until the clock hour resets) or 'tenant_tpm'
+    (the tenant's token bucket; retry_after_s = until it holds the request's tokens)."""
 
 
-class DeadlineExceeded(GatewayError):
+class DeadlineExceeded(_Explained):
     """The task waited in the queue past its deadline; the upstream was not called."""
 
 
 class DeadLettered(GatewayError):
     """A message on a gateway queue that no worker can run (not JSON, not a Celery task
     message, an impossible token estimate): taken off the queue and recorded with the reason."""
-
-
-class UpstreamError(GatewayError):
-    """The upstream failed in a way retries could not hide."""
 
 
 class RedisUnavailable(GatewayError):
@@ -86,6 +122,31 @@ class RedisUnavailable(GatewayError):
 
 class RedisFull(RedisUnavailable):
     """Redis is at its ``maxmemory`` with ``noeviction``: submits are refused, nothing is evicted."""
+
+
+class Expired(DeadlineExceeded):
+    """The task waited past its tier's queue TTL (``queue_ttl_s``): stale, dropped before
+    it reached the upstream."""
+
+
+class TaskCancelled(_Explained):
+    """The task was cancelled by its owner (``Gateway.cancel``, ``DELETE /v1/tasks/{id}``,
+    a synchronous caller that went away): reason 'queued' (removed, never ran) or
+    'running' (revoked; a call already in flight finishes and its result is discarded)."""
+
+
+class DependencyFailed(_Explained):
+    """A task named in ``depends_on`` ended without succeeding (failed, cancelled, evicted,
+    expired); the dependent task was not run."""
+
+
+class UpstreamError(_Explained):
+    """The upstream failed in a way retries could not hide."""
+
+
+class RetryBudgetExceeded(UpstreamError):
+    """The task's attempts (the tier's ``max_attempts``, 429s included) or the tier's
+    retry budget are spent; ``retry_after_s`` is the upstream's Retry-After when known."""
 
 
 class ApiError(GatewayError):

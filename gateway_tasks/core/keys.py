@@ -163,6 +163,34 @@ class Keys:
         """Stream (TTL): a streaming task's upstream chunks, then 'done' or 'error', for the
         API process waiting on them (``gateway_tasks.core.chunks``)."""
         return f"{self.prefix}chunks:{task_id}"
+    def task_ref(self, task_id: str) -> str:
+        """String (TTL): where a queued task sits, '<pool>|<tier>|<delivery tag>|<index entry>'
+        (written after its enqueue; cancel and eviction find it by it)."""
+        return f"{self.prefix}task-ref:{task_id}"
+
+    def cancelled(self, task_id: str) -> str:
+        """String (TTL): a cancelled task's reason ('queued' | 'running'); the worker, the lease
+        sweep and a requeue check it, so a cancelled task never runs or comes back."""
+        return f"{self.prefix}cancelled:{task_id}"
+
+    def tenant_bucket(self, tenant_id: str) -> str:
+        """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/quota_take.lua)."""
+        return f"{self.prefix}tenant-bucket:{tenant_id}"
+
+    # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
+    def held(self, task_id: str) -> str:
+        """Hash (TTL): a task held until its dependencies finish -- pending (how many are
+        still running), send (how to send it, JSON), failed (a dependency that did not succeed)."""
+        return f"{self.prefix}{{deps}}:held:{task_id}"
+
+    def waiters(self, task_id: str) -> str:
+        """Set (TTL): ids of the held tasks that depend on this task."""
+        return f"{self.prefix}{{deps}}:waiters:{task_id}"
+
+    def done(self, task_id: str) -> str:
+        """String (short TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end);
+        bridges the moment until its result is stored (a later dependent reads the result)."""
+        return f"{self.prefix}{{deps}}:done:{task_id}"
 
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
@@ -192,7 +220,8 @@ class Keys:
         return f"{self.prefix}cron:fired:{entry_id}:{nominal_ms}"
 
     def quota(self, tenant_id: str, hour: int) -> str:
-        """Integer (TTL): tasks one tenant's crons fired in one clock hour
+        """Integer (TTL): tasks one tenant submitted in one clock hour, every path together
+        (cron fires: lua/cron_fire.lua; Python API and REST: lua/quota_take.lua)
         (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
         return f"{self.prefix}quota:{tenant_id}:{hour}"
 

@@ -22,6 +22,7 @@ HEADER_TIER = "gt_tier"
 HEADER_EST_TOKENS = "gt_est_tokens"
 HEADER_SOURCE = "gt_source"
 HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (registry, default 1)
+HEADER_DEADLINE_S = "gt_deadline_s"  # the request's deadline_s, when it has one (deadline boost)
 HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
 HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
 HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
@@ -48,15 +49,21 @@ class InferenceRequest:
     extra_body: dict[str, Any] = field(default_factory=dict)
     tenant_weight: float = 1.0
     stream: bool = False     # the worker publishes the upstream's chunks (gateway_tasks.core.chunks)
+    tenant_tpm: int = 0   # the tenant's TPM quota at submit (0: none); not sent to the worker
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
-        return asdict(self)
+        body = asdict(self)
+        body.pop("tenant_tpm")
+        return body
 
     def routing_headers(self) -> dict[str, Any]:
-        return {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,
-                HEADER_EST_TOKENS: self.est_tokens, HEADER_SOURCE: self.source,
-                HEADER_TENANT_WEIGHT: self.tenant_weight}
+        headers = {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,
+                   HEADER_EST_TOKENS: self.est_tokens, HEADER_SOURCE: self.source,
+                   HEADER_TENANT_WEIGHT: self.tenant_weight}
+        if self.deadline_s is not None:
+            headers[HEADER_DEADLINE_S] = self.deadline_s
+        return headers
 
     def argsrepr(self) -> str:
         """What Flower and logs show instead of the arguments: never the prompt."""

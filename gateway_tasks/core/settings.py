@@ -42,6 +42,12 @@ class Tier:
     queue_max_len: int = 100_000
     queue_ttl_s: float = 0.0
     aliases: tuple[str, ...] = ()
+    # retries of one task (429 requeues included) before it fails with RetryBudgetExceeded,
+    # on top of the tier-wide retry_budget_ratio that stops retry storms
+    max_retries: int = 3
+    # each tenant's own token bucket (TPM, checked at submit next to its hourly quota);
+    # 0 = none.  A tenant's own ``tpm`` (gateway tenant add --tpm) overrides it.
+    tenant_tpm: int = 0
 
     def validate(self) -> None:
         where = f"tier {self.name!r}"
@@ -63,6 +69,9 @@ class Tier:
                  "in [0, 1)")
         _require(self.queue_max_len > 0, where, "queue_max_len", self.queue_max_len, "> 0")
         _require(self.queue_ttl_s >= 0, where, "queue_ttl_s", self.queue_ttl_s, ">= 0")
+        _require(self.max_retries >= 0, where, "max_retries", self.max_retries, ">= 0")
+        _require(self.tenant_tpm >= 0, where, "tenant_tpm", self.tenant_tpm,
+                 ">= 0 tokens per minute (0 = no per-tenant TPM quota)")
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,9 @@ class Pool:
     charge: str = "reserve"
     timeout_s: float = 60.0
     fallback_model: str = ""
+    # tasks queued on this pool, all tiers together: when full, an arrival evicts the newest
+    # queued task of a lower tier (lua/evict.lua), else it is refused (QueueFull); 0 = no limit
+    queue_capacity: int = 100_000
     # the environment variable the API key was read from (documentation only once loaded)
     api_key_env: str = ""
 
@@ -100,6 +112,8 @@ class Pool:
         _require(self.charge in CHARGE_MODES, where, "charge", self.charge,
                  f"one of {CHARGE_MODES}")
         _require(self.timeout_s > 0, where, "timeout_s", self.timeout_s, "> 0")
+        _require(self.queue_capacity >= 0, where, "queue_capacity", self.queue_capacity,
+                 ">= 0 tasks (0 = no shared limit)")
 
     @property
     def token_capacity(self) -> float:
@@ -131,15 +145,15 @@ def request_bucket_capacity(rpm: float, burst_s: float) -> float:
 def default_tiers() -> tuple[Tier, ...]:
     return (
         Tier("vip", base_weight=100, aging_alpha_per_ms=0.05, share=70, jitter_window_s=0,
-             max_wait_ms=2_000, max_concurrency_per_tenant=50, max_tasks_per_hour=1_000_000,
-             retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2,
-             aliases=("enterprise",)),
+             max_wait_ms=2_000, max_concurrency_per_tenant=50, max_tasks_per_hour=500,
+             retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2, queue_ttl_s=15.0,
+             max_retries=5, aliases=("enterprise",)),
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
-             max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=100_000,
-             retry_budget_ratio=0.1, can_degrade=True, aliases=("pro",)),
+             max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=60,
+             retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",)),
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
-             max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10_000,
-             retry_budget_ratio=0.05, can_degrade=True, aliases=("free",)),
+             max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10,
+             retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",)),
     )
 
 
@@ -189,6 +203,9 @@ class Settings:
     # producers refuse submits (RedisFull) once Redis uses this fraction of its maxmemory,
     # so the dispatch machinery (picks, acks, results) keeps head-room; 0 = never refuse early
     redis_memory_refuse_ratio: float = 0.9
+    # a queued task with a deadline_s is promoted inside its tier once less than this is left
+    # (lua/deadline.lua, lua/pick.lua); 0 = no deadline boost
+    deadline_boost_s: float = 60.0
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -202,6 +219,8 @@ class Settings:
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
                  self.redis_memory_refuse_ratio, "in [0, 1] (0 = off)")
+        _require(self.deadline_boost_s >= 0, "settings", "deadline_boost_s", self.deadline_boost_s,
+                 ">= 0 seconds (0 = no deadline boost)")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
@@ -265,6 +284,12 @@ class Settings:
                 return pool
         served = sorted({m for p in self.pools for m in p.models})
         raise ConfigError(f"no pool serves model {model!r}; served models: {served}")
+
+    def tier_rank(self, name: str) -> int:
+        """A tier's place in ``tiers`` (0 = the highest: tiers are listed highest first);
+        an arrival may evict queued work of a tier ranked below its own."""
+        wanted = self.tier(name).name
+        return next(i for i, t in enumerate(self.tiers) if t.name == wanted)
 
     def queue_name(self, tier: str, pool: str) -> str:
         """The Celery queue (a Redis list) of one tier's traffic to one pool."""

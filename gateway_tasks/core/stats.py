@@ -24,9 +24,11 @@ WAIT_MS = "wait_ms"                # pick.lua: queue wait of the dispatched task
 ACTUAL_TOKENS = "actual_tokens"    # settle.lua: tokens the upstream reported (prompt + completion)
 COMPLETED = "completed"            # settle.lua: upstream calls that completed with a usage report
 RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
-EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline
 DEAD_LETTERED = "dead_lettered"    # workers.dead_letter: malformed messages taken off a queue
 UPSTREAM_MS = "upstream_ms"        # workers.tasks: upstream call time of the completed calls, summed (whole ms)
+EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline or queue TTL
+EVICTED = "evicted"                # producer: queued tasks evicted for a higher tier (lua/evict.lua)
+CANCELLED = "cancelled"            # producer: tasks cancelled while queued or running (lua/cancel.lua)
 
 
 def tier_field(counter: str, tier: str) -> str:

@@ -78,6 +78,7 @@ class Tenant:
     api_key_hash: str = ""
     created_ms: int = 0
     weight: float = 1.0   # share of its tier against the tier's other tenants (fair queuing)
+    tpm: int = 0          # its own TPM quota (0: its tier's tenant_tpm)
 
 
 class TenantRegistry:
@@ -87,7 +88,7 @@ class TenantRegistry:
         self.keys = Keys(settings.key_prefix)
 
     def register(self, tenant_id: str, tier: str, api_key: str | None = None,
-                 weight: float = 1.0) -> tuple[Tenant, str]:
+                 weight: float = 1.0, tpm: int = 0) -> tuple[Tenant, str]:
         """Create or update a tenant; returns it and its API key (generated if not given).
         ``weight`` is its share inside its tier: a tenant of weight 2 gets twice the
         tokens of a weight-1 tenant of the same tier while both have work queued."""
@@ -97,9 +98,12 @@ class TenantRegistry:
         tier_name = self.settings.tier(tier).name
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1000:
             raise InvalidRequest(f"tenant weight {weight!r} is invalid; expected a number in (0, 1000]")
+        if isinstance(tpm, bool) or not isinstance(tpm, int) or tpm < 0:
+            raise InvalidRequest(f"tenant tpm {tpm!r} is invalid; expected a whole number of tokens "
+                                 "per minute >= 0 (0: the tier's tenant_tpm)")
         api_key = new_api_key() if api_key is None else _checked_api_key(api_key)
         digest = self._hash(api_key)
-        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight))
+        tenant = Tenant(tenant_id, tier_name, digest, int(time.time() * 1000), float(weight), tpm)
         key = self.keys.tenant(tenant_id)
         old = [v.decode() for v in self.r.hmget(key, HASH_FIELD, LEGACY_HASH_FIELD) if v]
         stale = {f for o in old for f in _index_fields(o)} - {digest}
@@ -108,7 +112,8 @@ class TenantRegistry:
                 pipe.hdel(self.keys.api_keys, *stale)
             pipe.hdel(key, LEGACY_HASH_FIELD)
             pipe.hset(key, mapping={"tier": tier_name, HASH_FIELD: digest,
-                                    "created_ms": tenant.created_ms, "weight": tenant.weight})
+                                    "created_ms": tenant.created_ms, "weight": tenant.weight,
+                                    "tpm": tenant.tpm})
             pipe.hset(self.keys.api_keys, digest, tenant_id)
             pipe.sadd(self.keys.tenants, tenant_id)
             pipe.execute()
@@ -130,7 +135,7 @@ class TenantRegistry:
         d = {k.decode(): v.decode() for k, v in raw.items()}
         stored = _normalised(d.get(HASH_FIELD) or d.get(LEGACY_HASH_FIELD, ""))
         return Tenant(tenant_id, d["tier"], stored, int(d.get("created_ms", 0)),
-                      float(d.get("weight", 1.0)))
+                      float(d.get("weight", 1.0)), int(d.get("tpm", 0)))
 
     def authenticate(self, api_key: str) -> Tenant:
         """The tenant of an API key, else UnknownTenant("invalid API key").

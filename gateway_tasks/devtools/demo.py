@@ -20,6 +20,7 @@ import redis
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.measure import percentile
 from gateway_tasks.devtools.ports import free_port
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             pool = Pool("default", base_url=sim.base_url, api_key="sk-demo", models=("gpt-4o-mini",),
                         tpm=args.tpm, rpm=args.rpm, burst_s=args.burst_s)
             prefix = f"gt-demo-{os.getpid()}:"
-            settings = base.with_(redis_url=redis_url, pools=(pool,), key_prefix=prefix)
+            settings = for_load(base.with_(redis_url=redis_url, pools=(pool,), key_prefix=prefix))
             client = redis.Redis.from_url(redis_url)
             gw = Gateway(settings, client=client)
             for tenant, tier in (("acme", "vip"), ("globex", "normal"), ("bulkco", "batch")):

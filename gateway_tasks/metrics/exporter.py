@@ -27,8 +27,8 @@ from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DEAD_LETTERED, DISPATCHED, EST_TOKENS, RETRIES,
-                                      UPSTREAM_429, UPSTREAM_MS, WAIT_MS, tier_field)
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, COMPLETED, DEAD_LETTERED, DISPATCHED, EST_TOKENS,
+                                      EVICTED, EXPIRED, RETRIES, UPSTREAM_429, UPSTREAM_MS, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
@@ -54,6 +54,13 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Malformed messages taken off a queue and dead-lettered with their reason."),
     (UPSTREAM_MS, "gateway_upstream_call_milliseconds",
      "Upstream call time of the completed calls, summed (mean latency = this / completed)."),
+    (EXPIRED, "gateway_expired_tasks",
+     "Tasks dropped stale: dispatched past their deadline or their tier's queue TTL, "
+     "without calling the upstream."),
+    (EVICTED, "gateway_evicted_tasks",
+     "Queued tasks evicted to make room for a higher tier's arrival (shared queue capacity full)."),
+    (CANCELLED, "gateway_cancelled_tasks",
+     "Tasks cancelled by their owner (or a synchronous caller that went away), queued or running."),
 )
 
 

@@ -12,19 +12,28 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Iterator, Sequence
 
 import redis
-from celery import Celery
+from celery import Celery, states
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
-from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge, RedisFull, RedisUnavailable
+from gateway_tasks.core import depends
+from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry
+from gateway_tasks.core.errors import (DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, QueueFull,
+                                       RedisFull, RedisUnavailable, TaskCancelled, UnknownTask)
+from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
+                                      tiers_below)
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.stats import CANCELLED, EVICTED, tier_field
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
@@ -33,6 +42,26 @@ from gateway_tasks.producer.memory_guard import MemoryGuard
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
+EVICT_TRIES = 3       # evictions one arrival may make (parallel arrivals can take the room freed)
+ALREADY_CANCELLED, FINISHED, WAITING = "already_cancelled", "finished", "waiting"
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``Gateway.cancel`` did: ``was`` is 'queued' (removed: it never reaches the
+    upstream), 'waiting' (held on its depends_on: dropped), 'running' (revoked: a call in
+    flight finishes and its result is discarded),
+    'gone' (neither queued nor running yet -- being published, or lost -- marked so it never
+    runs), 'already_cancelled', or 'finished' (nothing to cancel: ``status`` says how it ended)."""
+
+    task_id: str
+    was: str
+    status: str
+
+    @property
+    def cancelled(self) -> bool:
+        return self.was != FINISHED
 
 
 @contextlib.contextmanager
@@ -88,10 +117,11 @@ class Gateway:
         self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio)
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
-                        weight: float = 1.0) -> str:
+                        weight: float = 1.0, tpm: int = 0) -> str:
         """Register (or update) a tenant; returns its API key.  ``weight``: its share
-        against the other tenants of its tier (default 1)."""
-        return self.tenants.register(tenant_id, tier, api_key, weight)[1]
+        against the other tenants of its tier (default 1); ``tpm``: its own tokens-per-
+        minute quota (default 0: its tier's ``tenant_tpm``)."""
+        return self.tenants.register(tenant_id, tier, api_key, weight, tpm)[1]
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
                  max_tokens: int | None = None, *, tenant: Tenant | None = None) -> InferenceRequest:
@@ -127,25 +157,39 @@ class Gateway:
                 completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
         return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                                 messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight)
+                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
+                                tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm))
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
-               extra_body: dict[str, Any] | None = None, stream: bool = False) -> TaskHandle:
+               extra_body: dict[str, Any] | None = None, stream: bool = False,
+               count_quota: bool = True, depends_on: Sequence[str] | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.core.chunks``).
-        Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued."""
+        Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued.
+
+        The tenant's quotas are taken first, atomically (``gateway_tasks.core.quota``):
+        ``QuotaExceeded`` (reason, retry_after_s) when its tier's ``max_tasks_per_hour``
+        or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
+        elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies.
+
+        ``depends_on``: ids of tasks (any tenant's: ids are unguessable) that must finish
+        first; the task is held, taking no queue space, until they have, then queued
+        (``gateway_tasks.core.depends``).  An unknown id is ``UnknownTask``; a dependency
+        that did not succeed fails it with ``DependencyFailed``."""
         with redis_errors("submit"):
             return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
                                 deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
-                                extra_body=extra_body, stream=stream)
+                                extra_body=extra_body, stream=stream, count_quota=count_quota,
+                                depends_on=depends_on)
 
     def _submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                 model: str | None, max_tokens: int | None, deadline_s: float | None, source: str,
                 idempotency_key: str | None, extra_body: dict[str, Any] | None,
-                stream: bool = False) -> TaskHandle:
+                stream: bool = False, count_quota: bool = True,
+                depends_on: Sequence[str] | None = None) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not deadline_s > 0):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
@@ -172,6 +216,7 @@ class Gateway:
                                         tenant=TenantRegistry.from_record(tenant_id, record)),
                           deadline_s=deadline_s, source=source, extra_body=extra_body or {},
                           stream=bool(stream))
+            deps = self._dependencies(depends_on)
         except Exception:
             if owned:
                 with contextlib.suppress(redis.RedisError):
@@ -183,16 +228,116 @@ class Gateway:
             if not first:
                 return self._handle(task_id, req)
         try:
-            self.app.send_task(
-                TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
-                headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
+            take = self._take_quota(req, count_quota)
         except Exception:
             with contextlib.suppress(redis.RedisError):   # Redis may be what failed
+                if owned:
+                    self.r.delete(self.keys.task_owner(task_id))
+                if idempotency_key is not None:
+                    self.r.delete(self.keys.meta(task_id))
+            raise
+        try:
+            if not deps or not self._hold(req, task_id, deps):
+                self._send(req, task_id)
+        except Exception:
+            with contextlib.suppress(redis.RedisError):   # Redis may be what failed
+                scripts_for(self.r).run(QuotaRefundCall(take, counted=count_quota))
                 self.r.delete(self.keys.task_owner(task_id))
                 if idempotency_key is not None:
                     self.r.delete(self.keys.meta(task_id))
             raise
         return self._handle(task_id, req)
+
+    def _dependencies(self, depends_on: Sequence[str] | None) -> tuple[str, ...]:
+        if depends_on is None:
+            return ()
+        try:
+            deps = depends.dependency_ids(depends_on)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        with self.r.pipeline(transaction=False) as pipe:
+            for dep in deps:
+                pipe.exists(self.keys.task_owner(dep))
+            known = pipe.execute()
+        unknown = [d for d, ok in zip(deps, known) if not ok]
+        if unknown:
+            raise UnknownTask(f"depends_on names unknown tasks: {unknown}")
+        return deps
+
+    def _hold(self, req: InferenceRequest, task_id: str, deps: tuple[str, ...]) -> bool:
+        """Hold the task on its dependencies; False when none is running any more (send it now)."""
+        finished = depends.finished_outcomes(self.app, self.r, deps)
+        failed = next((d for d, outcome in finished.items() if outcome != depends.OK), "")
+        if failed:
+            raise DependencyFailed(f"task {failed} (in depends_on) did not succeed; this task "
+                                   f"was not queued", None, "dependency_failed")
+        running = tuple(d for d in deps if d not in finished)
+        if not running:
+            return False
+        spec = depends.send_spec(task_id, self._queue(req), req.to_body(), req.routing_headers(), req.argsrepr())
+        held = scripts_for(self.r).run(depends.DependCall(self.keys, task_id, running, spec,
+                                                          self.settings.result_ttl_s * 1000))
+        if held.pending == 0 and held.failed:
+            raise DependencyFailed(f"task {held.failed} (in depends_on) did not succeed; this task "
+                                   f"was not queued", None, "dependency_failed")
+        if held.pending > 0:
+            self._inherit(req, running)
+        return held.pending > 0
+
+    def _inherit(self, req: InferenceRequest, deps: tuple[str, ...]) -> None:
+        """Priority inheritance: each dependency queued in a lower tier than this task is
+        dispatched at this task's tier's priority (lua/boost.lua, then lua/pick.lua)."""
+        rank = self.settings.tier_rank(req.tier)
+        refs = self.r.mget([self.keys.task_ref(d) for d in deps])
+        for raw in refs:
+            if raw is None:
+                continue
+            ref = TaskRef.decode(raw)
+            if ref.entry and self.settings.tier_rank(ref.tier) > rank:
+                scripts_for(self.r).run(depends.BoostCall(self.keys, ref.pool, ref.tier, req.tier, ref.entry))
+
+    def _send(self, req: InferenceRequest, task_id: str) -> None:
+        """Publish the task; when its pool's shared queue capacity is full, evict the newest
+        queued task of the lowest tier below it and try again (``gateway_tasks.core.evict``)."""
+        lower = tuple(t.name for t in tiers_below(self.settings, req.tier))
+        for attempt in range(EVICT_TRIES + 1):
+            try:
+                self.app.send_task(
+                    TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),
+                    headers=req.routing_headers(), argsrepr=req.argsrepr(), kwargsrepr="{}")
+                return
+            except QueueFull as exc:
+                if exc.reason != POOL_FULL or not lower or attempt == EVICT_TRIES:
+                    raise
+                victim = scripts_for(self.r).run(EvictCall(self.keys, req.pool, lower))
+                if victim is None:      # nothing below it queued: only its peers (or higher) fill the pool
+                    raise QueueFull(f"{exc}; no lower-tier task is queued to make room for this "
+                                    f"{req.tier} request", exc.retry_after_s, POOL_FULL) from None
+                self._fail_evicted(victim, req)
+
+    def _fail_evicted(self, victim: Any, by: InferenceRequest) -> None:
+        """The evicted task's result: Evicted, with a throttle reason and when to retry."""
+        self.r.hincrby(self.keys.stats(by.pool), tier_field(EVICTED, victim.tier), 1)
+        if victim.task_id is None:
+            return
+        self._finished(victim.task_id)
+        retry_s = throttle_retry_after_s(self.settings.tier(victim.tier))
+        self.app.backend.store_result(victim.task_id, Evicted(
+            f"task {victim.task_id} ({victim.tier}) was evicted from the full queue of pool "
+            f"{by.pool!r} to make room for a {by.tier} request; it never reached the upstream; "
+            f"retry in {retry_s:g} s", retry_s, EVICTED_BY_HIGHER_TIER), states.FAILURE)
+
+    def _take_quota(self, req: InferenceRequest, count_quota: bool) -> QuotaTakeCall:
+        """Take the task from its tenant's hourly and TPM quotas (both or neither), or raise
+        QuotaExceeded saying which, its limit and when to retry."""
+        tier = self.settings.tier(req.tier)
+        take = QuotaTakeCall(self.keys, req.tenant_id, int(time.time() * 1000),   # the hour, as beat names it
+                             tier.max_tasks_per_hour if count_quota else 0, req.est_tokens, req.tenant_tpm)
+        take.check_fits()
+        taken = scripts_for(self.r).run(take)
+        if not taken.ok:
+            raise take.refusal(taken)
+        return take
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)
@@ -203,6 +348,66 @@ class Gateway:
 
     def result(self, task_id: str) -> AsyncResult:
         return AsyncResult(task_id, app=self.app)
+
+    def owner(self, task_id: str) -> str | None:
+        """The tenant that submitted a task (None: unknown id, or its record expired)."""
+        owner = self.r.get(self.keys.task_owner(task_id))
+        return owner.decode() if owner else None
+
+    def cancel(self, task_id: str, tenant_id: str | None = None) -> Cancelled:
+        """Cancel a task.  Queued: its index entry and message go together (lua/cancel.lua),
+        so it never reaches the upstream.  Running: revoked, and marked so the worker
+        discards its result and no requeue or lease sweep puts it back.  Its result becomes
+        ``TaskCancelled`` (reason 'queued' | 'running').  ``tenant_id``: only that tenant's
+        task (anyone else's id is ``UnknownTask``, as if it did not exist)."""
+        owner = self.owner(task_id)
+        if owner is None or (tenant_id is not None and owner != tenant_id):
+            raise UnknownTask(f"no task {task_id!r}" + (f" for tenant {tenant_id!r}" if tenant_id else ""))
+        if self.r.exists(self.keys.cancelled(task_id)):
+            return Cancelled(task_id, ALREADY_CANCELLED, states.FAILURE)
+        status = self._status(task_id)
+        if status in states.READY_STATES:
+            return Cancelled(task_id, FINISHED, status)
+        if self.r.delete(self.keys.held(task_id)):     # held on its depends_on: never queued
+            self.r.set(self.keys.cancelled(task_id), WAITING, ex=self.settings.result_ttl_s)
+            self._store_cancelled(task_id, WAITING, "cancelled while it waited on its depends_on; "
+                                                    "it was never queued")
+            return Cancelled(task_id, WAITING, states.FAILURE)
+        raw_ref = self.r.get(self.keys.task_ref(task_id))
+        was = GONE
+        if raw_ref is not None:
+            ref = TaskRef.decode(raw_ref)
+            for _ in range(CANCEL_TRIES):
+                was = scripts_for(self.r).run(CancelCall(self.keys, task_id, ref, find_entry(self.r, self.keys, ref),
+                                                         self.settings.result_ttl_s * 1000))
+                if was != GONE or self._status(task_id) in states.READY_STATES:
+                    break
+        if was == GONE:
+            status = self._status(task_id)
+            if status in states.READY_STATES:
+                return Cancelled(task_id, FINISHED, status)
+            self.r.set(self.keys.cancelled(task_id), GONE, ex=self.settings.result_ttl_s)
+        if was in (QUEUED, RUNNING):
+            self.r.hincrby(self.keys.stats(ref.pool), tier_field(CANCELLED, ref.tier), 1)
+        if was == RUNNING:
+            self.app.control.revoke(task_id)
+        message = {QUEUED: "cancelled while queued; it never reached the upstream",
+                   RUNNING: "cancelled while running; it was revoked and its result is discarded",
+                   GONE: "cancelled before it was queued or after it was lost; it will not run"}[was]
+        self._store_cancelled(task_id, was, message)
+        return Cancelled(task_id, was, states.FAILURE)
+
+    def _store_cancelled(self, task_id: str, was: str, message: str) -> None:
+        self.app.backend.store_result(task_id, TaskCancelled(f"task {task_id} {message}", None, was),
+                                      states.FAILURE)
+        self._finished(task_id)
+
+    def _finished(self, task_id: str) -> None:
+        """A task ended here (cancelled, evicted): release what waits on it."""
+        depends.finish(self.app, self.r, self.keys, self.settings.result_ttl_s, task_id, ok=False)
+
+    def _status(self, task_id: str) -> str:
+        return str(self.app.backend.get_task_meta(task_id).get("status") or states.PENDING)
 
 
 @lru_cache(maxsize=1)

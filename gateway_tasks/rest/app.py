@@ -3,6 +3,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
 
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
+    DELETE /v1/tasks/{task_id}  cancel it: 200 queued (removed) / 202 running (revoked) / 409 finished
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks)
     GET  /healthz               Redis ping (no credential)
@@ -27,20 +28,25 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway_tasks.core.errors import ApiError, InvalidRequest
+from gateway_tasks.core.errors import ApiError, InvalidRequest, UnknownTask
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
-from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.producer.gateway import FINISHED, Gateway
 from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.crons import router as crons_router
-from gateway_tasks.rest.errors import error_body, install_error_handlers
+from gateway_tasks.rest.errors import error_body, install_error_handlers, retry_after_header
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
 from gateway_tasks.rest.streaming import streaming_response
 
-DEFAULT_SYNC_TIMEOUT_S = 60.0
+# how long the synchronous endpoint waits at most: below the 60 s most proxies and clients
+# give up at; a client that says its own timeout (the openai SDK's X-Stainless-Timeout) or
+# a deadline_s is waited for that long, less a margin to answer before it gives up
+DEFAULT_SYNC_TIMEOUT_S = 30.0
+CLIENT_TIMEOUT_HEADERS = ("X-Gateway-Timeout", "X-Stainless-Timeout")
+CLIENT_TIMEOUT_MARGIN_S = 0.5
 
 
 def _status_url(request: Request, task_id: str) -> str:
@@ -48,8 +54,28 @@ def _status_url(request: Request, task_id: str) -> str:
     return request.url_for("get_task", task_id=task_id).path
 
 
-def _failure_status(error: dict[str, str]) -> int:
-    return 504 if error["type"] == "DeadlineExceeded" else 502
+def _failure_status(error: dict[str, Any]) -> int:
+    if error["type"] in ("DeadlineExceeded", "Expired"):
+        return 504
+    if error["type"] in ("QueueFull", "Evicted", "QuotaExceeded"):
+        return 429
+    if error["type"] == "TaskCancelled":
+        return 409
+    return 502
+
+
+def sync_timeout_s(deadline_s: float | None, headers: Any) -> float:
+    """How long /v1/chat/completions waits: the deadline, else the default, and never past
+    a timeout the client announces (less a margin, so it gets the answer before it leaves)."""
+    timeout_s = deadline_s or DEFAULT_SYNC_TIMEOUT_S
+    for name in CLIENT_TIMEOUT_HEADERS:
+        try:
+            announced = float(headers.get(name) or "nan")
+        except ValueError:
+            continue
+        if announced > 0:
+            timeout_s = min(timeout_s, max(CLIENT_TIMEOUT_MARGIN_S, announced - CLIENT_TIMEOUT_MARGIN_S))
+    return timeout_s
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -70,7 +96,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         handle = gateway.submit(
             tenant.tenant_id, [m.model_dump() for m in body.messages], model=body.model,
             max_tokens=body.max_tokens, deadline_s=body.deadline_s, source="api",
-            idempotency_key=body.idempotency_key, extra_body=body.extra_body)
+            idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on)
         status_url = _status_url(request, handle.id)
         response.headers["Location"] = status_url
         return {"task_id": handle.id, "tier": handle.tier, "queue": handle.queue,
@@ -80,6 +106,20 @@ def create_app(gateway: Gateway) -> FastAPI:
     @app.get("/v1/tasks/{task_id}", name="get_task")
     def get_task(task_id: str, tenant: TenantDep) -> dict[str, Any]:
         return task_view(gateway, tenant, task_id)
+
+    @app.delete("/v1/tasks/{task_id}", name="cancel_task")
+    def cancel_task(task_id: str, tenant: TenantDep) -> JSONResponse:
+        try:
+            done = gateway.cancel(task_id, tenant.tenant_id)
+        except UnknownTask:
+            raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant") from None
+        if done.was == "already_cancelled":
+            return JSONResponse({"task_id": task_id, "cancelled": True, "was": done.was})
+        if done.was == FINISHED:
+            raise ApiError(409, "TaskFinished", f"task {task_id} already finished ({done.status}); "
+                           f"nothing to cancel", task_id=task_id, task_status=done.status)
+        return JSONResponse({"task_id": task_id, "cancelled": True, "was": done.was},
+                            status_code=202 if done.was == "running" else 200)
 
     @app.post("/v1/chat/completions", name="chat_completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request,
@@ -92,21 +132,31 @@ def create_app(gateway: Gateway) -> FastAPI:
             model=body.model, max_tokens=body.max_tokens or body.max_completion_tokens,
             deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
             extra_body=body.upstream_extras() or None, stream=body.stream)
-        timeout_s = body.deadline_s or DEFAULT_SYNC_TIMEOUT_S
+        timeout_s = sync_timeout_s(body.deadline_s, request.headers)
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
             return streaming_response(gateway, handle, body.include_usage(), timeout_s)
         status_url = _status_url(request, handle.id)
-        meta = await wait_for_meta(gateway, handle.id, timeout_s)
+        meta = await wait_for_meta(gateway, handle.id, timeout_s, request.is_disconnected)
         headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
         if meta is None:
-            raise ApiError(504, "Timeout",
-                           f"task {handle.id} did not complete within {timeout_s:g} s; it is still "
-                           f"queued or running: poll {status_url}",
-                           headers, task_id=handle.id, status_url=status_url)
+            # the client timed out or went away: nobody will read the answer, so the task
+            # must not spend upstream quota later (queued: removed; running: revoked)
+            done = await run_in_threadpool(gateway.cancel, handle.id)
+            if done.was == FINISHED:
+                meta = await run_in_threadpool(gateway.app.backend.get_task_meta, handle.id)
+            else:
+                raise ApiError(504, "Timeout",
+                               f"task {handle.id} did not complete within {timeout_s:g} s; it was "
+                               f"cancelled (it was {done.was})", headers, task_id=handle.id,
+                               status_url=status_url, cancelled=True, was=done.was)
         if meta["status"] != states.SUCCESS:
             error = error_of(meta)
+            extra = {k: v for k, v in error.items() if k in ("reason", "retry_after_s")}
+            if "retry_after_s" in error:
+                headers["Retry-After"] = retry_after_header(error["retry_after_s"])
             raise ApiError(_failure_status(error), error["type"],
-                           f"task {handle.id} failed: {error['message']}", headers, task_id=handle.id)
+                           f"task {handle.id} failed: {error['message']}", headers, task_id=handle.id,
+                           **extra)
         result = meta.get("result")
         if not isinstance(result, dict) or not isinstance(result.get("response"), dict):
             raise ApiError(502, "BadResult", f"task {handle.id} returned no upstream response",

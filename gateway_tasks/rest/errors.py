@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
-    QueueFull, QuotaExceeded, RedisUnavailable, UnknownTenant
+    RedisUnavailable, Rejected, UnknownTask, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
@@ -28,13 +28,13 @@ def status_for(exc: GatewayError) -> int:
     """HTTP status of a GatewayError raised while handling a request."""
     if isinstance(exc, ApiError):
         return exc.status
-    if isinstance(exc, UnknownTenant):
+    if isinstance(exc, (UnknownTenant, UnknownTask)):
         return 404
     if isinstance(exc, PromptTooLarge):
         return 413
     if isinstance(exc, InvalidRequest):
         return 400
-    if isinstance(exc, (QueueFull, QuotaExceeded)):
+    if isinstance(exc, Rejected):      # QueueFull, Evicted, QuotaExceeded
         return 429
     return 503
 
@@ -53,8 +53,17 @@ def redis_error_response(exc: redis.RedisError) -> JSONResponse:
                         status_code=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)})
 
 
-def _retry_after_s(request: Request) -> int:
-    """Retry-After for a full queue: the tenant tier's max wait, clamped to [1, 60] s."""
+def retry_after_header(seconds: float) -> str:
+    """The Retry-After header (whole seconds, at least 1) of a retry_after_s."""
+    return str(max(RETRY_AFTER_MIN_S, math.ceil(seconds)))
+
+
+def _retry_after_s(request: Request, exc: GatewayError) -> int:
+    """Retry-After of a 429: the error's own retry_after_s (a quota's reset), else the
+    tenant tier's max wait, clamped to [1, 60] s."""
+    own = getattr(exc, "retry_after_s", None)
+    if own is not None:
+        return int(retry_after_header(own))
     tenant: Tenant | None = getattr(request.state, "tenant", None)
     seconds = RETRY_AFTER_MIN_S
     if tenant is not None:
@@ -71,10 +80,18 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, ApiError):
             return api_error_response(exc)
         status = status_for(exc)
-        headers = {"Retry-After": str(_retry_after_s(request))} if status == 429 else None
+        extra: dict[str, Any] = {}
+        headers = None
+        if status == 429:
+            retry_s = _retry_after_s(request, exc)
+            headers = {"Retry-After": str(retry_s)}
+            extra["retry_after_s"] = retry_s
         if isinstance(exc, RedisUnavailable):   # 503: Redis down or full, nothing enqueued
             headers = {"Retry-After": str(RETRY_AFTER_MIN_S)}
-        return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status,
+        details = getattr(exc, "details", None)
+        if callable(details):
+            extra.update(details())
+        return JSONResponse(error_body(type(exc).__name__, str(exc), **extra), status_code=status,
                             headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -40,6 +40,9 @@ class TaskRequest(BaseModel):
                                                     "enqueued once")
     extra_body: dict[str, Any] | None = Field(
         default=None, description="other upstream parameters (temperature, top_p, ...)")
+    depends_on: list[str] | None = Field(
+        default=None, max_length=32,
+        description="task ids that must finish first; the task is held until they have")
 
     _messages = field_validator("messages", mode="before")(_prompt_to_messages)
 

@@ -4,7 +4,7 @@ its owner, its error, and waiting for it to finish."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from celery import states
 from fastapi.concurrency import run_in_threadpool
@@ -33,16 +33,26 @@ def _owner_of(meta: dict[str, Any]) -> str | None:
     return None
 
 
-def error_of(meta: dict[str, Any]) -> dict[str, str]:
-    """The {type, message} of a failed task's stored exception."""
+def error_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The {type, message[, reason][, retry_after_s]} of a failed task's stored exception
+    (errors with a reason store (message, retry_after_s, reason) as their arguments)."""
     exc = meta.get("result")
     if isinstance(exc, BaseException):
-        return {"type": type(exc).__name__, "message": str(exc)}
+        details = getattr(exc, "details", None)
+        return {"type": type(exc).__name__, "message": str(exc), **(details() if callable(details) else {})}
     if isinstance(exc, dict) and "exc_type" in exc:
         message = exc.get("exc_message")
-        if isinstance(message, (list, tuple)):
+        out: dict[str, Any] = {"type": str(exc["exc_type"])}
+        if isinstance(message, (list, tuple)) and len(message) == 3 and isinstance(message[2], str) \
+                and (message[1] is None or isinstance(message[1], (int, float))):
+            message, retry_after_s, reason = message
+            if reason:
+                out["reason"] = reason
+            if retry_after_s is not None:
+                out["retry_after_s"] = round(float(retry_after_s), 3)
+        elif isinstance(message, (list, tuple)):
             message = " ".join(str(m) for m in message)
-        return {"type": str(exc["exc_type"]), "message": str(message or "")}
+        return {**out, "message": str(message or "")}
     return {"type": "TaskFailed", "message": str(exc) if exc is not None else ""}
 
 
@@ -67,8 +77,10 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
     return view
 
 
-async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float) -> dict[str, Any] | None:
-    """Poll the result backend until the task is ready; None on timeout."""
+async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float,
+                        gone: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None:
+    """Poll the result backend until the task is ready; None on timeout, or as soon as
+    ``gone()`` says the client disconnected."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     delay = POLL_FIRST_S
@@ -77,7 +89,7 @@ async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float) -> dic
         if meta.get("status") in states.READY_STATES:
             return meta
         remaining = deadline - loop.time()
-        if remaining <= 0:
+        if remaining <= 0 or (gone is not None and await gone()):
             return None
         await asyncio.sleep(min(delay, remaining))
         delay = min(delay * 1.5, POLL_MAX_S)

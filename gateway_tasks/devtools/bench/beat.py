@@ -47,6 +47,7 @@ from typing import Any
 import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.devtools.bench.wall_time import Stopwatch, took_line
 from gateway_tasks.devtools.measure import percentile
@@ -141,7 +142,7 @@ def run_mode(client: redis.Redis, base: Settings, plan, cron: str, jitter: bool,
              batch_size: int, seed: int) -> dict[str, Any]:
     prefix = f"gt-bench-{uuid.uuid4().hex[:10]}:"
     tiers = base.tiers if jitter else tuple(replace(t, jitter_window_s=0) for t in base.tiers)
-    settings = base.with_(key_prefix=prefix, tiers=tiers)
+    settings = for_load(base.with_(key_prefix=prefix, tiers=tiers))
     rng = random.Random(seed)
     boundary_ms = boundary_s * 1000
     window_s = max(t.jitter_window_s for t in base.tiers)

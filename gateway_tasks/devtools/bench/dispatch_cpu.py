@@ -46,6 +46,7 @@ from celery import Celery
 from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.scripts import available, scripts_for
 from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench import command_purpose, redis_stats
 from gateway_tasks.devtools.bench.dispatch_server import PROMPT_SIZES_B, prompt_of
@@ -108,7 +109,7 @@ def gateway_infer_flow(client: redis.Redis, url: str, base: Settings, prompt: st
     prefix = f"gt-bench-cpu-infer-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim_url, api_key="sk-bench", models=(MODEL,), tpm=FAST,
                 rpm=FAST, burst_s=60.0)
-    settings = base.with_(redis_url=url, key_prefix=prefix, pools=(pool,))
+    settings = for_load(base.with_(redis_url=url, key_prefix=prefix, pools=(pool,)))
     gw = Gateway(settings, client=client)
     tenants = [f"infer-{k}" for k in range(TENANTS)]
     for tenant in tenants:

@@ -36,6 +36,7 @@ from gateway_tasks.core.enqueue import EnqueueCall, queue_enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for, source
 from gateway_tasks.core.settings import Settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools.bench.plain import UNLIMITED
 from gateway_tasks.devtools.bench import redis_stats
 from gateway_tasks.devtools.bench.redis_stats import Cost, commandstats, stats_delta
@@ -79,7 +80,7 @@ def prompt_of(size_b: int) -> str:
 
 
 def bench_settings(base: Settings, prefix: str) -> Settings:
-    return base.with_(key_prefix=prefix, pools=(UNLIMITED,))
+    return for_load(base.with_(key_prefix=prefix, pools=(UNLIMITED,)))
 
 
 def real_message(client: redis.Redis, base: Settings, prompt: str) -> str:

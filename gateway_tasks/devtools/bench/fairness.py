@@ -35,6 +35,7 @@ from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.index_entry import tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings, load_settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import fairness_report
@@ -146,7 +147,7 @@ def run_fairness(base: Settings, redis_url: str, spec: FairnessSpec, *, log_dir:
         with SimulatorProcess(sim_config(spec)) as sim:
             pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,),
                         tpm=spec.tpm, rpm=spec.rpm, burst_s=spec.burst_s)
-            settings = base.with_(redis_url=redis_url, key_prefix=prefix, pools=(pool,))
+            settings = for_load(base.with_(redis_url=redis_url, key_prefix=prefix, pools=(pool,)))
             gw = Gateway(settings, client=client)
             flooder = "flood-0"
             quiet = [f"quiet-{k + 1}" for k in range(spec.quiet_tenants)]

@@ -48,6 +48,7 @@ import redis
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.core.broker import purge_tier
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.utilisation import UpstreamPoint, window_utilisation
@@ -285,7 +286,7 @@ def run_policy(policy: str, spec: LoadSpec, base: Settings, client: redis.Redis,
     """Phases A and B for one policy; returns its numbers (see the module docstring)."""
     prefix = f"gt-bench-{policy}-{uuid.uuid4().hex[:8]}:"
     pool = bench_pool(spec, sim.base_url)
-    settings = base.with_(key_prefix=prefix, policy=policy, pools=(pool,))
+    settings = for_load(base.with_(key_prefix=prefix, policy=policy, pools=(pool,)))
     keys = Keys(prefix)
     gw = Gateway(settings, client=client)
     worker = None

@@ -1,0 +1,90 @@
+"""Cancelling a task, Redis side: where a queued task sits, and lua/cancel.lua as a typed call.
+
+The producer records each gateway task's place when it enqueues it
+(``Keys.task_ref``: pool, tier, tenant, delivery tag).  Cancelling finds the
+task's index entry in its tenant's range of the tier's index, then runs
+cancel.lua, which marks the task cancelled (``Keys.cancelled``) and -- if it is
+still queued -- removes its entry and message together, atomically: no
+dispatcher can take it afterwards.  A dispatched task is reported as running;
+the producer revokes it, the worker sees the mark and discards it, and the lease
+sweep drops it instead of putting it back (``workers.leases``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import redis
+
+from gateway_tasks.core.index_entry import SEP, tenant_range
+from gateway_tasks.core.keys import Keys
+
+QUEUED, RUNNING, GONE = "queued", "running", "gone"   # what cancel.lua found
+SCAN_CHUNK = 1_000
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    pool: str
+    tier: str
+    tenant: str
+    tag: str
+    entry: str = ""    # its index entry as enqueue.lua made it (requeues put the same one back)
+
+    def encode(self) -> str:
+        return SEP.join((self.pool, self.tier, self.tenant, self.tag, self.entry))
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> "TaskRef":
+        if isinstance(text, bytes):
+            text = text.decode()
+        pool, tier, tenant, tag, *entry = text.split(SEP, 4)
+        return cls(pool, tier, tenant, tag, entry[0] if entry else "")
+
+
+def find_entry(client: redis.Redis, keys: Keys, ref: TaskRef) -> str:
+    """The task's index entry: the one recorded at enqueue, else (a ref without one) found in
+    its tenant's range of the index if it is queued now ('' if not)."""
+    if ref.entry:
+        return ref.entry
+    low, high = tenant_range(ref.tenant)
+    needle = f"{SEP}{ref.tag}{SEP}"
+    offset = 0
+    while True:
+        chunk = client.zrangebylex(keys.index(ref.pool, ref.tier), low, high, start=offset, num=SCAN_CHUNK)
+        for raw in chunk:
+            entry = raw.decode() if isinstance(raw, bytes) else raw
+            if needle in entry:
+                return entry
+        if len(chunk) < SCAN_CHUNK:
+            return ""
+        offset += SCAN_CHUNK
+
+
+@dataclass(frozen=True)
+class CancelCall:
+    SCRIPT: ClassVar[str] = "cancel"
+
+    keys: Keys
+    task_id: str
+    ref: TaskRef
+    entry: str          # '' when find_entry found none
+    mark_ttl_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        k, p, t = self.keys, self.ref.pool, self.ref.tier
+        return [k.messages(p), k.index(p, t), k.active(p, t), k.parked(p), k.dispatched(p),
+                k.cancelled(self.task_id)]
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [self.entry, self.ref.tag, self.ref.tier, self.ref.tenant, self.mark_ttl_ms]
+
+    def parse(self, reply: Any) -> str:
+        return {1: QUEUED, 2: RUNNING}.get(int(reply), GONE)
+
+
+def is_cancelled(client: redis.Redis, keys: Keys, task_id: str) -> bool:
+    return bool(client.exists(keys.cancelled(task_id)))

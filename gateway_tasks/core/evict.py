@@ -1,0 +1,79 @@
+"""Tail drop by eviction, as a typed call of lua/evict.lua.
+
+Each pool has a shared queue capacity (``Pool.queue_capacity``: all tiers' queued
+tasks together).  When an arrival finds it full (lua/enqueue.lua says so), the
+producer evicts the newest queued task of the lowest tier below the arrival's
+(VIP evicts batch first, then normal; normal evicts batch), stores the victim's
+result as ``Evicted`` (a throttle reason and retry_after_s), and enqueues the
+arrival.  Nothing below it queued -- a batch arrival, or a pool full of VIP work --
+and the arrival fails fast with ``QueueFull`` (reason 'pool_full'): batch never
+takes VIP space.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import text
+from gateway_tasks.core.settings import Settings, Tier
+
+EVICTED_BY_HIGHER_TIER = "evicted_by_higher_tier"   # Evicted.reason
+POOL_FULL = "pool_full"                             # QueueFull.reason: the pool's shared capacity
+TIER_FULL = "tier_full"                             # QueueFull.reason: the tier's queue_max_len
+RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1.0, 60.0
+
+
+def throttle_retry_after_s(tier: Tier) -> float:
+    """When a tail-dropped or evicted task of a tier should be tried again: the tier's
+    max wait, clamped to [1, 60] s."""
+    return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, tier.max_wait_ms / 1000.0))
+
+
+def tiers_below(settings: Settings, tier: str) -> list[Tier]:
+    """The tiers an arrival of ``tier`` may evict from, lowest first."""
+    rank = settings.tier_rank(tier)
+    return list(reversed(settings.tiers[rank + 1:]))
+
+
+@dataclass(frozen=True)
+class Victim:
+    tier: str
+    tag: str
+    task_id: str | None     # from the evicted message's headers (None: not a Celery message)
+    tenant: str | None
+
+
+@dataclass(frozen=True)
+class EvictCall:
+    SCRIPT: ClassVar[str] = "evict"
+
+    keys: Keys
+    pool: str
+    candidates: tuple[str, ...]     # tier names, lowest first
+
+    @property
+    def script_keys(self) -> list[str]:
+        k, p = self.keys, self.pool
+        out = [k.messages(p), k.parked(p)]
+        for tier in self.candidates:
+            out += [k.index(p, tier), k.active(p, tier)]
+        return out
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return [len(self.candidates), *self.candidates]
+
+    def parse(self, reply: Any) -> Victim | None:
+        if int(reply[0]) == 0:
+            return None
+        task_id = tenant = None
+        try:
+            headers = json.loads(text(reply[3])).get("headers") or {}
+            task_id, tenant = headers.get("id"), headers.get("gt_tenant")
+        except (ValueError, AttributeError):
+            pass
+        return Victim(text(reply[1]), text(reply[2]), task_id if isinstance(task_id, str) else None,
+                      tenant if isinstance(tenant, str) else None)

@@ -1,0 +1,23 @@
+-- boost.lua: priority inheritance -- a queued task of a lower tier that a higher tier's
+-- held task waits on (depends_on) is to be dispatched at the higher tier's priority.
+-- Records it in its pool's fair hash, field 'b:<its tier>': one '<higher tier>><entry>'
+-- per line; lua/pick.lua dispatches those first (charged to their own tenant and tier)
+-- and drops lines whose task is no longer queued.
+--
+-- KEYS[1] the pool's fair hash
+-- ARGV[1] the boosted task's tier   ARGV[2] the tier it inherits   ARGV[3] its index entry
+-- ARGV[4] most boosts kept per tier (the oldest go first when there are more)
+--
+-- Returns the number of boosts now recorded for the tier.
+
+local field = 'b:' .. ARGV[1]
+local line = ARGV[2] .. '>' .. ARGV[3]
+local kept = {}
+for l in string.gmatch(redis.call('HGET', KEYS[1], field) or '', '[^\n]+') do
+  if l ~= line then kept[#kept + 1] = l end
+end
+kept[#kept + 1] = line
+local max = tonumber(ARGV[4])
+while #kept > max do table.remove(kept, 1) end
+redis.call('HSET', KEYS[1], field, table.concat(kept, '\n'))
+return #kept

@@ -1,0 +1,49 @@
+-- uses: prelude
+-- evict.lua: make room in a pool whose shared queue capacity is full, for an arrival of a
+-- higher tier: remove the NEWEST queued task of the lowest tier that has any (the tiers
+-- are given lowest first, and only tiers below the arrival's), its index entry and its
+-- message together.  The producer then stores the victim's result (Evicted) and enqueues
+-- the arrival.  Cost: one reverse range read per tenant with queued work in the tier
+-- scanned (O(tenants x log n)); it runs only when the pool is full.
+--
+-- KEYS[1] messages hash (tag -> message)   KEYS[2] parked tenants (tenant -> tier)
+-- then for each candidate tier t (T tiers, lowest first), two keys from KEYS[3]:
+--   its index (sorted set of entries), its active tenants (zset)
+-- ARGV[1] T   then T tier names, lowest first
+--
+-- Returns {1, tier, tag, message} evicted, or {0} when no candidate tier has queued work.
+-- Entries are '<tenant>|<seq: 16 hex digits>|<tag>|...' (gateway_tasks/core/index_entry.py):
+-- the newest task of a tier is the one with the largest seq among its tenants' last entries.
+
+local T = tonumber(ARGV[1])
+for t = 1, T do
+  local tier, index_key, active_key = ARGV[1 + t], KEYS[1 + 2 * t], KEYS[2 + 2 * t]
+  local tenants = redis.call('ZRANGE', active_key, 0, -1)
+  local parked = redis.call('HGETALL', KEYS[2])
+  for i = 1, #parked, 2 do
+    if parked[i + 1] == tier then tenants[#tenants + 1] = parked[i] end
+  end
+  local best, best_seq, best_tenant = nil, nil, nil
+  for _, tenant in ipairs(tenants) do
+    local last = redis.call('ZREVRANGEBYLEX', index_key, '[' .. tenant .. '|\255', '[' .. tenant .. '|',
+                            'LIMIT', 0, 1)[1]
+    if last then
+      local _, _, seq = string.find(last, '^[^|]+|([^|]+)|')
+      if seq and (best_seq == nil or seq > best_seq) then
+        best, best_seq, best_tenant = last, seq, tenant
+      end
+    end
+  end
+  if best then
+    local _, _, tag = string.find(best, '^[^|]+|[^|]+|([^|]+)|')
+    redis.call('ZREM', index_key, best)
+    local message = redis.call('HGET', KEYS[1], tag) or ''
+    redis.call('HDEL', KEYS[1], tag)
+    if gt_tenant_head(index_key, best_tenant) == nil then
+      redis.call('ZREM', active_key, best_tenant)
+      if redis.call('HGET', KEYS[2], best_tenant) == tier then redis.call('HDEL', KEYS[2], best_tenant) end
+    end
+    return {1, tier, tag, message}
+  end
+end
+return {0}

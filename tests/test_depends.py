@@ -1,0 +1,151 @@
+"""depends_on: a task is held -- no queue space, no tokens -- until the tasks it names
+have finished, then queued; a dependency that did not succeed fails it with
+DependencyFailed.  Real Redis; the last test runs a real worker."""
+
+from __future__ import annotations
+
+import pytest
+from celery import states
+from fastapi.testclient import TestClient
+
+from gateway_tasks.core import depends
+from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.core.errors import DependencyFailed, InvalidRequest, UnknownTask
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.rest.app import create_app
+from gateway_tasks.core.quota import hour_of
+from gateway_tasks.core.clock import redis_now_ms
+
+
+@pytest.fixture
+def gw(settings, r):
+    g = Gateway(settings, client=r)
+    g.register_tenant("bulk", "batch")
+    g.register_tenant("acme", "vip")
+    yield g
+    g.app.close()
+
+
+def queued_ids(gw: Gateway, tier: str) -> list[str]:
+    return [m["headers"]["id"] for m in queued_messages(gw.r, Keys(gw.settings.key_prefix), "default", tier)]
+
+
+def finish(gw: Gateway, task_id: str, ok: bool) -> int:
+    return depends.finish(gw.app, gw.r, gw.keys, gw.settings.result_ttl_s, task_id, ok)
+
+
+def test_held_until_every_dependency_finished(gw):
+    a = gw.submit("bulk", "first", max_tokens=5)
+    b = gw.submit("bulk", "second", max_tokens=5)
+    child = gw.submit("acme", "after both", max_tokens=5, depends_on=[a.id, b.id, a.id])
+    assert queued_ids(gw, "vip") == [] and child.status == states.PENDING
+    assert finish(gw, a.id, ok=True) == 0          # one still running
+    assert queued_ids(gw, "vip") == []
+    assert finish(gw, b.id, ok=True) == 1
+    assert queued_ids(gw, "vip") == [child.id]
+    assert finish(gw, b.id, ok=True) == 0          # once only
+
+
+def test_a_failed_dependency_fails_the_dependents(gw):
+    a = gw.submit("bulk", "doomed", max_tokens=5)
+    child = gw.submit("acme", "after it", max_tokens=5, depends_on=[a.id])
+    grandchild = gw.submit("acme", "after the child", max_tokens=5, depends_on=[child.id])
+    finish(gw, a.id, ok=False)
+    for h in (child, grandchild):
+        with pytest.raises(DependencyFailed, match="did not succeed") as info:
+            h.get(timeout=5)
+        assert info.value.reason == "dependency_failed"
+    assert queued_ids(gw, "vip") == []
+
+
+def test_cancelling_a_dependency_fails_its_dependent_and_a_held_task_can_be_cancelled(gw):
+    a = gw.submit("bulk", "cancelled soon", max_tokens=5)
+    child = gw.submit("acme", "after it", max_tokens=5, depends_on=[a.id])
+    gw.cancel(a.id)
+    with pytest.raises(DependencyFailed):
+        child.get(timeout=5)
+    b = gw.submit("bulk", "stays", max_tokens=5)
+    held = gw.submit("acme", "cancelled while held", max_tokens=5, depends_on=[b.id])
+    assert gw.cancel(held.id).was == "waiting"
+    finish(gw, b.id, ok=True)
+    assert queued_ids(gw, "vip") == []                # dropped, not released
+
+
+def test_finished_and_unknown_dependencies(gw):
+    a = gw.submit("bulk", "done already", max_tokens=5)
+    finish(gw, a.id, ok=True)
+    now = gw.submit("acme", "runs at once", max_tokens=5, depends_on=[a.id])
+    assert queued_ids(gw, "vip") == [now.id]
+    bad = gw.submit("bulk", "failed already", max_tokens=5)
+    finish(gw, bad.id, ok=False)
+    before = int(gw.r.get(gw.keys.quota("acme", hour_of(redis_now_ms(gw.r)))))
+    with pytest.raises(DependencyFailed):
+        gw.submit("acme", "refused", max_tokens=5, depends_on=[bad.id])
+    assert int(gw.r.get(gw.keys.quota("acme", hour_of(redis_now_ms(gw.r))))) == before   # given back
+    with pytest.raises(UnknownTask, match="unknown tasks"):
+        gw.submit("acme", "x", max_tokens=5, depends_on=["no-such-task"])
+    with pytest.raises(InvalidRequest, match="list of task ids"):
+        gw.submit("acme", "x", max_tokens=5, depends_on="abc")
+
+
+def test_rest_depends_on(gw):
+    key = gw.register_tenant("acme", "vip")
+    with TestClient(create_app(gw)) as client:
+        post = lambda body: client.post("/v1/tasks", json={"messages": [{"role": "user", "content": "x"}], **body},  # noqa: E731
+                                        headers={"Authorization": f"Bearer {key}"})
+        first = post({}).json()["task_id"]
+        res = post({"depends_on": [first]})
+        assert res.status_code == 202
+        assert queued_ids(gw, "vip") == [first]
+        res = post({"depends_on": ["nope"]})
+        assert res.status_code == 404 and res.json()["error"]["type"] == "UnknownTask"
+
+
+@pytest.mark.slow
+def test_a_dependent_runs_after_its_dependency(settings, r, tmp_path):
+    with SimulatorThread(SimConfig(base_latency_ms=300)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        g = Gateway(s, client=r)
+        g.register_tenant("bulk", "batch")
+        g.register_tenant("acme", "vip")
+        worker = processes.worker(s, concurrency=4, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(g.app, 1)
+            dep = g.submit("bulk", "first", max_tokens=5)
+            child = g.submit("acme", "second", max_tokens=5, depends_on=[dep.id])
+            first, second = dep.get(timeout=30), child.get(timeout=30)
+        finally:
+            worker.stop()
+            g.app.close()
+    assert second["timing"]["enqueued_ms"] >= first["timing"]["dispatched_ms"] + 300
+
+
+def test_a_higher_tier_dependent_boosts_its_queued_lower_tier_dependency(gw):
+    dep = gw.submit("bulk", "needed first", max_tokens=5)
+    same = gw.submit("bulk", "a batch dependent inherits nothing", max_tokens=5, depends_on=[dep.id])
+    assert gw.r.hget(gw.keys.fair("default"), "b:batch") is None
+    gw.submit("acme", "vip waits on it", max_tokens=5, depends_on=[dep.id])
+    gw.submit("acme", "and again", max_tokens=5, depends_on=[dep.id])
+    (line,) = gw.r.hget(gw.keys.fair("default"), "b:batch").decode().split("\n")
+    tier, entry = line.split(">")
+    assert tier == "vip" and f"|{gw.r.get(gw.keys.task_ref(dep.id)).decode().split('|')[3]}|" in entry
+    assert gw.r.zscore(gw.keys.index("default", "batch"), entry) is not None
+    assert same.status == states.PENDING
+
+
+def test_a_dependency_finished_long_ago_is_read_from_its_result(gw):
+    """The done mark lives only minutes; after it, the stored result says how it ended."""
+    ok = gw.submit("bulk", "succeeded long ago", max_tokens=5)
+    bad = gw.submit("bulk", "failed long ago", max_tokens=5)
+    gw.app.backend.store_result(ok.id, {"response": {}}, states.SUCCESS)
+    gw.app.backend.store_result(bad.id, DependencyFailed("x", None, "dependency_failed"), states.FAILURE)
+    assert gw.r.ttl(gw.keys.done(ok.id)) == -2 and depends.DONE_MARK_TTL_S <= 600
+    now = gw.submit("acme", "runs at once", max_tokens=5, depends_on=[ok.id])
+    assert queued_ids(gw, "vip") == [now.id]
+    with pytest.raises(DependencyFailed, match=bad.id):
+        gw.submit("acme", "refused", max_tokens=5, depends_on=[ok.id, bad.id])

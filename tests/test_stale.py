@@ -1,0 +1,46 @@
+"""Stale-drop: VIP work is stale after 15 s by default (queue_ttl_s per tier); a task
+dispatched past its tier's queue TTL fails as Expired without calling the upstream,
+gives its tokens back and is counted (gateway_expired_tasks)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from gateway_tasks.core.errors import DeadlineExceeded, Expired
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.settings import Pool
+from gateway_tasks.core.stats import EXPIRED, tier_field
+from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from gateway_tasks.producer.gateway import Gateway
+
+
+def test_seed_queue_ttls(settings):
+    assert [settings.tier(t).queue_ttl_s for t in ("vip", "normal", "batch")] == [15.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_a_stale_task_expires_without_calling_the_upstream(settings, r, tmp_path):
+    with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
+        tiers = tuple(replace(t, queue_ttl_s=0.3) if t.name == "vip" else t for t in settings.tiers)
+        s = settings.with_(pools=(pool,), tiers=tiers)
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        stale = gw.submit("acme", "waits too long", max_tokens=5)
+        time.sleep(0.6)                                 # no worker yet
+        worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            with pytest.raises(Expired, match="queue TTL of 0.3 s") as info:
+                stale.get(timeout=30)
+            fresh = gw.submit("acme", "on time", max_tokens=5).get(timeout=30)
+            upstream = sim.stats()["requests_ok"]
+        finally:
+            worker.stop()
+    assert isinstance(info.value, DeadlineExceeded) and info.value.reason == "queue_ttl"
+    assert fresh["tier"] == "vip" and upstream == 1
+    assert int(r.hget(Keys(s.key_prefix).stats("default"), tier_field(EXPIRED, "vip"))) == 1

@@ -26,9 +26,13 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
-from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
-from workers.upstream import chat
+from gateway_tasks.core.overload_actions import degrade, record
+from gateway_tasks.core.overload_state import read_level
+from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
+from workers.circuit import PoolCircuit
+from workers.failover import Served, fail_over
+from workers.upstream import UpstreamReply, chat
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -99,39 +103,115 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its {why} of "
                                f"{limit_s} s; the upstream was not called")
 
+    tier = settings.tier(req.tier)
+    overload = settings.overload
+    level = read_level(r, keys) if overload.enabled else 0
+    # the level may have risen since submit: degrade again (never un-degrade)
+    d = degrade(overload, tier, level, req.model, req.max_tokens,
+                lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models)
+    model, max_tokens = d.model, d.max_tokens
+    backups = [settings.pool(n) for n in pool.backup_pools] if tier.reserved_share > 0 else []
+    circuit = PoolCircuit(r, keys, settings.circuit, pool)
+
+    def call(target: Pool, target_model: str) -> UpstreamReply:
+        return chat(target, target_model, req.messages, max_tokens, req.extra_body)
+
+    def failover(reason: str) -> Served:
+        served, notes = fail_over(r, keys, settings, pool, backups, call, model=model,
+                                  est_tokens=req.prompt_tokens + max_tokens, tier=req.tier,
+                                  tenant_id=req.tenant_id, reason=reason)
+        if served is None:
+            attempts = _count_attempt(r, keys, settings, self.request.id)
+            why = f"{reason}; no backup could take it ({', '.join(notes) or 'none configured'})"
+            if attempts >= MAX_ATTEMPTS:
+                raise UpstreamError(f"{why}; gave up after {attempts} attempts") from None
+            logger.warning("pool %s: %s; requeued %s (attempt %d of %d)", pool.name, why, self.request.id,
+                           attempts, MAX_ATTEMPTS)
+            raise Reject(f"{why}, requeued", requeue=True)
+        return served
+
     started = time.monotonic()
-    try:
-        reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body)
-    except openai.RateLimitError as exc:
-        wait = retry_after_ms(dict(exc.response.headers))
-        bucket.drain(wait)
-        attempts = _count_attempt(r, keys, settings, self.request.id)
-        if attempts >= MAX_ATTEMPTS:
-            raise UpstreamError(f"the upstream answered 429 to {attempts} attempts of this task; "
-                                f"giving up (retry after {wait / 1000:.1f} s)") from None
-        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (attempt %d of %d)",
-                       pool.name, wait, self.request.id, attempts, MAX_ATTEMPTS)
-        raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
-    except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
+    served: Served | None = None
+    failover_reason = ""
+    gate = circuit.allow()
+    if not gate.may_call:
         refund()
-        if _retry_allowed(r, keys, settings, req, self.request.id):
-            raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
-        raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
-    except openai.APIStatusError as exc:
-        refund()
-        raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
+        failover_reason = f"pool {pool.name}'s circuit is {gate.state}"
+        if not backups:   # the others wait: the open circuit holds the pool's bucket
+            raise Reject(f"{failover_reason}; held until it probes again", requeue=True)
+        served = failover(failover_reason)
+    else:
+        try:
+            reply = call(pool, model)
+        except openai.RateLimitError as exc:
+            wait = retry_after_ms(dict(exc.response.headers))
+            bucket.drain(wait)
+            if not gate.clean:
+                circuit.success()   # the upstream answers: alive (the drain handles the 429)
+            if backups:
+                failover_reason = f"pool {pool.name} answered 429 (drained {wait / 1000:.1f} s)"
+                served = failover(failover_reason)
+            else:
+                attempts = _count_attempt(r, keys, settings, self.request.id)
+                if attempts >= MAX_ATTEMPTS:
+                    raise UpstreamError(f"the upstream answered 429 to {attempts} attempts of this task; "
+                                        f"giving up (retry after {wait / 1000:.1f} s)") from None
+                logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (attempt %d of %d)",
+                               pool.name, wait, self.request.id, attempts, MAX_ATTEMPTS)
+                raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
+            refund()
+            r.hincrby(keys.stats(pool.name), UPSTREAM_ERRORS, 1)
+            circuit.failure()
+            if backups:
+                failover_reason = f"pool {pool.name} failed: {type(exc).__name__}"
+                served = failover(failover_reason)
+            elif _retry_allowed(r, keys, settings, req, self.request.id):
+                raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
+            else:
+                raise UpstreamError(f"upstream failed and the retry budget is spent: {exc}") from None
+        except openai.APIStatusError as exc:
+            refund()
+            if not gate.clean:
+                circuit.success()
+            raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
+        else:
+            if not gate.clean or gate.verdict != "call":
+                circuit.success()
     upstream_ms = (time.monotonic() - started) * 1000.0
 
-    bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-                  model=req.model, completion_tokens=reply.completion_tokens)
-    bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    if served is None:
+        used_pool, used_model = pool, model
+        bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+                      model=model, completion_tokens=reply.completion_tokens)
+        bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+    else:
+        reply, used_pool, used_model = served.reply, served.pool, served.model
+        backup_bucket = PoolBucket(r, keys, used_pool)
+        backup_bucket.settle(est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
+                             tenant_id=req.tenant_id, model=used_model,
+                             completion_tokens=reply.completion_tokens)
+        backup_bucket.sync(reply.headers, served.taken.debited_tokens, served.taken.dispatches)
+    submitted = req.degradation or {}
+    requested_pool = str(submitted.get("requested_pool", req.pool))
+    failover_info = None
+    if served is not None:
+        failover_info = {"from": pool.name, "to": used_pool.name, "reason": failover_reason,
+                         "at": "dispatch"}
+    elif submitted.get("failover"):
+        failover_info = {"from": requested_pool, "to": pool.name, "reason": submitted["failover"],
+                         "at": "submit"}
+    changes = record(submitted, level, max_tokens=max_tokens, model=used_model, pool=used_pool.name,
+                     requested_pool=requested_pool, failover=failover_info)
+    if changes["max_tokens"]["capped"] or changes["model"]["substituted"]:
+        r.hincrby(keys.stats(used_pool.name), tier_field(DEGRADED, req.tier), 1)
     done_ms = redis_now_ms(r)
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,
         "tier": req.tier,
-        "pool": pool.name,
-        "model": req.model,
+        "pool": used_pool.name,
+        "model": used_model,
         "source": req.source,
         "response": reply.body,
         "timing": {
@@ -148,6 +228,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
             "completion": reply.completion_tokens,
             "total": reply.total_tokens,
         },
+        "overload": changes,
     }
 
 

@@ -26,6 +26,7 @@ examples:
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
   gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream
   gateway demo                                the whole system on an embedded Redis
+  gateway status                              load level L0-L4, its reason, pools' circuits
 
 workers and beat run under Celery:
   celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
@@ -47,6 +48,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
+    "gateway_tasks.cli.status",                # status
 )
 
 

@@ -9,7 +9,8 @@
     │   └── CronError
     ├── Rejected             a valid request the gateway will not run now (retry_after_s)
     │   ├── QueueFull
-    │   └── QuotaExceeded
+    │   ├── QuotaExceeded
+    │   └── Deferred         overload: the tier's new work is deferred at this load level
     ├── DeadlineExceeded     waited past its deadline; the upstream was not called
     ├── UpstreamError        the upstream failed in a way retries could not hide
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
@@ -62,6 +63,16 @@ class QueueFull(Rejected):
 
 class QuotaExceeded(Rejected):
     """A per-tier or per-tenant quota (e.g. tasks per hour) is used up."""
+
+
+class Deferred(Rejected):
+    """Overload: at the current load level new work of this tier is not taken; try again
+    after ``retry_after_s``.  ``reason`` says why in words, ``level`` is the load level."""
+
+    def __init__(self, message: str, *, retry_after_s: float, reason: str, level: int):
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.reason = reason
+        self.level = level
 
 
 class DeadlineExceeded(GatewayError):

@@ -24,8 +24,9 @@ from prometheus_client.registry import Collector
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, EST_TOKENS, RETRIES,
-                                      UPSTREAM_429, WAIT_MS, tier_field)
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, CIRCUIT_CLOSES, CIRCUIT_OPENS, COMPLETED, DEGRADED,
+                                      DISPATCHED, EST_TOKENS, FAILOVERS, RETRIES, UPSTREAM_429,
+                                      UPSTREAM_ERRORS, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
@@ -42,7 +43,18 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Upstream calls that completed with a usage report."),
     (RETRIES, "gateway_retries",
      "Transient upstream failures requeued against the tier's retry budget."),
+    (DEGRADED, "gateway_degraded_tasks",
+     "Tasks completed with a capped max_tokens or a fallback model (overload), per tier and serving pool."),
 )
+# pool-wide stats counter -> (metric name, help)
+_POOL_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (UPSTREAM_ERRORS, "gateway_upstream_errors", "Upstream 5xx, timeouts and connection errors."),
+    (CIRCUIT_OPENS, "gateway_circuit_opens", "Times the pool's circuit breaker opened."),
+    (CIRCUIT_CLOSES, "gateway_circuit_closes", "Times a half-open probe closed the circuit (failback)."),
+    (FAILOVERS, "gateway_failovers",
+     "Reserved-tier calls this pool failed that a backup pool served (at dispatch)."),
+)
+CIRCUIT_STATES = ("closed", "open", "half_open")
 
 
 @dataclass
@@ -57,6 +69,8 @@ class Snapshot:
     tenants: int = 0
     unacked: int = 0
     cron: dict[str, float] = field(default_factory=dict)                  # outcome -> count
+    overload: dict[str, str] = field(default_factory=dict)                # the load-level state hash
+    circuits: dict[str, str] = field(default_factory=dict)                # pool -> circuit state
 
 
 def _num_hash(raw: dict[bytes, bytes]) -> dict[str, float]:
@@ -81,8 +95,10 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             pipe.hgetall(keys.depth(pool))
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
+            pipe.hget(keys.circuit(pool), "state")
         pipe.scard(keys.tenants)
         pipe.hgetall(keys.cron_stats)
+        pipe.hmget(keys.overload_state, "level", "changes")
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -97,9 +113,12 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for tenant, n in _num_hash(replies[i + 3]).items():
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
         snap.unacked += int(replies[i + 4])
-        i += 5
+        snap.circuits[pool] = (replies[i + 5] or b"closed").decode()
+        i += 6
     snap.tenants = int(replies[i])
     snap.cron = _num_hash(replies[i + 1])
+    level, changes = replies[i + 2]
+    snap.overload = {"level": (level or b"0").decode(), "changes": (changes or b"0").decode()}
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -154,6 +173,25 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
             wait_mean.add_metric([tier, pool], wait_s / dispatched if dispatched else 0.0)
     yield wait_total
     yield wait_mean
+
+    for counter, name, help_text in _POOL_COUNTERS:
+        fam = CounterMetricFamily(name, help_text, labels=["pool"])
+        for pool, stats in snap.stats.items():
+            fam.add_metric([pool], stats.get(counter, 0.0))
+        yield fam
+    circuit = GaugeMetricFamily("gateway_circuit_state",
+                                "1 for the state each pool's circuit breaker is in.",
+                                labels=["pool", "state"])
+    for pool, state in snap.circuits.items():
+        for name in CIRCUIT_STATES:
+            circuit.add_metric([pool, name], 1.0 if state == name else 0.0)
+    yield circuit
+    yield GaugeMetricFamily("gateway_overload_level",
+                            "The deployment's load level in force (0 = L0 normal .. 4 = L4).",
+                            value=float(snap.overload.get("level", 0) or 0))
+    yield CounterMetricFamily("gateway_overload_level_changes",
+                              "Changes of the load level (each one logged and kept in `gateway status`).",
+                              value=float(snap.overload.get("changes", 0) or 0))
 
     http_429 = CounterMetricFamily("gateway_upstream_429_responses",
                                    "Upstream 429 responses (each drains the pool until Retry-After).",

@@ -22,9 +22,11 @@ from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
+from gateway_tasks.core.health import choose_pool, read_health
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.overload_actions import degrade, deferral
 from gateway_tasks.core.request import InferenceRequest
-from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
@@ -73,9 +75,51 @@ class Gateway:
         against the other tenants of its tier (default 1)."""
         return self.tenants.register(tenant_id, tier, api_key, weight)[1]
 
+    def load_level(self) -> tuple[int, str]:
+        """The deployment's load level now and why (L0 when no controller ran)."""
+        if not self.settings.overload.enabled:
+            return 0, ""
+        level, reason = self.r.hmget(self.keys.overload_state, "level", "reason")
+        return (int(level) if level else 0), (reason or b"").decode()
+
+    def _overload(self, tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,
+                  reason: str) -> tuple[Pool, str, int, dict[str, Any]]:
+        """The level's actions on a valid request: deferral (raises), max_tokens cap and model
+        fallback of degradable tiers; a reserved tier goes to a backup pool while its pool is
+        unavailable.  Returns (pool, model, max_tokens, what changed)."""
+        refused = deferral(tier, level, reason)
+        if refused is not None:
+            raise refused
+        served = {m for p in self.settings.pools for m in p.models}
+        d = degrade(self.settings.overload, tier, level, model, max_tokens,
+                    lambda m: self.settings.overload.fallback_for(m, pool.fallback_model),
+                    lambda m: m in served)
+        changes: dict[str, Any] = {}
+        if d.changed:
+            changes = {"level": level, "requested_max_tokens": max_tokens, "requested_model": model}
+            if d.substituted:
+                pool = self.settings.pool_for_model(d.model)
+        return pool, d.model, d.max_tokens, changes
+
+    def _route(self, tier: Tier, pool: Pool, model: str, est_tokens: int) -> tuple[Pool, str, str]:
+        """A reserved tier's pool: a backup while its own is unavailable (circuit open,
+        drained by a 429, or its bucket cannot admit within the tier's max wait).
+        Returns (pool, model, reason); reason "" = no failover."""
+        if tier.reserved_share <= 0 or not pool.backup_pools:
+            return pool, model, ""
+        backups = [self.settings.pool(n) for n in pool.backup_pools]
+        health = read_health(self.r, self.keys, [pool, *backups])
+        route = choose_pool(pool, backups, health, est_tokens, tier.max_wait_ms)
+        if not route.reason:
+            return pool, model, ""
+        target = route.pool
+        return target, (model if model in target.models else target.model), route.reason
+
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None) -> InferenceRequest:
-        """Validate a request and compute its routing and token estimate (enqueues nothing)."""
+                 max_tokens: int | None = None, level: int | None = None) -> InferenceRequest:
+        """Validate a request and compute its routing and token estimate (enqueues nothing).
+        ``level``: the load level to apply (None: the deployment's now); a deferred tier
+        raises ``Deferred``."""
         tenant = self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
         msgs = validate_messages(messages)
@@ -88,6 +132,10 @@ class Gateway:
         except Exception as exc:  # ConfigError -> the caller's mistake here
             raise InvalidRequest(str(exc)) from None
         model = model or pool.model
+        reason = ""
+        if level is None:
+            level, reason = self.load_level()
+        pool, model, max_tokens, changes = self._overload(tier, pool, model, max_tokens, level, reason)
         prompt_tokens = count_prompt_tokens(msgs)
         total = prompt_tokens + max_tokens
         if total > self.settings.max_prompt_tokens:
@@ -99,6 +147,12 @@ class Gateway:
                 f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
                 f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
                 f"(TPM {pool.tpm}); it could never be admitted")
+        requested_pool, requested_model = pool.name, model
+        pool, model, failover = self._route(tier, pool, model, total)
+        if failover:
+            changes = {"level": level, "requested_max_tokens": max_tokens,
+                       "requested_model": changes.get("requested_model", requested_model), **changes,
+                       "requested_pool": requested_pool, "failover": failover}
         completion_est = max_tokens
         if pool.charge == "actual":
             learned = self.r.hget(self.keys.learned(pool.name), learned_field(tenant_id, model))
@@ -106,7 +160,8 @@ class Gateway:
                 completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
         return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                                 messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
-                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight)
+                                est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
+                                degradation=changes)
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,

@@ -4,6 +4,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is
+    GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter)
 
@@ -25,6 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest
+from gateway_tasks.core.status import deployment_status
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.auth import AuthMiddleware, TenantDep
@@ -104,6 +106,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         if wait_ms is not None:
             headers["X-Gateway-Queue-Wait-Ms"] = str(wait_ms)
         return JSONResponse(result["response"], headers=headers)
+
+    @app.get("/v1/status", name="status")
+    def status(tenant: TenantDep) -> dict[str, Any]:
+        return deployment_status(gateway.r, gateway.settings)
 
     @app.get("/healthz", name="healthz")
     def healthz() -> JSONResponse:

@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
-    QueueFull, QuotaExceeded, UnknownTenant
+from gateway_tasks.core.errors import ApiError, ConfigError, Deferred, GatewayError, InvalidRequest, \
+    PromptTooLarge, QueueFull, QuotaExceeded, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
@@ -31,7 +31,7 @@ def status_for(exc: GatewayError) -> int:
         return 413
     if isinstance(exc, InvalidRequest):
         return 400
-    if isinstance(exc, (QueueFull, QuotaExceeded)):
+    if isinstance(exc, (QueueFull, QuotaExceeded, Deferred)):
         return 429
     return 503
 
@@ -67,6 +67,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         if isinstance(exc, ApiError):
             return api_error_response(exc)
+        if isinstance(exc, Deferred):
+            # overload: the tier's new work is deferred; the body says until when and why
+            retry_s = max(RETRY_AFTER_MIN_S, math.ceil(exc.retry_after_s or 0))
+            return JSONResponse(error_body("Deferred", str(exc), retry_after_s=exc.retry_after_s,
+                                           reason=exc.reason, level=exc.level),
+                                status_code=429, headers={"Retry-After": str(retry_s)})
         status = status_for(exc)
         headers = {"Retry-After": str(_retry_after_s(request))} if status == 429 else None
         return JSONResponse(error_body(type(exc).__name__, str(exc)), status_code=status,

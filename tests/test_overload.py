@@ -1,0 +1,174 @@
+"""The load-level controller against a real Redis (one decision for the deployment,
+compare-and-set, hysteresis, history), and each level's actions at submit through the
+Python API, the REST API (429 + Retry-After + JSON), `gateway status`, GET /v1/status and
+the metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway_tasks.core.clock import redis_now_ms
+from gateway_tasks.core.errors import Deferred
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.overload_state import read_history, read_state
+from gateway_tasks.core.settings import MAX_LEVEL, Overload
+from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_ERRORS, tier_field
+from gateway_tasks.metrics.exporter import render
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.rest.app import create_app
+from workers.overload import OverloadCommitCall, OverloadController
+from gateway_tasks.core.scripts import scripts_for
+
+FAST = Overload(tick_s=0.2, window_s=1.0, hold_s=1.0)
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+def force_level(r, settings, level: int, reason: str = "forced by the test") -> None:
+    """Commit a decision at ``level`` through the controller's own script (the one writer),
+    as if a signal had asked for it just now (so it holds for a hold time)."""
+    keys = Keys(settings.key_prefix)
+    state = read_state(r, keys)
+    now = redis_now_ms(r)
+    seen = tuple(now if k <= level else None for k in range(1, MAX_LEVEL + 1))
+    call = OverloadCommitCall(keys, state.version, 0, now, level, reason, {}, {"ts_ms": now}, 5, seen)
+    assert scripts_for(r).run(call)[0]
+
+
+def wait_level(controller, level, timeout_s=15.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = controller.tick()
+        if d.level == level:
+            return d
+        time.sleep(controller.settings.overload.tick_s)
+    raise AssertionError(f"level never reached L{level}; last {d}")
+
+
+@pytest.fixture
+def fast(settings):
+    return settings.with_(overload=FAST)
+
+
+def test_one_decision_per_tick_however_many_workers(r, fast):
+    a, b = OverloadController(r, fast), OverloadController(r, fast)
+    first = a.tick()
+    second = b.tick()          # same tick: refused, it reads the decision instead
+    assert first.committed and not second.committed and second.level == first.level == 0
+    state = read_state(r, Keys(fast.key_prefix))
+    assert state.version == 1 and state.ts_ms > 0
+    time.sleep(0.25)
+    assert b.tick().committed
+
+
+def test_utilisation_raises_the_level_at_once_and_it_falls_after_the_hold(r, fast):
+    keys = Keys(fast.key_prefix)
+    c = OverloadController(r, fast)
+    c.tick()
+    tpm = fast.pools[0].tpm
+    time.sleep(0.3)
+    r.hincrby(keys.stats("default"), tier_field(ACTUAL_TOKENS, "batch"), int(tpm))   # a minute's worth
+    d = c.tick()
+    assert d.committed and d.level == 3 and "utilisation" in d.reason, d
+    assert d.signals.utilisation["default"] > 0.95
+    # no more traffic: util falls to 0 after the window, the level after the hold
+    down = wait_level(c, 0)
+    assert down.level == 0
+    history = read_history(r, keys)
+    assert [(h["from"], h["to"]) for h in history] == [(0, 3), (3, 0)]
+    assert "utilisation" in history[0]["reason"]
+    assert read_state(r, keys).changes == 2
+    assert b"gateway_overload_level_changes_total 2.0" in render(r, fast)
+
+
+def test_queue_depth_and_error_rate_levels(r, fast):
+    keys = Keys(fast.key_prefix)
+    c = OverloadController(r, fast)
+    r.hset(keys.depth("default"), "batch", 10_001)
+    assert c.tick().level == 4
+    r.hset(keys.depth("default"), "batch", 0)
+    other = fast.with_(key_prefix=fast.key_prefix + "e:")
+    ke = Keys(other.key_prefix)
+    ce = OverloadController(r, other)
+    ce.tick()
+    time.sleep(0.3)
+    r.hincrby(ke.stats("default"), UPSTREAM_ERRORS, 30)
+    r.hincrby(ke.stats("default"), tier_field(COMPLETED, "vip"), 70)
+    d = ce.tick()
+    assert d.level == 3 and "error rate 0.30" in d.reason
+    for k in r.scan_iter(match=f"{other.key_prefix}*"):
+        r.delete(k)
+
+
+@pytest.fixture
+def gw(r, settings):
+    g = Gateway(settings, client=r)
+    g.register_tenant("acme", "vip")
+    g.register_tenant("pro1", "normal")
+    g.register_tenant("free1", "batch")
+    yield g
+    g.app.close()
+
+
+def test_each_level_at_submit(r, gw):
+    keys = Keys(gw.settings.key_prefix)
+    h = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000)
+    assert h.model == "gpt-4o"                                 # L0: as requested
+    for level, normal_tokens, normal_model in [(1, 2048, "gpt-4o"), (2, 1024, "gpt-4o-mini"),
+                                                (3, 1024, "gpt-4o-mini")]:
+        force_level(r, gw.settings, level)
+        req = gw.estimate("pro1", HELLO, model="gpt-4o", max_tokens=4000)
+        assert (req.max_tokens, req.model) == (normal_tokens, normal_model), level
+        assert req.degradation == {"level": level, "requested_max_tokens": 4000, "requested_model": "gpt-4o"}
+        vip = gw.estimate("acme", HELLO, model="gpt-4o", max_tokens=4000)
+        assert (vip.max_tokens, vip.model, vip.degradation) == (4000, "gpt-4o", {})
+    depth_before = r.hget(keys.depth("default"), "batch")
+    with pytest.raises(Deferred) as exc:                       # L3: batch deferred
+        gw.submit("free1", HELLO)
+    assert exc.value.retry_after_s == 600 and exc.value.level == 3 and "batch" in exc.value.reason
+    assert r.hget(keys.depth("default"), "batch") == depth_before   # nothing enqueued
+    gw.submit("pro1", HELLO)                                    # normal still taken at L3
+    force_level(r, gw.settings, 4)
+    with pytest.raises(Deferred) as exc:
+        gw.submit("pro1", HELLO)
+    assert exc.value.retry_after_s == 300
+    gw.submit("acme", HELLO)                                    # vip never deferred
+
+
+def test_rest_answers_429_with_retry_after_and_status(r, gw):
+    key = gw.register_tenant("free2", "batch")
+    force_level(r, gw.settings, 3, "pool default utilisation 1.00 >= 0.95")
+    with TestClient(create_app(gw)) as client:
+        resp = client.post("/v1/tasks", json={"messages": HELLO}, headers={"Authorization": f"Bearer {key}"})
+        assert resp.status_code == 429 and resp.headers["Retry-After"] == "600"
+        err = resp.json()["error"]
+        assert err["type"] == "Deferred" and err["retry_after_s"] == 600 and err["level"] == 3
+        assert "utilisation" in err["reason"]
+        status = client.get("/v1/status", headers={"Authorization": f"Bearer {key}"})
+        assert status.status_code == 200
+        body = status.json()
+        assert body["level"] == 3 and body["tiers"]["batch"]["deferred"] and not body["tiers"]["vip"]["deferred"]
+        assert body["tiers"]["normal"]["max_tokens_cap"] == 1024 and body["pools"]["default"]["circuit"] == "closed"
+        assert body["history"][-1]["to"] == 3
+        assert "sk-" not in status.text
+        assert client.get("/v1/status").status_code == 401
+    assert b"gateway_overload_level 3.0" in render(gw)
+
+
+def test_gateway_status_command(r, gw, redis_url):
+    force_level(r, gw.settings, 2, "pool default utilisation 0.90 >= 0.85")
+    env = dict(os.environ, REDIS_URL=redis_url, GATEWAY_KEY_PREFIX=gw.settings.key_prefix)
+    for var in ("GATEWAY_CONFIG", "GATEWAY_SETTINGS_JSON", "GATEWAY_POOLS_JSON"):
+        env.pop(var, None)
+    text = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status"], env=env, check=True,
+                          capture_output=True, text=True).stdout
+    assert "load level: L2" in text and "utilisation 0.90" in text and "fallback model" in text
+    as_json = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status", "--json"], env=env,
+                             check=True, capture_output=True, text=True).stdout
+    assert json.loads(as_json)["level"] == 2

@@ -172,3 +172,40 @@ def test_gateway_status_command(r, gw, redis_url):
     as_json = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status", "--json"], env=env,
                              check=True, capture_output=True, text=True).stdout
     assert json.loads(as_json)["level"] == 2
+
+
+@pytest.mark.slow
+def test_worker_records_what_each_level_changed(r, settings, tmp_path):
+    from gateway_tasks.core.settings import Pool
+    from gateway_tasks.devtools import processes
+    from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+
+    with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini", "gpt-4o"),
+                    tpm=600_000, rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        gw.register_tenant("pro1", "normal")
+        queued_at_l0 = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000)   # no worker yet
+        force_level(r, s, 1)                   # the level rises while it waits: capped at dispatch
+        worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            at_dispatch = queued_at_l0.get(timeout=30)
+            force_level(r, s, 2)
+            degraded = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000).get(timeout=30)
+            vip = gw.submit("acme", HELLO, model="gpt-4o", max_tokens=4000).get(timeout=30)
+        finally:
+            worker.stop()
+    o = at_dispatch["overload"]
+    assert o["level_at_submit"] == 0 and o["level_at_dispatch"] >= 1
+    assert o["max_tokens"] == {"requested": 4000, "used": 2048, "capped": True}
+    assert at_dispatch["tokens"]["completion"] <= 2048
+    o = degraded["overload"]
+    assert o["level_at_submit"] == 2 and o["max_tokens"]["used"] == 1024 and o["changed"]
+    assert o["model"] == {"requested": "gpt-4o", "used": "gpt-4o-mini", "substituted": True}
+    assert degraded["model"] == "gpt-4o-mini" and degraded["response"]["model"] == "gpt-4o-mini"
+    assert not vip["overload"]["changed"] and vip["model"] == "gpt-4o"
+    stats = {k.decode(): int(v) for k, v in r.hgetall(Keys(s.key_prefix).stats("default")).items()}
+    assert stats["degraded:normal"] == 2 and "degraded:vip" not in stats

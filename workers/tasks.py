@@ -192,7 +192,8 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
                              tenant_id=req.tenant_id, model=used_model,
                              completion_tokens=reply.completion_tokens)
         backup_bucket.sync(reply.headers, served.taken.debited_tokens, served.taken.dispatches)
-    submitted = req.degradation or {}
+    # what was asked for: the producer's record when it changed anything, else the request
+    submitted = {"requested_max_tokens": req.max_tokens, "requested_model": req.model, **(req.degradation or {})}
     requested_pool = str(submitted.get("requested_pool", req.pool))
     failover_info = None
     if served is not None:

@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "gateway_tasks.devtools.redis_server",     # redis
     "gateway_tasks.cli.ready",                 # ready
     "gateway_tasks.cli.status",                # status
+    "gateway_tasks.devtools.bench.overload",   # bench-overload
 )
 
 

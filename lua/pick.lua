@@ -1,10 +1,15 @@
 -- uses: prelude
--- pick.lua: choose the next task for a dispatcher -- between tiers by policy,
--- between a tier's tenants by tenant fair queuing -- admit it through its
+-- pick.lua: choose the next tasks for a dispatcher -- between tiers by policy,
+-- between a tier's tenants by tenant fair queuing -- admit each through its
 -- pool's TPM/RPM bucket, and record it as dispatched: all in one atomic call.
--- It reads small index entries only (lua/enqueue.lua), never a message body:
--- its cost does not grow with prompt size, queue depth or the number of tenants
--- (O(log n) sorted-set steps).
+-- A dispatcher with several free slots takes up to ARGV[6] tasks in one call,
+-- in exactly the order as many single calls at the same instant would.
+-- It reads small index entries only (lua/enqueue.lua), never a message body,
+-- and hands back a message only when it is small (at most ARGV[5] bytes): a
+-- larger one the dispatcher fetches itself (HGET of the messages hash).  Its
+-- cost does not grow with prompt size, queue depth or the number of tenants:
+-- a fixed number of O(log n) sorted-set and O(1) hash commands, each state hash
+-- read once (HMGET) and written once (HSET).
 --
 -- for each pool p (P pools), ten keys KEYS[10(p-1)+1] .. KEYS[10p] (the first pool's: KEYS[1] ..
 -- KEYS[10]), all under the pool's hash tag:
@@ -18,6 +23,7 @@
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
 -- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
+-- ARGV[5] largest message (bytes) handed back inline   ARGV[6] most tasks to dispatch (>= 1)
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
 -- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
@@ -25,24 +31,37 @@
 --                          and the pool stats fields its dispatches count in: dispatched,
 --                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
 --
--- Returns {1, message, queue index, now_ms, est_tokens, enqueued_ms, tenant, tag,
---          pool tokens debited so far, pool dispatches so far}  dispatched
---         (now_ms is also the dispatch's token: release and renew name it),
---         {0, wait_ms}  nothing admissible now (wait_ms = -1: every queue is empty).
+-- Returns {n, wait_ms, then per task dispatched (n >= 1) ten values: message, queue index,
+--          now_ms, est_tokens, enqueued_ms, tenant, tag, pool tokens debited so far (with
+--          this task), pool dispatches so far, message bytes}
+--         (now_ms is also the dispatch's token: release and renew name it; message is ''
+--         when it is larger than ARGV[5]: fetch it by tag).  n = 0: nothing admissible now,
+--         wait_ms says for how long (-1: every queue is empty).
 
 local policy = ARGV[1]
 local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
-local PARKS_PER_PICK = 8  -- capped tenants parked by one call at most (each once per cap)
+local inline_max_b = tonumber(ARGV[5])
+local max_picks = tonumber(ARGV[6])
+local wfq = policy == 'wfq'
+local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
 
 local now = gt_now_ms()
 
--- pools: refilled bucket levels (not yet written back)
+-- per queue: its tier name and pool; the rest of its ARGV is read when it has a candidate
+local queues = {}
+local qarg = 7 + 5 * P
+for q = 1, Q do
+  local a = qarg + 11 * (q - 1)
+  queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
+               index = KEYS[10 * P + 2 * q - 1], active = KEYS[10 * P + 2 * q]}
+end
+
+-- pools: refilled bucket levels and fair state, read once each
 local pools = {}
-local a = 5
 for p = 1, P do
-  local base = 10 * (p - 1)
+  local base, a = 10 * (p - 1), 7 + 5 * (p - 1)
   local pool = {
     bucket = KEYS[base + 1], fair = KEYS[base + 2], stats = KEYS[base + 3],
     messages = KEYS[base + 4], finish = KEYS[base + 5], parked = KEYS[base + 6],
@@ -52,58 +71,66 @@ for p = 1, P do
     rcap = tonumber(ARGV[a + 2]), rrate = tonumber(ARGV[a + 3]),
     reserve = tonumber(ARGV[a + 4]),
   }
-  a = a + 5
-  pool.tokens, pool.requests, pool.blocked_until =
-    gt_bucket(pool.bucket, pool.tcap, pool.trate, pool.rcap, pool.rrate, now)
-  pool.v = tonumber(redis.call('HGET', pool.fair, 'v')) or 0
+  local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms',
+                       'debited_tokens', 'dispatches')
+  local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+  if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
+  local dt = math.max(0, now - ts)
+  pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
+  pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
+  pool.blocked_until = tonumber(b[4]) or 0
+  pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
+  -- the fair fields of this pool's tiers: v, then f:<tier>, tv:<tier> per queue
+  local fields = {'v'}
+  for q = 1, Q do
+    if queues[q].pool == p then
+      fields[#fields + 1] = 'f:' .. queues[q].tier
+      fields[#fields + 1] = 'tv:' .. queues[q].tier
+    end
+  end
+  local f = redis.call('HMGET', pool.fair, unpack(fields))
+  pool.v = tonumber(f[1]) or 0
+  local i = 2
+  for q = 1, Q do
+    if queues[q].pool == p then
+      queues[q].f, queues[q].tv = tonumber(f[i]) or 0, tonumber(f[i + 1]) or 0
+      i = i + 2
+    end
+  end
   pools[p] = pool
 end
 
-local qbase = 10 * P
-
--- the candidate of a queue: the oldest task of the active tenant with the
--- smallest start tag; tenants found at their cap are parked (out of the set
--- until a slot frees: lua/release.lua), so a capped tenant never blocks its tier
-local function candidate(qd, pool)
-  for _ = 1, PARKS_PER_PICK do
+-- a queue's candidate: the oldest task of its active tenant with the smallest
+-- start tag (false: none).  A tenant in the active set is under its cap (it is
+-- parked when it reaches it) and has queued work (it leaves when it has none).
+-- (known_tenant, known_head: a tenant whose head entry the caller just read)
+local function candidate(qd, known_tenant, known_head)
+  for _ = 1, MAX_ROUNDS do
     local top = redis.call('ZRANGE', qd.active, 0, 0, 'WITHSCORES')
-    if #top == 0 then return nil end
-    local tenant, start = top[1], tonumber(top[2])
-    local n = tonumber(redis.call('HGET', pool.inflight, tenant)) or 0
-    local entry = nil
-    if qd.tenant_max <= 0 or n < qd.tenant_max then entry = gt_tenant_head(qd.index, tenant) end
+    if #top == 0 then return false end
+    local tenant = top[1]
+    local entry
+    if tenant == known_tenant then entry = known_head else entry = gt_tenant_head(qd.index, tenant) end
+    known_tenant = nil
     if entry then
-      local _, _, seq, tag, est, enq, w = string.find(entry, '^[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
-              enq = tonumber(enq) or now, tweight = math.max(tonumber(w) or 1, 1e-9)}
+      local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+      return {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,
+              est = tonumber(est) or 0, enq = tonumber(enq) or now,
+              tweight = math.max(tonumber(w) or 1, 1e-9)}
     end
-    redis.call('ZREM', qd.active, tenant)
-    if n > 0 and qd.tenant_max > 0 and n >= qd.tenant_max then
-      redis.call('HSET', pool.parked, tenant, qd.tier)
-    end
+    redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end
-  return nil
+  return false
 end
 
--- per queue: parameters and candidate
-local queues = {}
-local any_message = false
-for q = 1, Q do
-  local qd = {
-    pool = tonumber(ARGV[a]), tier = ARGV[a + 1], weight = tonumber(ARGV[a + 2]),
-    alpha = tonumber(ARGV[a + 3]), share = tonumber(ARGV[a + 4]),
-    max_wait = tonumber(ARGV[a + 5]), reserved = ARGV[a + 6] == '1',
-    tenant_max = tonumber(ARGV[a + 7]),
-    dispatched_field = ARGV[a + 8], est_tokens_field = ARGV[a + 9], wait_ms_field = ARGV[a + 10],
-  }
-  qd.index, qd.active = KEYS[qbase + 2 * q - 1], KEYS[qbase + 2 * q]
-  a = a + 11
-  qd.c = candidate(qd, pools[qd.pool])
-  if qd.c then any_message = true end
-  queues[q] = qd
+-- the rest of a queue's ARGV, once it has a candidate
+local function configure(qd)
+  if qd.weight then return end
+  local a = qd.a
+  qd.weight, qd.alpha = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  qd.share, qd.max_wait = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  qd.reserved, qd.tenant_max = ARGV[a + 6] == '1', tonumber(ARGV[a + 7])
 end
-
-if not any_message then return {0, -1} end
 
 -- the policy's score of a candidate: larger wins
 local function score(qd, pool)
@@ -113,8 +140,7 @@ local function score(qd, pool)
   if policy == 'strict' then return qd.weight * 1e15 - c.enq end
   if policy == 'aging' then return qd.weight + qd.alpha * wait end
   -- wfq
-  local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
-  qd.start = math.max(pool.v, f)
+  qd.start = math.max(pool.v, qd.f)
   -- promoted (past the tier's max wait) beats fair order, oldest promoted first --
   -- but only while its tier is not ahead of virtual time (start tag == V): when
   -- every tier is backlogged all heads are past their max wait, and an
@@ -141,95 +167,171 @@ local function admit_wait(qd, pool)
   return w
 end
 
--- the winner of each pool, then whether its bucket admits it now
-local best, best_score, wait_ms = nil, nil, nil
-for p = 1, P do
-  local pool = pools[p]
-  local win, win_score = nil, nil
-  for q = 1, Q do
-    local qd = queues[q]
-    if qd.pool == p and qd.c then
-      qd.score = score(qd, pool)
-      if win == nil or qd.score > win_score then win, win_score = q, qd.score end
+-- the queue to dispatch from now (nil, wait_ms when none is admissible)
+local function choose()
+  local best, best_score, wait_ms = nil, nil, nil
+  for q = 1, Q do queues[q].bypass = nil end
+  for p = 1, P do
+    local pool = pools[p]
+    local win, win_score = nil, nil
+    for q = 1, Q do
+      local qd = queues[q]
+      if qd.pool == p and qd.c then
+        qd.score = score(qd, pool)
+        if win == nil or qd.score > win_score then win, win_score = q, qd.score end
+      end
     end
-  end
-  if win then
-    local w = admit_wait(queues[win], pool)
-    if w > 0 and policy == 'wfq' and not queues[win].reserved then
-      -- the winner waits for tokens (its own plus the reserve): a reserved tier
-      -- that fits now goes around it, as long as it is within its reservation
-      -- (at most `reserve` tokens ahead of its fair share).  v does not move
-      -- for such a dispatch, so the waiting winner keeps its place.
-      local alt = nil
-      for q = 1, Q do
-        local qd = queues[q]
-        if qd.pool == p and qd.c and qd.reserved
-           and (qd.start - pool.v) * qd.share <= pool.reserve
-           and admit_wait(qd, pool) == 0
-           and (alt == nil or qd.score > queues[alt].score) then
-          alt = q
+    if win then
+      local w = admit_wait(queues[win], pool)
+      if w > 0 and wfq and not queues[win].reserved then
+        -- the winner waits for tokens (its own plus the reserve): a reserved tier
+        -- that fits now goes around it, as long as it is within its reservation
+        -- (at most `reserve` tokens ahead of its fair share).  v does not move
+        -- for such a dispatch, so the waiting winner keeps its place.
+        local alt = nil
+        for q = 1, Q do
+          local qd = queues[q]
+          if qd.pool == p and qd.c and qd.reserved
+             and (qd.start - pool.v) * qd.share <= pool.reserve
+             and admit_wait(qd, pool) == 0
+             and (alt == nil or qd.score > queues[alt].score) then
+            alt = q
+          end
+        end
+        if alt then
+          queues[alt].bypass = true
+          win, win_score, w = alt, queues[alt].score, 0
         end
       end
-      if alt then
-        queues[alt].bypass = true
-        win, win_score, w = alt, queues[alt].score, 0
+      if w == 0 then
+        if best == nil or win_score > best_score then best, best_score = win, win_score end
+      elseif wait_ms == nil or w < wait_ms then
+        wait_ms = w
       end
     end
-    if w == 0 then
-      if best == nil or win_score > best_score then best, best_score = win, win_score end
-    elseif wait_ms == nil or w < wait_ms then
-      wait_ms = w
-    end
+  end
+  return best, wait_ms
+end
+
+local any_message = false
+for q = 1, Q do
+  local qd = queues[q]
+  qd.c = candidate(qd)
+  if qd.c then
+    any_message = true
+    configure(qd)
+    qd.taken, qd.est_sum, qd.wait_sum = 0, 0, 0
   end
 end
+if not any_message then return {0, -1} end
 
-if best == nil then
-  -- messages exist but none is admissible: every head's tenant is capped (no
-  -- wait time known; poll again soon) or its pool needs time to refill
-  return {0, wait_ms or 50}
+-- the next queue to dispatch from, with a slot of its tenant taken; a tenant
+-- found at its cap (the cap was lowered, or it runs in another tier too) is
+-- parked and the choice made again.  nil, wait_ms when none is admissible.
+local function next_dispatch()
+  local best, wait_ms
+  for _ = 1, MAX_ROUNDS do
+    best, wait_ms = choose()
+    if best == nil then return nil, wait_ms end
+    local qd = queues[best]
+    local pool = pools[qd.pool]
+    local n = redis.call('HINCRBY', pool.inflight, qd.c.tenant, 1)
+    if qd.tenant_max <= 0 or n <= qd.tenant_max then return best, n end
+    redis.call('HINCRBY', pool.inflight, qd.c.tenant, -1)
+    redis.call('ZREM', qd.active, qd.c.tenant)
+    redis.call('HSET', pool.parked, qd.c.tenant, qd.tier)
+    redis.call('HSET', pool.finish, qd.c.tenant, qd.c.start)   -- back in line where it left
+    qd.c = candidate(qd)
+  end
+  return nil, wait_ms
 end
 
--- dispatch: take the entry, debit the bucket, advance both fair states, record it
-local qd = queues[best]
-local c = qd.c
-local pool = pools[qd.pool]
-redis.call('ZREM', qd.index, c.entry)
-redis.call('HINCRBY', pool.depth, qd.tier, -1)
-local est = math.min(c.est, pool.tcap)
-redis.call('HSET', pool.bucket, 'tokens', pool.tokens - est, 'requests', pool.requests - 1, 'ts_ms', now)
--- running totals: sync_limits.lua subtracts what was dispatched after this task
--- from the upstream's x-ratelimit-remaining, which cannot have seen it yet
-local debited = redis.call('HINCRBYFLOAT', pool.bucket, 'debited_tokens', est)
-local dispatches = redis.call('HINCRBY', pool.bucket, 'dispatches', 1)
-if policy == 'wfq' then
-  local f = tonumber(redis.call('HGET', pool.fair, 'f:' .. qd.tier)) or 0
-  local start = math.max(pool.v, f)
-  if qd.bypass then
-    redis.call('HSET', pool.fair, 'f:' .. qd.tier, start + est / qd.share)
+-- dispatch queue q's candidate (its tenant's slot taken: n in flight): take the
+-- entry, debit the bucket and advance both fair states (in memory, written back
+-- once below), put the tenant's next task in line, record the lease
+local out = {0, 0}
+local function dispatch(q, n)
+  local qd = queues[q]
+  local c = qd.c
+  local pool = pools[qd.pool]
+  local est = math.min(c.est, pool.tcap)
+  redis.call('ZREM', qd.index, c.entry)
+  pool.tokens, pool.requests = pool.tokens - est, pool.requests - 1
+  -- running totals: sync_limits.lua subtracts what was dispatched after this task
+  -- from the upstream's x-ratelimit-remaining, which cannot have seen it yet
+  pool.debited, pool.dispatches = pool.debited + est, pool.dispatches + 1
+  pool.touched = true
+  if wfq then
+    local start = math.max(pool.v, qd.f)
+    -- a reserved tier going around a winner that waits for tokens leaves v alone
+    if not qd.bypass then pool.v = start end
+    qd.f = start + est / qd.share
+  end
+  qd.bypass = nil
+  -- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
+  -- the tenant's next task starts where this one finishes
+  qd.tv = c.start
+  local finish = c.start + est / c.tweight
+  local next_entry = gt_tenant_head(qd.index, c.tenant)
+  if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
+    redis.call('ZADD', qd.active, finish, c.tenant)   -- its next task, in line at its finish tag
   else
-    redis.call('HSET', pool.fair, 'v', start, 'f:' .. qd.tier, start + est / qd.share)
-  end
-end
--- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
--- the tenant's next task starts where this one finishes
-local finish = c.start + est / c.tweight
-redis.call('HSET', pool.fair, 'tv:' .. qd.tier, c.start)
-redis.call('HSET', pool.finish, c.tenant, finish)
-local n = redis.call('HINCRBY', pool.inflight, c.tenant, 1)
-if gt_tenant_head(qd.index, c.tenant) then
-  if qd.tenant_max > 0 and n >= qd.tenant_max then
+    -- out of line (no work left, or at its cap: parked until a slot frees, lua/release.lua);
+    -- where it comes back in starts from its finish tag
     redis.call('ZREM', qd.active, c.tenant)
-    redis.call('HSET', pool.parked, c.tenant, qd.tier)
-  else
-    redis.call('ZADD', qd.active, finish, c.tenant)
+    redis.call('HSET', pool.finish, c.tenant, finish)
+    if next_entry then redis.call('HSET', pool.parked, c.tenant, qd.tier) end
   end
-else
-  redis.call('ZREM', qd.active, c.tenant)
+  qd.taken, qd.est_sum, qd.wait_sum = qd.taken + 1, qd.est_sum + est, qd.wait_sum + (now - c.enq)
+  redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now .. '|' .. c.entry)
+  redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
+  local size = redis.call('HSTRLEN', pool.messages, c.tag)
+  local message = ''
+  if size <= inline_max_b then message = redis.call('HGET', pool.messages, c.tag) or '' end
+  local k = #out
+  out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = message, q, now, est, c.enq
+  out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] =
+    c.tenant, c.tag, tostring(pool.debited), pool.dispatches, size
+  out[1] = out[1] + 1
+  qd.c = candidate(qd, c.tenant, next_entry)
 end
-redis.call('HINCRBY', pool.stats, qd.dispatched_field, 1)
-redis.call('HINCRBY', pool.stats, qd.est_tokens_field, est)
-redis.call('HINCRBY', pool.stats, qd.wait_ms_field, now - c.enq)
-redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now .. '|' .. c.entry)
-redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
-local message = redis.call('HGET', pool.messages, c.tag) or ''
-return {1, message, best, now, est, c.enq, c.tenant, c.tag, debited, dispatches}
+
+local wait_ms = nil
+for _ = 1, max_picks do
+  local q, n = next_dispatch()
+  if q == nil then wait_ms = n break end
+  dispatch(q, n)
+end
+
+-- write back what the dispatches changed: buckets, fair states, depth, stats
+for p = 1, P do
+  local pool = pools[p]
+  if pool.touched then
+    redis.call('HSET', pool.bucket, 'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now,
+               'debited_tokens', pool.debited, 'dispatches', pool.dispatches)
+    local fields = {}
+    if wfq then fields = {'v', pool.v} end
+    for q = 1, Q do
+      local qd = queues[q]
+      if qd.pool == p and qd.taken and qd.taken > 0 then
+        if wfq then
+          fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f
+        end
+        fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv
+        local a = qd.a
+        redis.call('HINCRBY', pool.depth, qd.tier, -qd.taken)
+        redis.call('HINCRBY', pool.stats, ARGV[a + 8], qd.taken)
+        redis.call('HINCRBY', pool.stats, ARGV[a + 9], qd.est_sum)
+        redis.call('HINCRBY', pool.stats, ARGV[a + 10], qd.wait_sum)
+      end
+    end
+    redis.call('HSET', pool.fair, unpack(fields))
+  end
+end
+
+if out[1] == 0 then
+  -- messages exist but none is admissible: its pool needs time to refill (or
+  -- every head's tenant is capped: no wait time known; poll again soon)
+  out[2] = wait_ms or 50
+end
+return out

@@ -18,7 +18,7 @@ from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
 from gateway_tasks.core.index_entry import IndexEntry
 from workers.release import ReleaseCall, Released
-from workers.router import PickPlan, Picked, Wait
+from workers.router import PickPlan, Picked, Wait, pick_now
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, default_tiers
 
@@ -44,7 +44,7 @@ def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None
 
 
 def pick(r, plan: PickPlan):
-    return scripts_for(r).run(plan)
+    return pick_now(scripts_for(r), plan)
 
 
 def drain_order(r, plan: PickPlan, n: int) -> list[str]:
@@ -502,3 +502,69 @@ def test_a_lease_is_not_renewed_past_the_visibility_timeout(r, settings):
     got = pick(r, plan)
     time.sleep(0.002)                                  # older than a visibility timeout of 1 ms
     assert scripts_for(r).run(RenewCall(keys, "default", ((tag, str(got.dispatched_ms)),), 5_000, 1)) == 0
+
+
+def test_one_call_taking_several_tasks_dispatches_as_that_many_single_calls(r, settings, key_prefix):
+    """pick.lua with ARGV max picks 6 dispatches in exactly the order of 6 single picks."""
+    orders = []
+    for name in ("single", "batch"):
+        s, plan = make(settings.with_(key_prefix=f"{key_prefix}{name}:"), "wfq")
+        now = redis_now_ms(r)
+        for i in range(12):   # every tier, three tenants, fixed enqueue times
+            for tier in ("vip", "normal", "batch"):
+                push(r, s, tier, tenant=f"{tier}-t{i % 3}", est=100 + 50 * (i % 4), enq_ms=now - 100 + i)
+        got: list[Picked] = []
+        while len(got) < 24:
+            if name == "single":
+                got.append(pick(r, plan))
+            else:
+                batch = scripts_for(r).run(plan.batch(6))
+                assert isinstance(batch, list) and len(batch) == 6
+                got.extend(batch)
+        orders.append([(g.tier, g.tenant, g.est_tokens) for g in got])
+        keys = Keys(s.key_prefix)
+        assert r.zcard(keys.dispatched_at("default")) == 24
+        assert sum(int(v) for v in r.hvals(keys.inflight("default"))) == 24
+    assert orders[0] == orders[1]
+
+
+def test_a_batch_stops_at_a_tenants_cap_and_at_the_bucket(r, settings):
+    tiers = tuple(t.__class__(**{**t.__dict__, "max_concurrency_per_tenant": 2}) for t in default_tiers())
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=60_000, rpm=10**6)   # capacity 60000 tokens (the reserve is 10% of it)
+    s, plan = make(settings, "wfq", pools=(pool,), tiers=tiers)
+    for _ in range(5):
+        push(r, s, "normal", tenant="hog", est=1000)
+    for i in range(3):
+        push(r, s, "normal", tenant=f"other{i}", est=1000)
+    got = scripts_for(r).run(plan.batch(32))
+    assert Counter(g.tenant for g in got) == {"hog": 2, "other0": 1, "other1": 1, "other2": 1}
+    assert r.hget(Keys(s.key_prefix).parked("default"), "hog") == b"normal"
+    assert isinstance(scripts_for(r).run(plan.batch(32)), Wait)     # hog capped, the rest empty
+    for _ in range(100):
+        push(r, s, "batch", est=5000)
+    got = scripts_for(r).run(plan.batch(32))
+    # batch leaves the vip reserve alone: as many tasks of 5000 as fit beside it
+    reserve = pool.token_capacity * max(t.reserved_share for t in s.tiers)
+    assert len(got) == int((pool.token_capacity - 5000 - reserve) // 5000) and all(g.tier == "batch" for g in got)
+    wait = scripts_for(r).run(plan.batch(32))
+    assert isinstance(wait, Wait) and wait.wait_ms > 0
+
+
+def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, settings):
+    from workers.router import INLINE_MESSAGE_MAX_B
+    s, plan = make(settings, "wfq")
+    small = push(r, s, "normal", tenant="a")
+    queue = s.queue_name("normal", "default")
+    tag = uuid.uuid4().hex
+    big = {"body": "x" * (2 * INLINE_MESSAGE_MAX_B), "headers": {"gt_est_tokens": 10, "gt_tenant": "b"},
+           "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": queue}}}
+    assert scripts_for(r).run(EnqueueCall(Keys(s.key_prefix), s.tier("normal"), "default", "b", tag, 10,
+                                          json.dumps(big))).accepted
+    got = scripts_for(r).run(plan.batch(2))
+    by_tag = {g.tag: g for g in got}
+    assert by_tag[small].payload["properties"]["delivery_tag"] == small   # inline
+    assert by_tag[tag].payload is None and by_tag[tag].message_b > INLINE_MESSAGE_MAX_B
+    fetched = plan.with_payload(r, by_tag[tag])
+    assert fetched.payload["body"] == big["body"]
+    assert fetched.payload["headers"]["gt_disp_ms"] == by_tag[tag].dispatched_ms

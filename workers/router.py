@@ -8,16 +8,23 @@ settings and the queues a worker consumes, and parses its answer.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Sequence
+
+import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_POOL_DEBITED,
                                          HEADER_POOL_DISPATCHES)
-from gateway_tasks.core.scripts import text
+from gateway_tasks.core.scripts import Scripts, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
+
+INLINE_MESSAGE_MAX_B = 4096  # larger messages are not copied through Lua: the dispatcher fetches them
+MAX_PICKS_PER_CALL = 32      # most tasks one pick.lua call dispatches
+MAX_PICKS_ARG = 5            # ARGV[6] of pick.lua, 0-based
+
 
 @dataclass(frozen=True)
 class QueueRef:
@@ -28,7 +35,10 @@ class QueueRef:
 
 @dataclass(frozen=True)
 class Picked:
-    payload: dict[str, Any]
+    """A dispatched task.  ``payload`` is None when its message was too large to come
+    back inline (``INLINE_MESSAGE_MAX_B``): ``PickPlan.with_payload`` fetches it."""
+
+    payload: dict[str, Any] | None
     queue: str
     dispatched_ms: int
     est_tokens: int
@@ -36,6 +46,10 @@ class Picked:
     tag: str
     tier: str
     pool: str
+    enqueued_ms: int = 0
+    pool_debited: float = 0.0
+    pool_dispatches: int = 0
+    message_b: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,8 @@ class PickPlan:
         reserve_share = max((t.reserved_share for t in settings.tiers), default=0.0)
         k = self.keys
         keys: list[str] = []
-        argv: list[Any] = [settings.policy, len(pools), len(self.queues), int(settings.lease_s * 1000)]
+        argv: list[Any] = [settings.policy, len(pools), len(self.queues), int(settings.lease_s * 1000),
+                           INLINE_MESSAGE_MAX_B, 1]
         for pool in pools:
             p = pool.name
             keys += [k.bucket(p), k.fair(p), k.stats(p), k.messages(p), k.finish(p), k.parked(p),
@@ -89,17 +104,74 @@ class PickPlan:
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
         self.script_args = [str(x).encode() for x in argv]
+        self._batches: dict[int, PickBatch] = {}
+
+    def batch(self, max_picks: int) -> "PickBatch":
+        """The same pick taking up to ``max_picks`` tasks in one call (a dispatcher with
+        that many free slots); ``max_picks`` 1 is this plan itself, as a batch."""
+        n = max(1, min(int(max_picks), MAX_PICKS_PER_CALL))
+        found = self._batches.get(n)
+        if found is None:
+            found = self._batches[n] = PickBatch(self, n)
+        return found
 
     def parse(self, reply: Sequence[Any]) -> Picked | Wait:
-        if int(reply[0]) == 0:
+        """One pick's reply (this plan takes one task a call)."""
+        got = self.parse_many(reply)
+        return got[0] if isinstance(got, list) else got
+
+    def parse_many(self, reply: Sequence[Any]) -> list[Picked] | Wait:
+        n = int(reply[0])
+        if n == 0:
             return Wait(int(reply[1]))
-        queue = self.queues[int(reply[2]) - 1]
-        dispatched_ms, enqueued_ms = int(reply[3]), int(reply[5])
-        payload = json.loads(text(reply[1])) if reply[1] else {}
+        out = []
+        for i in range(2, 2 + 10 * n, 10):
+            message, q, now_ms, est, enq_ms, tenant, tag, debited, dispatches, size = reply[i:i + 10]
+            queue = self.queues[int(q) - 1]
+            picked = Picked(None, queue.name, int(now_ms), int(est), tenant=text(tenant), tag=text(tag),
+                            tier=queue.tier.name, pool=queue.pool.name, enqueued_ms=int(enq_ms),
+                            pool_debited=float(text(debited)), pool_dispatches=int(dispatches),
+                            message_b=int(size))
+            out.append(self.with_message(picked, message) if message else picked)
+        return out
+
+    def with_message(self, picked: Picked, message: bytes | str | None) -> Picked:
+        """The picked task with its payload decoded from its message, and the dispatch
+        facts (enqueue and dispatch times, the pool's running totals) in its headers."""
+        payload = json.loads(text(message)) if message else {}
         headers = payload.setdefault("headers", {})
-        headers[HEADER_ENQUEUED_MS] = enqueued_ms
-        headers[HEADER_DISPATCHED_MS] = dispatched_ms
-        headers[HEADER_POOL_DEBITED] = float(text(reply[8]))
-        headers[HEADER_POOL_DISPATCHES] = int(reply[9])
-        return Picked(payload, queue.name, dispatched_ms, int(reply[4]), tenant=text(reply[6]),
-                      tag=text(reply[7]), tier=queue.tier.name, pool=queue.pool.name)
+        headers[HEADER_ENQUEUED_MS] = picked.enqueued_ms
+        headers[HEADER_DISPATCHED_MS] = picked.dispatched_ms
+        headers[HEADER_POOL_DEBITED] = picked.pool_debited
+        headers[HEADER_POOL_DISPATCHES] = picked.pool_dispatches
+        return replace(picked, payload=payload)
+
+    def with_payload(self, client: redis.Redis, picked: Picked) -> Picked:
+        """A picked task whose message did not come back inline, fetched by tag."""
+        if picked.payload is not None:
+            return picked
+        return self.with_message(picked, client.hget(self.keys.messages(picked.pool), picked.tag))
+
+
+def pick_now(scripts: Scripts, plan: PickPlan) -> Picked | Wait:
+    """One pick, its payload fetched when it did not come back inline (tools and tests;
+    the workers' event loop does the same in ``workers.transport``)."""
+    got = scripts.run(plan)
+    return plan.with_payload(scripts.client, got) if isinstance(got, Picked) else got
+
+
+class PickBatch:
+    """pick.lua taking up to ``max_picks`` tasks in one call: a ``ScriptCall`` whose
+    reply parses to the dispatched tasks in dispatch order (or a ``Wait``)."""
+
+    SCRIPT: ClassVar[str] = "pick"
+
+    def __init__(self, plan: PickPlan, max_picks: int):
+        self.plan = plan
+        self.max_picks = max_picks
+        self.script_keys = plan.script_keys
+        self.script_args = list(plan.script_args)
+        self.script_args[MAX_PICKS_ARG] = str(max_picks).encode()
+
+    def parse(self, reply: Sequence[Any]) -> list[Picked] | Wait:
+        return self.plan.parse_many(reply)

@@ -30,7 +30,7 @@ from gateway_tasks.core.stats import (DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DI
                                       STALE_RELEASES)
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.release import ACK, REQUEUE, ReleaseCall
-from workers.router import PickPlan, Picked
+from workers.router import PickBatch, Picked, PickPlan, pick_now
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class Channel(broker.Channel):
         self._gt_leases = LeaseKeeper(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
                                       lambda: self._gt_picked)
         self._gt_plan: PickPlan | None = None
+        self._gt_batch: PickBatch | None = None   # the pick in flight
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
@@ -166,7 +167,9 @@ class Channel(broker.Channel):
         else:
             self._gt_mode = "pick"
             self._gt_count(DISPATCH_PICKS)
-            conn.send_command(*self._gt_scripts.command(plan))
+            # as many tasks as this channel has free slots for, in one call
+            self._gt_batch = plan.batch(self.qos.can_consume_max_estimate() or 1)
+            conn.send_command(*self._gt_scripts.command(self._gt_batch))
 
     def _brpop_read(self, **options: Any) -> bool:
         if self._gt_mode == "brpop":
@@ -186,11 +189,15 @@ class Channel(broker.Channel):
             if mode == "wait":
                 self._gt_mode = "pick"
                 raise virtual.Empty()
-            result = self._gt_plan.parse(reply)  # type: ignore[union-attr]
-            if isinstance(result, Picked):
-                self._gt_hold(result)
-                self._gt_counts[DISPATCH_DISPATCHED] += 1
-                self.connection._deliver(result.payload, result.queue)
+            plan = self._gt_plan
+            result = self._gt_batch.parse(reply)
+            if isinstance(result, list):
+                for picked in result:
+                    if picked.payload is None:   # too large to come back inline: fetch it
+                        picked = plan.with_payload(self._gt_raw, picked)  # type: ignore[union-attr]
+                    self._gt_hold(picked)
+                    self._gt_counts[DISPATCH_DISPATCHED] += 1
+                    self.connection._deliver(picked.payload, picked.queue)
                 return True
             wait_ms = result.wait_ms
             self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
@@ -203,7 +210,7 @@ class Channel(broker.Channel):
         """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""
         if not broker.is_gateway_queue(queue):
             return super()._get(queue)
-        result = self._gt_scripts.run(PickPlan(self._gt_settings, [queue]))
+        result = pick_now(self._gt_scripts, PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked):
             raise virtual.Empty()
         self._gt_hold(result)

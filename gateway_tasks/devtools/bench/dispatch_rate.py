@@ -35,6 +35,7 @@ from workers.router import PickPlan, Picked
 
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 300.0
+BATCH_PICKS = dispatch_server.BATCH_PICKS
 
 
 def _dispatch_loop(url: str, settings_json: str, count: int, ready: Any, go: Any, out: Any) -> None:
@@ -55,6 +56,32 @@ def _dispatch_loop(url: str, settings_json: str, count: int, ready: Any, go: Any
             break
         scripts.run(ReleaseCall(keys, settings, picked.pool, picked.tag))
         done += 1
+    out.put((done, t0, time.monotonic()))
+
+
+def _batch_loop(url: str, settings_json: str, per_call: int, count: int, ready: Any, go: Any,
+                out: Any) -> None:
+    """One dispatcher with ``per_call`` free slots: one pick.lua call takes up to that
+    many, one pipeline acks them (a child process)."""
+    client = redis.Redis.from_url(url)
+    settings = settings_from_json(settings_json)
+    keys = Keys(settings.key_prefix)
+    batch = PickPlan(settings, settings.queue_names()).batch(per_call)
+    scripts = scripts_for(client)
+    for name in ("pick", "release"):
+        client.script_load(source(name))
+    ready.put(1)
+    go.wait(START_TIMEOUT_S)
+    done, t0 = 0, time.monotonic()
+    while done < count:
+        picked = scripts.run(batch)
+        if not isinstance(picked, list):
+            break
+        with client.pipeline(transaction=False) as pipe:
+            for p in picked:
+                scripts.queue(ReleaseCall(keys, settings, p.pool, p.tag), pipe)
+            pipe.execute()
+        done += len(picked)
     out.put((done, t0, time.monotonic()))
 
 
@@ -122,6 +149,10 @@ def run(client: redis.Redis, url: str, base: Settings, *, messages: int, process
                                                                         messages), message)
         gateway = concurrently(client, _dispatch_loop, (url, settings_to_json(settings)),
                                processes, per_process)
+        dispatch_server.fill(client, settings, dispatch_server.Scenario(prompt_b, tenants, messages,
+                                                                        messages), message)
+        batched = concurrently(client, _batch_loop, (url, settings_to_json(settings), BATCH_PICKS),
+                               processes, per_process)
         for part in dispatch_server.chunks(messages, dispatch_server.PIPELINE_CHUNK):
             with client.pipeline(transaction=False) as pipe:
                 for _ in part:
@@ -131,4 +162,5 @@ def run(client: redis.Redis, url: str, base: Settings, *, messages: int, process
     finally:
         discard_prefix(client, prefix)
     return {"prompt_b": prompt_b, "messages": messages, "tenants": tenants,
-            "gateway": gateway, "plain_rpop": plain}
+            "gateway": gateway, "gateway_batched": batched, "batch_picks": BATCH_PICKS,
+            "plain_rpop": plain}

@@ -77,10 +77,15 @@ def evaluate(result: dict[str, Any]) -> dict[str, Any]:
 def format_server(server: Mapping[str, Any]) -> list[str]:
     out = [f"== 1. Redis time per operation, server side (INFO commandstats usec/calls; "
            f"{server['picks_per_scenario']} picks a scenario)",
-           f"     {'scenario':<28} {'message B':>9} {'us/enqueue':>10} {'us/pick':>8} {'us/ack':>7}"]
+           f"     {'scenario':<28} {'message B':>9} {'us/enqueue':>10} {'us/pick':>8} {'us/ack':>7} "
+           f"{'us/task, batched':>17}"]
     for r in server["pick"]:
+        b = r.get("batched") or {}
+        batched = f"{_v(b.get('us_per_pick'))} ({b.get('per_call', '-')}/call)" if b else "-"
         out.append(f"     {r['scenario']:<28} {r['message_b']:>9} {_v(r['us_per_enqueue']):>10} "
-                   f"{_v(r['us_per_pick']):>8} {_v(r['us_per_ack']):>7}")
+                   f"{_v(r['us_per_pick']):>8} {_v(r['us_per_ack']):>7} {batched:>17}")
+    out.append("     (us/pick: one task a call, its fetch included for a message over "
+               "the inline limit; batched: a dispatcher with free slots taking that many a call)")
     out.append(f"     {'plain list, same messages':<28} {'message B':>9} {'us/LPUSH':>10} {'us/RPOP':>8}")
     for r in server["plain_list"]:
         out.append(f"     {str(r['prompt_b']) + ' B prompts':<28} {r['message_b']:>9} "
@@ -101,8 +106,12 @@ def format_rate(rate: Mapping[str, Any]) -> list[str]:
     out = [f"== 2. dispatches per second, {rate['gateway']['processes']} concurrent processes, "
            f"{rate['messages']} messages ({rate['prompt_b']} B prompts, {rate['tenants']} tenants)",
            f"     {'':<28} {'ops/s':>7} {'Redis busy %':>12} {'Redis CPU us/op':>16} {'ceiling/s':>10}"]
-    for name, label in (("gateway", "pick.lua + release.lua ack"), ("plain_rpop", "plain RPOP")):
-        r = rate[name]
+    rows = [("gateway", "pick.lua + release.lua ack"),
+            ("gateway_batched", f"same, {rate.get('batch_picks', '-')} a call"), ("plain_rpop", "plain RPOP")]
+    for name, label in rows:
+        r = rate.get(name)
+        if not r:
+            continue
         out.append(f"     {label:<28} {_v(r['per_s'], '.0f'):>7} {_v(r['redis_busy_pct']):>12} "
                    f"{_v(r['redis_cpu_us_per_op']):>16} {_v(r['redis_ceiling_per_s'], '.0f'):>10}")
     return out

@@ -46,6 +46,7 @@ from workers.router import PickPlan, Picked
 TIER = "normal"
 PIPELINE_CHUNK = 500
 PICK_BATCH = 50          # picks between two acks; <= tenants x their concurrency cap
+BATCH_PICKS = 8          # tasks a call in the batched measure: a worker of 8 threads with all free
 FILLER = "The quick brown fox jumps over the lazy dog while the support queue keeps growing. "
 PROMPT_SIZES_B = (600, 8192)
 
@@ -124,22 +125,43 @@ def fill(client: redis.Redis, settings: Settings, scenario: Scenario, message: s
     return total
 
 
-def pick_and_ack(client: redis.Redis, settings: Settings, picks: int) -> dict[str, Any]:
-    """``picks`` pick.lua calls in batches, each batch acked after its window."""
+def picked_of(got: list[Any]) -> list[Picked]:
+    """The tasks of single picks (Picked | Wait) and of batches (list | Wait), flat."""
+    out: list[Picked] = []
+    for g in got:
+        if isinstance(g, Picked):
+            out.append(g)
+        elif isinstance(g, list):
+            out.extend(g)
+    return out
+
+
+def pick_and_ack(client: redis.Redis, settings: Settings, picks: int, per_call: int = 1) -> dict[str, Any]:
+    """``picks`` tasks picked in windows, ``per_call`` a pick.lua call, each window's
+    tasks acked after it; the costs are per task dispatched."""
     scripts = scripts_for(client)
     keys = Keys(settings.key_prefix)
     plan = PickPlan(settings, settings.queue_names())
-    pick_cost, ack_cost, dispatched = Cost(), Cost(), 0
-    for part in chunks(picks, PICK_BATCH):
-        cost, got = measured(client, "evalsha", lambda part=part: [scripts.run(plan) for _ in part])
+    call = plan if per_call == 1 else plan.batch(per_call)
+    pick_cost, fetch_cost, ack_cost, dispatched = Cost(), Cost(), Cost(), 0
+    for part in chunks(-(-picks // per_call), max(1, PICK_BATCH // per_call)):
+        cost, got = measured(client, "evalsha", lambda part=part: [scripts.run(call) for _ in part])
         pick_cost += cost
-        tags = [p for p in got if isinstance(p, Picked)]
+        tags = picked_of(got)
         dispatched += len(tags)
+        # a message too large to come back inline is fetched by the dispatcher (one HGET)
+        cost, _ = measured(client, "hget", lambda tags=tags: [
+            plan.with_payload(client, p) for p in tags if p.payload is None])
+        fetch_cost += cost
         cost, _ = measured(client, "evalsha", lambda tags=tags: [
             scripts.run(ReleaseCall(keys, settings, p.pool, p.tag)) for p in tags])
         ack_cost += cost
-    return {"picks": pick_cost.calls, "dispatched": dispatched,
-            "us_per_pick": pick_cost.us_per_call, "acks": ack_cost.calls,
+    n = max(dispatched, 1)
+    return {"picks": pick_cost.calls, "dispatched": dispatched, "per_call": per_call,
+            "us_per_pick_script": pick_cost.us_per_call,
+            "fetches": fetch_cost.calls, "us_per_fetch": fetch_cost.us_per_call,
+            # what a dispatch costs Redis: the script, plus the fetch when there is one
+            "us_per_pick": round((pick_cost.usec + fetch_cost.usec) / n, 2), "acks": ack_cost.calls,
             "us_per_ack": ack_cost.us_per_call}
 
 
@@ -191,9 +213,18 @@ def run_scenario(client: redis.Redis, base: Settings, scenario: Scenario, messag
                "tenants": scenario.tenants, "queued": scenario.messages,
                "us_per_enqueue": enqueue.us_per_call}
         out.update(pick_and_ack(client, settings, scenario.picks))
-        return out
     finally:
         discard_prefix(client, prefix)
+    # the same again, a dispatcher with BATCH_PICKS free slots taking them in one call
+    prefix = f"gt-bench-pick-{uuid.uuid4().hex[:8]}:"
+    settings = bench_settings(base, prefix)
+    try:
+        fill(client, settings, scenario, message)
+        batched = pick_and_ack(client, settings, scenario.picks, per_call=BATCH_PICKS)
+        out["batched"] = {k: batched[k] for k in ("per_call", "picks", "dispatched", "us_per_pick")}
+    finally:
+        discard_prefix(client, prefix)
+    return out
 
 
 def run_plain_list(client: redis.Redis, prompt_b: int, message: str, n: int) -> dict[str, Any]:

@@ -45,6 +45,31 @@ def test_circuit_opens_holds_the_pool_probes_and_closes(r, key_prefix):
     assert c.allow().verdict == CALL and c.allow().failures == 0
     stats = {k.decode(): int(v) for k, v in r.hgetall(keys.stats("p")).items()}
     assert stats[CIRCUIT_OPENS] == 2 and stats[CIRCUIT_CLOSES] == 1
+    from gateway_tasks.core.settings import load_settings
+    from gateway_tasks.metrics.exporter import render
+    text = render(r, load_settings(env={}, key_prefix=key_prefix, pools=(P,))).decode()
+    assert 'gateway_circuit_state{pool="p",state="closed"} 1.0' in text
+    assert 'gateway_circuit_opens_total{pool="p"} 2.0' in text
+
+
+def test_level_and_circuit_verdict_in_one_round_trip_survive_a_script_flush(settings):
+    import redis
+
+    from gateway_tasks.devtools.redis_server import EmbeddedRedis
+    from workers.tasks import level_and_gate
+
+    pool = settings.pools[0]
+    keys = Keys(settings.key_prefix)
+    with EmbeddedRedis() as server:          # private: flushing its scripts disturbs nobody
+        r = redis.Redis.from_url(server.url)
+        r.hset(keys.overload_state, "level", 2)
+        assert level_and_gate(r, keys, settings, pool)[0] == 2
+        r.script_flush()                     # a restarted Redis lost every script
+        level, gate = level_and_gate(r, keys, settings, pool)
+        assert (level, gate.verdict) == (2, CALL)
+        off = settings.with_(overload=settings.overload.__class__(enabled=False))
+        assert level_and_gate(r, keys, off, pool)[0] == 0
+        r.close()
 
 
 def test_a_success_resets_the_consecutive_failures(r, key_prefix):

@@ -150,6 +150,10 @@ def test_rest_answers_429_with_retry_after_and_status(r, gw):
         err = resp.json()["error"]
         assert err["type"] == "Deferred" and err["retry_after_s"] == 600 and err["level"] == 3
         assert "utilisation" in err["reason"]
+        chat = client.post("/v1/chat/completions", json={"messages": HELLO},
+                           headers={"Authorization": f"Bearer {key}"})
+        assert chat.status_code == 429 and chat.json()["error"]["type"] == "Deferred"
+        assert chat.headers["Retry-After"] == "600"
         status = client.get("/v1/status", headers={"Authorization": f"Bearer {key}"})
         assert status.status_code == 200
         body = status.json()

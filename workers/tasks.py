@@ -28,9 +28,10 @@ from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.overload_actions import degrade, record
 from gateway_tasks.core.overload_state import read_level
-from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
 from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
-from workers.circuit import PoolCircuit
+from gateway_tasks.core.scripts import scripts_for
+from workers.circuit import ALLOW, CircuitCall, CircuitReply, PoolCircuit
 from workers.failover import Served, fail_over
 from workers.upstream import UpstreamReply, chat
 
@@ -71,6 +72,22 @@ def _retry_allowed(r: redis.Redis, keys: Keys, settings: Settings, req: Inferenc
     return True
 
 
+def level_and_gate(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool) -> tuple[int, CircuitReply]:
+    """The load level in force and the pool's circuit verdict for this call, in one round trip."""
+    call = CircuitCall(keys, pool.name, ALLOW, settings.circuit)
+    scripts = scripts_for(r)
+    try:
+        with r.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.overload_state, "level")
+            pipe.execute_command(*scripts.command(call))
+            raw_level, raw_gate = pipe.execute()
+    except redis.exceptions.NoScriptError:   # the server lost its scripts: load and run again
+        scripts.lost()
+        return (read_level(r, keys) if settings.overload.enabled else 0), scripts.run(call)
+    level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
+    return level, call.parse(raw_gate)
+
+
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
     """The tighter of the request's deadline and the tier's queue TTL (0 = none)."""
     if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
@@ -105,7 +122,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     tier = settings.tier(req.tier)
     overload = settings.overload
-    level = read_level(r, keys) if overload.enabled else 0
+    level, gate = level_and_gate(r, keys, settings, pool)
     # the level may have risen since submit: degrade again (never un-degrade)
     d = degrade(overload, tier, level, req.model, req.max_tokens,
                 lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models)
@@ -133,7 +150,6 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     served: Served | None = None
     failover_reason = ""
-    gate = circuit.allow()
     if not gate.may_call:
         refund()
         failover_reason = f"pool {pool.name}'s circuit is {gate.state}"

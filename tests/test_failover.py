@@ -210,3 +210,98 @@ def test_failing_primary_vip_served_by_the_backup_within_two_attempts(settings, 
         assert primary_stats["requests_429"] >= 1 and primary_stats["requests_ok"] == 1   # the one used up
         later = [res["overload"]["failover"] for res in results[1:]]
         assert all(f["at"] == "submit" and "drained by an upstream 429" in f["reason"] for f in later)
+
+
+# -- moving queued reserved-tier tasks off a blocked pool ----------------------------
+
+
+def two_pools(settings, url_p="http://127.0.0.1:9/v1", url_b="http://127.0.0.1:9/v1"):
+    primary = Pool("default", base_url=url_p, api_key="k", models=("gpt-4o-mini", "gpt-4o"), tpm=600_000,
+                   rpm=6_000, backup_pools=("backup",))
+    backup = Pool("backup", base_url=url_b, api_key="k2", models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
+    return settings.with_(pools=(primary, backup))
+
+
+def test_rescuer_moves_queued_vip_off_a_drained_pool_and_leaves_the_others(r, settings):
+    from gateway_tasks.core.broker import queued_messages
+    from gateway_tasks.core.index_entry import IndexEntry
+    from workers.bucket import PoolBucket
+    from workers.rescue import Rescuer
+
+    s = two_pools(settings)
+    keys = Keys(s.key_prefix)
+    gw = Gateway(s, client=r)
+    gw.register_tenant("acme", "vip")
+    gw.register_tenant("pro1", "normal")
+    vip = [gw.submit("acme", f"vip {i}", model="gpt-4o", max_tokens=5) for i in range(3)]
+    normal = [gw.submit("pro1", f"normal {i}", max_tokens=5) for i in range(2)]
+    enq_before = sorted(IndexEntry.decode(e).enqueued_ms for e in r.zrange(keys.index("default", "vip"), 0, -1))
+    rescuer = Rescuer(r, s)
+    assert rescuer.tick() == 0                               # the pool is fine: nothing moves
+    PoolBucket(r, keys, s.pool("default")).drain(10_000)     # as a 429 with Retry-After 10 s does
+    assert rescuer.tick() == 3
+    assert int(r.hget(keys.depth("default"), "vip")) == 0 and int(r.hget(keys.depth("default"), "normal")) == 2
+    assert int(r.hget(keys.depth("backup"), "vip")) == 3 and r.hlen(keys.moving("default")) == 0
+    moved = queued_messages(r, keys, "backup", "vip")
+    assert sorted(m["headers"]["id"] for m in moved) == sorted(h.id for h in vip)   # same task ids
+    import base64
+    import json
+    body = json.loads(base64.b64decode(moved[0]["body"]))[0][0]
+    assert body["pool"] == "backup" and body["model"] == "gpt-4o-mini"       # the backup lacks gpt-4o
+    d = body["degradation"]
+    assert d["failover_at"] == "queue" and d["failover_from"] == "default" and "drained" in d["failover"]
+    assert d["requested_model"] == "gpt-4o" and d["requested_pool"] == "default"
+    enq_after = sorted(IndexEntry.decode(e).enqueued_ms for e in r.zrange(keys.index("backup", "vip"), 0, -1))
+    assert enq_after == enq_before                            # their place in time is kept
+    assert int(r.hget(keys.stats("default"), "rescued")) == 3
+    assert len(normal) == 2
+
+
+def test_a_move_whose_mover_died_is_queued_again_not_lost(r, settings):
+    from workers.rescue import Rescuer, WithdrawCall
+
+    s = two_pools(settings)
+    keys = Keys(s.key_prefix)
+    gw = Gateway(s, client=r)
+    gw.register_tenant("acme", "vip")
+    gw.submit("acme", "survive a dead mover", max_tokens=5)
+    scripts = scripts_for(r)
+    taken = scripts.run(WithdrawCall(keys, "default", "vip", 10))   # a mover takes it... and dies
+    assert len(taken) == 1 and int(r.hget(keys.depth("default"), "vip")) == 0
+    assert scripts.run(WithdrawCall(keys, "default", "vip", 0)) == []        # not stale yet
+    time.sleep(0.01)
+    stale = scripts.run(WithdrawCall(keys, "default", "vip", 0, stale_ms=5))  # later: handed out again
+    assert [x["tag"] for x in stale] == [taken[0]["tag"]]
+    Rescuer(r, s)._place(s.pool("default"), stale[0], None, "")              # no backup now: back home
+    assert int(r.hget(keys.depth("default"), "vip")) == 1 and r.hlen(keys.moving("default")) == 0
+    assert r.zcard(keys.index("default", "vip")) == 1
+
+
+@pytest.mark.slow
+def test_vip_queued_on_a_drained_pool_is_served_by_the_backup(settings, tmp_path):
+    from workers.bucket import PoolBucket
+
+    with SimulatorProcess(SimConfig(base_latency_ms=5)) as backup_sim, \
+            SimulatorProcess(SimConfig(base_latency_ms=5)) as primary_sim:
+        s = two_pools(settings, primary_sim.base_url, backup_sim.base_url)
+        keys = Keys(s.key_prefix)
+        gw = Gateway(s)
+        gw.register_tenant("acme", "vip")
+        gw.register_tenant("pro1", "normal")
+        vip = [gw.submit("acme", f"vip {i}", max_tokens=5) for i in range(5)]      # queued, no worker yet
+        normal = gw.submit("pro1", "normal", max_tokens=5)
+        PoolBucket(gw.r, keys, s.pool("default")).drain(30_000)    # then a 429 drains the primary for 30 s
+        worker = processes.worker(s, concurrency=4, log_path=str(tmp_path / "worker.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            results = [h.get(timeout=30) for h in vip]
+            normal_status = normal.status
+            primary_ok = primary_sim.stats()["requests_ok"]
+        finally:
+            worker.stop()
+            gw.app.close()
+    assert all(res["pool"] == "backup" for res in results)
+    assert all(res["overload"]["failover"]["at"] == "queue" for res in results)
+    assert all(res["overload"]["failover"]["from"] == "default" for res in results)
+    assert normal_status in ("PENDING", "STARTED")                # the others wait out the drain
+    assert primary_ok == 0

@@ -30,6 +30,7 @@ from gateway_tasks.core.overload_levels import Signals, baseline, hysteresis, me
 from gateway_tasks.core.overload_state import HISTORY_MAX, LoadState, parse_state
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import MAX_LEVEL, Settings
+from workers.rescue import Rescuer
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPSTREAM_429, UPSTREAM_ERRORS,
                                       WAIT_MS, tier_field)
 
@@ -159,7 +160,9 @@ class OverloadController:
         return decision
 
     def start(self) -> "OverloadController":
-        if self._thread is None and self.settings.overload.enabled:
+        """The controller's thread; it also moves reserved-tier tasks off blocked pools
+        (workers/rescue.py), so it runs even with the controller disabled."""
+        if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="gateway-overload", daemon=True)
             self._thread.start()
         return self
@@ -169,9 +172,12 @@ class OverloadController:
 
     def _run(self) -> None:
         interval = self.settings.overload.tick_s
+        rescuer = Rescuer(self.client, self.settings, self.scripts)
         while not self._stop.wait(interval):
             try:
-                self.tick()
+                if self.settings.overload.enabled:
+                    self.tick()
+                rescuer.tick()
             except redis.RedisError:
                 logger.warning("load-level tick failed; retrying in %.1f s", interval, exc_info=True)
             except Exception:  # a controller bug must never take the worker down

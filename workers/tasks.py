@@ -216,8 +216,8 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         failover_info = {"from": pool.name, "to": used_pool.name, "reason": failover_reason,
                          "at": "dispatch"}
     elif submitted.get("failover"):
-        failover_info = {"from": requested_pool, "to": pool.name, "reason": submitted["failover"],
-                         "at": "submit"}
+        failover_info = {"from": submitted.get("failover_from", requested_pool), "to": pool.name,
+                         "reason": submitted["failover"], "at": submitted.get("failover_at", "submit")}
     changes = record(submitted, level, max_tokens=max_tokens, model=used_model, pool=used_pool.name,
                      requested_pool=requested_pool, failover=failover_info)
     if changes["max_tokens"]["capped"] or changes["model"]["substituted"]:

@@ -144,6 +144,12 @@ class Keys:
         opens, closes) -- lua/circuit.lua."""
         return f"{self.pool_tag(pool)}circuit"
 
+    def moving(self, pool: str) -> str:
+        """Hash: delivery tag -> JSON {tier, entry, message, ts_ms} of a reserved-tier task
+        withdrawn from this pool (drained / circuit open) and being moved to a backup pool:
+        the journal that puts it back if the mover dies (workers/rescue.py)."""
+        return f"{self.pool_tag(pool)}moving"
+
     # -- overload: one load level for the deployment (one hash tag, one slot) --
     @property
     def overload_state(self) -> str:

@@ -38,6 +38,8 @@ UPSTREAM_ERRORS = "upstream_errors"  # workers.tasks: 5xx, timeouts and connecti
 CIRCUIT_OPENS = "circuit_opens"    # circuit.lua: the pool's circuit breaker opened
 CIRCUIT_CLOSES = "circuit_closes"  # circuit.lua: a half-open probe succeeded (failback)
 FAILOVERS = "failovers"            # workers.failover: reserved-tier calls served by this pool's backup
+RESCUED = "rescued"                # workers.rescue: queued reserved-tier tasks moved to a backup pool
+                                   # while this pool was drained or its circuit open
 DEGRADED = "degraded"              # workers.tasks (per tier): completed with a capped max_tokens or a
                                    # substituted model
 STALE_RELEASES = "stale_releases"  # release.lua: a holder finished a task it had lost (lease expired,

@@ -25,7 +25,7 @@ from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, CIRCUIT_CLOSES, CIRCUIT_OPENS, COMPLETED, DEGRADED,
-                                      DISPATCHED, EST_TOKENS, FAILOVERS, RETRIES, UPSTREAM_429,
+                                      DISPATCHED, EST_TOKENS, FAILOVERS, RESCUED, RETRIES, UPSTREAM_429,
                                       UPSTREAM_ERRORS, WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -51,6 +51,8 @@ _POOL_COUNTERS: tuple[tuple[str, str, str], ...] = (
     (UPSTREAM_ERRORS, "gateway_upstream_errors", "Upstream 5xx, timeouts and connection errors."),
     (CIRCUIT_OPENS, "gateway_circuit_opens", "Times the pool's circuit breaker opened."),
     (CIRCUIT_CLOSES, "gateway_circuit_closes", "Times a half-open probe closed the circuit (failback)."),
+    (RESCUED, "gateway_rescued_tasks",
+     "Queued reserved-tier tasks moved to a backup pool while this pool was drained or its circuit open."),
     (FAILOVERS, "gateway_failovers",
      "Reserved-tier calls this pool failed that a backup pool served (at dispatch)."),
 )

@@ -29,6 +29,8 @@ MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
     (Signals(utilisation={"p": 0.8}, queue_depth=20_000), 4, "queued"),
     (Signals(wait_ms={"vip": 2_500.0}), 3, "tier vip waited 2.5 s"),
     (Signals(wait_ms={"batch": 200_000.0, "vip": None}), 0, "below"),
+    (Signals(oldest_wait_ms={"normal": 31_000.0}), 3, "tier normal's oldest queued task has waited 31.0 s"),
+    (Signals(oldest_wait_ms={"normal": 29_000.0, "vip": 1_900.0}), 0, "below"),
 ])
 def test_target_level_table(signals, level, why):
     got, reason = target_level(signals, O, MAX_WAIT)

@@ -25,6 +25,7 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.index_entry import IndexEntry, tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.overload_levels import Signals, baseline, hysteresis, measure, target_level
 from gateway_tasks.core.overload_state import HISTORY_MAX, LoadState, parse_state
@@ -36,6 +37,7 @@ from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPST
 
 logger = logging.getLogger(__name__)
 EXTRA_SAMPLES = 5
+FRONT_TENANTS = 16   # tenants next in line whose oldest task the wait signal looks at
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,32 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
     return {"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, state, samples
 
 
+def oldest_waits(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
+                 front: int = FRONT_TENANTS) -> dict[str, float]:
+    """Per tier, the age of the oldest queued task among the ``front`` tenants next in line
+    in each pool (their heads: each tenant's oldest task), in two round trips.  A bound on
+    the tier's oldest wait that costs O(front log n), whatever the number of tenants."""
+    pairs = [(p.name, t.name) for p in settings.pools for t in settings.tiers]
+    with client.pipeline(transaction=False) as pipe:
+        for pool, tier in pairs:
+            pipe.zrange(keys.active(pool, tier), 0, front - 1)
+        fronts = pipe.execute()
+    heads: list[str] = []
+    with client.pipeline(transaction=False) as pipe:
+        for (pool, tier), tenants in zip(pairs, fronts):
+            for tenant in tenants:
+                lo, hi = tenant_range(tenant.decode())
+                pipe.zrangebylex(keys.index(pool, tier), lo, hi, start=0, num=1)
+                heads.append(tier)
+        found = pipe.execute() if heads else []
+    out: dict[str, float] = {}
+    for tier, head in zip(heads, found):
+        if head:
+            age = max(0.0, float(now_ms - IndexEntry.decode(head[0]).enqueued_ms))
+            out[tier] = max(out.get(tier, 0.0), age)
+    return out
+
+
 class OverloadController:
     """One worker's share of the controller (thread-safe ``tick``; ``start`` runs it)."""
 
@@ -139,7 +167,8 @@ class OverloadController:
         now_ms = int(sample["ts_ms"])
         window_ms = int(o.window_s * 1000)
         tpm = {p.name: float(p.tpm) for p in self.settings.pools}
-        signals = measure(sample, baseline(samples, now_ms, window_ms), tpm, depth, o.error_min_calls)
+        oldest = oldest_waits(self.client, self.keys, self.settings, now_ms)
+        signals = measure(sample, baseline(samples, now_ms, window_ms), tpm, depth, o.error_min_calls, oldest)
         target, reason = target_level(signals, o, {t.name: t.max_wait_ms for t in self.settings.tiers})
         seen, level = hysteresis(state.seen, target, now_ms, int(o.hold_s * 1000))
         if level > target:

@@ -37,11 +37,14 @@ class Signals:
     calls: dict[str, int] = field(default_factory=dict)                  # pool -> upstream calls in the window
     queue_depth: int = 0                                                  # tasks queued now, every tier/pool
     wait_ms: dict[str, float | None] = field(default_factory=dict)       # tier -> mean wait of its dispatches
+    # tier -> age of the oldest queued task among the tenants next in line (every pool)
+    oldest_wait_ms: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"window_ms": self.window_ms, "utilisation": self.utilisation,
                 "error_rate": self.error_rate, "calls": self.calls,
-                "queue_depth": self.queue_depth, "wait_ms": self.wait_ms}
+                "queue_depth": self.queue_depth, "wait_ms": self.wait_ms,
+                "oldest_wait_ms": self.oldest_wait_ms}
 
 
 def baseline(samples: Sequence[Sample], now_ms: int, window_ms: int) -> Sample | None:
@@ -62,13 +65,14 @@ def _delta(now: Mapping[str, Any], old: Mapping[str, Any], name: str) -> float:
 
 
 def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_depth: int,
-            min_calls: int) -> Signals:
-    """The signals between two samples (``old`` None: only the queue depth is known)."""
+            min_calls: int, oldest_wait_ms: Mapping[str, float] | None = None) -> Signals:
+    """The signals between two samples (``old`` None: only the queue's depth and ages are known)."""
+    oldest = dict(oldest_wait_ms or {})
     if old is None:
-        return Signals(queue_depth=queue_depth)
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
     window_ms = int(now["ts_ms"]) - int(old["ts_ms"])
     if window_ms <= 0:
-        return Signals(queue_depth=queue_depth)
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
     util: dict[str, float] = {}
     errors: dict[str, float | None] = {}
     calls: dict[str, int] = {}
@@ -86,7 +90,7 @@ def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_dep
         before = old.get("tiers", {}).get(tier, {})
         n = _delta(counters, before, "dispatched")
         waits[tier] = round(_delta(counters, before, "wait_ms") / n, 1) if n else None
-    return Signals(window_ms, util, errors, calls, queue_depth, waits)
+    return Signals(window_ms, util, errors, calls, queue_depth, waits, oldest)
 
 
 def target_level(signals: Signals, overload: Overload,
@@ -115,6 +119,11 @@ def target_level(signals: Signals, overload: Overload,
         if wait is not None and limit and wait > limit and overload.wait_level:
             ask(overload.wait_level, f"tier {tier} waited {wait / 1000:.1f} s > its max wait "
                                      f"{limit / 1000:g} s")
+    for tier, age in sorted(signals.oldest_wait_ms.items()):
+        limit = max_wait_ms.get(tier)
+        if limit and age > limit and overload.wait_level:
+            ask(overload.wait_level, f"tier {tier}'s oldest queued task has waited {age / 1000:.1f} s "
+                                     f"> its max wait {limit / 1000:g} s")
     return level, reason
 
 

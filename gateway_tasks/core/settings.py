@@ -186,7 +186,8 @@ class Overload:
     error_min_calls: int = 20           # fewer calls in the window: the error rate is not judged
     queue_depth_threshold: int = 10_000  # tasks queued, all tiers and pools: above it -> L4
     queue_depth_level: int = 4
-    # a tier whose dispatched tasks waited past its max_wait_ms (mean over the window)
+    # a tier whose dispatched tasks waited past its max_wait_ms (mean over the window), or
+    # whose oldest queued task (among the tenants next in line) is older than that
     wait_level: int = 3
     # the max_tokens cap of degradable tiers at L1, L2, L3, L4 (0 = no cap)
     max_tokens_caps: tuple[int, ...] = (2048, 1024, 1024, 1024)

@@ -156,6 +156,26 @@ def test_each_level_at_submit(r, gw):
     gw.submit("acme", HELLO)                                    # vip never deferred
 
 
+def test_fallback_map_then_the_pools_fallback_model_at_submit(r, settings):
+    from gateway_tasks.core.settings import Pool
+
+    big = Pool("big", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m-large", "m-mid"),
+               tpm=600_000, rpm=6_000, fallback_model="m-small")
+    small = Pool("small", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m-small",),
+                 tpm=600_000, rpm=6_000)
+    s = settings.with_(pools=(big, small), overload=Overload(fallback_models=(("m-large", "m-mid"),)))
+    g = Gateway(s, client=r)
+    g.register_tenant("pro1", "normal")
+    force_level(r, s, 2)
+    mapped = g.estimate("pro1", HELLO, model="m-large", max_tokens=100)
+    assert (mapped.model, mapped.pool) == ("m-mid", "big")            # the settings map first
+    by_pool = g.estimate("pro1", HELLO, model="m-mid", max_tokens=100)
+    assert (by_pool.model, by_pool.pool) == ("m-small", "small")      # then the pool's fallback_model,
+    handle = g.submit("pro1", HELLO, model="m-mid", max_tokens=100)   # served by another pool
+    assert handle.queue == "gt.normal.small" and handle.model == "m-small"
+    g.app.close()
+
+
 def test_rest_answers_429_with_retry_after_and_status(r, gw):
     key = gw.register_tenant("free2", "batch")
     force_level(r, gw.settings, 3, "pool default utilisation 1.00 >= 0.95")

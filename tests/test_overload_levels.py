@@ -179,6 +179,9 @@ def test_reserved_tier_cannot_be_deferred_and_backups_must_exist():
     pool = Pool("a", base_url="http://x/v1", api_key="k", models=("m",), tpm=1, rpm=1, backup_pools=("zz",))
     with pytest.raises(ConfigError, match="backup_pools"):
         S.with_(pools=(pool,))
+    with pytest.raises(ConfigError, match="fallback_model"):
+        S.with_(pools=(Pool("a", base_url="http://x/v1", api_key="k", models=("m",), tpm=1, rpm=1,
+                            fallback_model="nowhere"),))
 
 
 def test_overload_settings_round_trip_through_toml_and_json(tmp_path):

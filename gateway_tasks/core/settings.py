@@ -294,12 +294,13 @@ class Settings:
             for backup in pool.backup_pools:
                 _require(backup in pool_names and backup != pool.name, f"pool {pool.name!r}",
                          "backup_pools", pool.backup_pools, f"names of other pools among {pool_names}")
-            if pool.fallback_model:
-                _require(pool.fallback_model in pool.models, f"pool {pool.name!r}", "fallback_model",
-                         pool.fallback_model, f"one of the pool's models {list(pool.models)}")
         self.overload.validate()
         self.circuit.validate()
         served = {m for p in self.pools for m in p.models}
+        for pool in self.pools:
+            if pool.fallback_model:
+                _require(pool.fallback_model in served, f"pool {pool.name!r}", "fallback_model",
+                         pool.fallback_model, f"a model some pool serves ({sorted(served)})")
         for src, dst in self.overload.fallback_models:
             # a map entry for a model no pool serves is harmless (never requested); its target
             # must be served, else degrading would turn a servable request into a failing one

@@ -4,11 +4,12 @@
 -- at its queue length limit (tail drop); make its tenant active (or park it when
 -- the tenant is at its concurrency cap); ring the pool's bell.
 --
--- KEYS[1] messages hash (tag -> message)     KEYS[2] the tier's index (sorted set)
+-- KEYS[1] messages hash (tag -> message)     KEYS[2] the tier's index (sorted set; its size is
+--                                            the tier's queue length)
 -- KEYS[3] the tier's active tenants (zset)   KEYS[4] finish tags (tenant -> F)
 -- KEYS[5] parked tenants (tenant -> tier)    KEYS[6] in-flight (tenant -> n)
--- KEYS[7] depth (tier -> queued)             KEYS[8] enqueue sequence
--- KEYS[9] fair hash (tv:<tier>)              KEYS[10] bell list
+-- KEYS[7] enqueue sequence                   KEYS[8] fair hash (tv:<tier>)
+-- KEYS[9] bell list
 -- ARGV[1] tier   ARGV[2] tenant   ARGV[3] delivery tag   ARGV[4] est tokens
 -- ARGV[5] tenant weight (> 0)     ARGV[6] the message (kombu JSON envelope)
 -- ARGV[7] the tier's queue_max_len   ARGV[8] the tier's max in-flight per tenant
@@ -18,19 +19,18 @@
 -- Returns {1, enqueued_ms, depth}  or  {0, depth} when the tier's queue is full.
 
 local tier, tenant, tag = ARGV[1], ARGV[2], ARGV[3]
-local depth = tonumber(redis.call('HGET', KEYS[7], tier)) or 0
+local depth = redis.call('ZCARD', KEYS[2])
 if depth >= tonumber(ARGV[7]) then
   return {0, depth}
 end
 local now = tonumber(ARGV[10]) or gt_now_ms()
-local seq = redis.call('INCR', KEYS[8])
+local seq = redis.call('INCR', KEYS[7])
 local entry = tenant .. '|' .. string.format('%016x', seq) .. '|' .. tag .. '|' .. ARGV[4]
               .. '|' .. now .. '|' .. ARGV[5]
-redis.call('ZADD', KEYS[2], 0, entry)
+redis.call('ZADD', KEYS[2], '0', entry)
 redis.call('HSET', KEYS[1], tag, ARGV[6])
-depth = redis.call('HINCRBY', KEYS[7], tier, 1)
 if not redis.call('ZSCORE', KEYS[3], tenant) and redis.call('HEXISTS', KEYS[5], tenant) == 0 then
-  gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9], tier, tenant, tonumber(ARGV[8]))
+  gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], tier, tenant, tonumber(ARGV[8]))
 end
-gt_ring(KEYS[10], ARGV[9])
-return {1, now, depth}
+gt_ring(KEYS[9], ARGV[9])
+return {1, now, depth + 1}

@@ -4,21 +4,22 @@
 -- pool's TPM/RPM bucket, and record it as dispatched: all in one atomic call.
 -- A dispatcher with several free slots takes up to ARGV[6] tasks in one call,
 -- in exactly the order as many single calls at the same instant would.
+--
 -- It reads small index entries only (lua/enqueue.lua), never a message body,
 -- and hands back a message only when it is small (at most ARGV[5] bytes): a
 -- larger one the dispatcher fetches itself (HGET of the messages hash).  Its
 -- cost does not grow with prompt size, queue depth or the number of tenants:
 -- a fixed number of O(log n) sorted-set and O(1) hash commands, each state hash
--- read once (HMGET) and written once (HSET).
+-- read once (HMGET) and written once (HSET).  Per-tier dispatch statistics are
+-- counted by the dispatcher from the reply (workers/transport.py), not here.
 --
--- for each pool p (P pools), ten keys KEYS[10(p-1)+1] .. KEYS[10p] (the first pool's: KEYS[1] ..
--- KEYS[10]), all under the pool's hash tag:
---   bucket hash (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)   fair hash (v, f:<tier>, tv:<tier>)
---   stats hash   messages hash (tag -> message)   finish tags (tenant -> F)
+-- for each pool p (P pools), eight keys KEYS[8(p-1)+1] .. KEYS[8p] (the first pool's: KEYS[1] ..
+-- KEYS[8]), all under the pool's hash tag:
+--   bucket hash (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
+--   fair hash (v, f:<tier>, tv:<tier>)   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
---   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease
---   expiry, s)   depth (tier -> n)
--- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[10P+2(q-1)+1]:
+--   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, s)
+-- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[8P+2(q-1)+1]:
 --   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag)
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
@@ -26,10 +27,8 @@
 -- ARGV[5] largest message (bytes) handed back inline   ARGV[6] most tasks to dispatch (>= 1)
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers may use)
--- then per queue, 11 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
---                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight,
---                          and the pool stats fields its dispatches count in: dispatched,
---                          estimated tokens, queue wait ms (gateway_tasks/core/stats.py)
+-- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
+--                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
 --
 -- Returns {n, wait_ms, then per task dispatched (n >= 1) ten values: message, queue index,
 --          now_ms, est_tokens, enqueued_ms, tenant, tag, pool tokens debited so far (with
@@ -41,95 +40,102 @@
 local policy = ARGV[1]
 local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
-local lease_ms = tonumber(ARGV[4])
-local inline_max_b = tonumber(ARGV[5])
-local max_picks = tonumber(ARGV[6])
 local wfq = policy == 'wfq'
 local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
+local PK, QK, PA, QA = 8, 2, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
 
--- per queue: its tier name and pool; the rest of its ARGV is read when it has a candidate
+-- per queue: its tier and pool; the rest of its ARGV is read once it has a candidate
 local queues = {}
-local qarg = 7 + 5 * P
+local qarg = 7 + PA * P
 for q = 1, Q do
-  local a = qarg + 11 * (q - 1)
+  local a = qarg + QA * (q - 1)
   queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
-               index = KEYS[10 * P + 2 * q - 1], active = KEYS[10 * P + 2 * q]}
+               index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q]}
 end
 
--- pools: refilled bucket levels and fair state, read once each
-local pools = {}
-for p = 1, P do
-  local base, a = 10 * (p - 1), 7 + 5 * (p - 1)
-  local pool = {
-    bucket = KEYS[base + 1], fair = KEYS[base + 2], stats = KEYS[base + 3],
-    messages = KEYS[base + 4], finish = KEYS[base + 5], parked = KEYS[base + 6],
-    inflight = KEYS[base + 7], dispatched = KEYS[base + 8], dispatched_at = KEYS[base + 9],
-    depth = KEYS[base + 10],
-    tcap = tonumber(ARGV[a]), trate = tonumber(ARGV[a + 1]),
-    rcap = tonumber(ARGV[a + 2]), rrate = tonumber(ARGV[a + 3]),
-    reserve = tonumber(ARGV[a + 4]),
-  }
-  local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms',
-                       'debited_tokens', 'dispatches')
-  local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
-  if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
-  local dt = math.max(0, now - ts)
-  pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
-  pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
-  pool.blocked_until = tonumber(b[4]) or 0
-  pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
-  -- the fair fields of this pool's tiers: v, then f:<tier>, tv:<tier> per queue
-  local fields = {'v'}
-  for q = 1, Q do
-    if queues[q].pool == p then
-      fields[#fields + 1] = 'f:' .. queues[q].tier
-      fields[#fields + 1] = 'tv:' .. queues[q].tier
-    end
-  end
-  local f = redis.call('HMGET', pool.fair, unpack(fields))
-  pool.v = tonumber(f[1]) or 0
-  local i = 2
-  for q = 1, Q do
-    if queues[q].pool == p then
-      queues[q].f, queues[q].tv = tonumber(f[i]) or 0, tonumber(f[i + 1]) or 0
-      i = i + 2
-    end
-  end
-  pools[p] = pool
-end
-
--- a queue's candidate: the oldest task of its active tenant with the smallest
--- start tag (false: none).  A tenant in the active set is under its cap (it is
--- parked when it reaches it) and has queued work (it leaves when it has none).
+-- a queue's candidate: the oldest task of the active tenant first in line
+-- (false: none).  A tenant in the active set is under its cap (it is parked
+-- when it reaches it) and has queued work (it leaves when it has none).  Its
+-- start tag (the set's score) is read only for the task dispatched.
 -- (known_tenant, known_head: a tenant whose head entry the caller just read)
-local function candidate(qd, known_tenant, known_head)
+local function candidate(qd, known_tenant, known_head, known_start)
   for _ = 1, MAX_ROUNDS do
-    local top = redis.call('ZRANGE', qd.active, 0, 0, 'WITHSCORES')
-    if #top == 0 then return false end
+    local top = redis.call('ZRANGE', qd.active, '0', '0')
     local tenant = top[1]
-    local entry
-    if tenant == known_tenant then entry = known_head else entry = gt_tenant_head(qd.index, tenant) end
+    if not tenant then return false end
+    local entry, start
+    if tenant == known_tenant then
+      entry, start = known_head, known_start
+    else
+      entry = gt_tenant_head(qd.index, tenant)
+    end
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,
-              est = tonumber(est) or 0, enq = tonumber(enq) or now,
-              tweight = math.max(tonumber(w) or 1, 1e-9)}
+      return {entry = entry, tenant = tenant, start = start, tag = tag,
+              est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w}
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end
   return false
 end
 
--- the rest of a queue's ARGV, once it has a candidate
-local function configure(qd)
-  if qd.weight then return end
-  local a = qd.a
-  qd.weight, qd.alpha = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  qd.share, qd.max_wait = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  qd.reserved, qd.tenant_max = ARGV[a + 6] == '1', tonumber(ARGV[a + 7])
+local any_message = false
+for q = 1, Q do
+  local qd = queues[q]
+  qd.c = candidate(qd)
+  if qd.c then
+    any_message = true
+    local a = qd.a
+    qd.weight, qd.alpha = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    qd.share, qd.max_wait = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+    qd.reserved, qd.tenant_max = ARGV[a + 6] == '1', tonumber(ARGV[a + 7])
+    qd.taken = 0
+  end
+end
+if not any_message then return {0, -1} end
+
+-- pools with a candidate: refilled bucket levels and fair state, read once each
+local pools = {}
+for p = 1, P do
+  local base, a = PK * (p - 1), 7 + PA * (p - 1)
+  local pool = {
+    bucket = KEYS[base + 1], fair = KEYS[base + 2], messages = KEYS[base + 3],
+    finish = KEYS[base + 4], parked = KEYS[base + 5], inflight = KEYS[base + 6],
+    dispatched = KEYS[base + 7], dispatched_at = KEYS[base + 8],
+  }
+  pools[p] = pool
+  local fields = {'v'}
+  for q = 1, Q do
+    local qd = queues[q]
+    if qd.pool == p and qd.c then fields[#fields + 1] = 'f:' .. qd.tier end
+  end
+  if #fields > 1 then
+    pool.live = true
+    pool.tcap, pool.trate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    pool.rcap, pool.rrate = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    pool.reserve = tonumber(ARGV[a + 4])
+    local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms',
+                         'debited_tokens', 'dispatches')
+    local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+    if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
+    local dt = math.max(0, now - ts)
+    pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
+    pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
+    pool.blocked_until = tonumber(b[4]) or 0
+    pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
+    if wfq then
+      local f = redis.call('HMGET', pool.fair, unpack(fields))
+      pool.v = tonumber(f[1]) or 0
+      local i = 2
+      for q = 1, Q do
+        local qd = queues[q]
+        if qd.pool == p and qd.c then qd.f, i = tonumber(f[i]) or 0, i + 1 end
+      end
+    end
+  end
 end
 
 -- the policy's score of a candidate: larger wins
@@ -213,18 +219,6 @@ local function choose()
   return best, wait_ms
 end
 
-local any_message = false
-for q = 1, Q do
-  local qd = queues[q]
-  qd.c = candidate(qd)
-  if qd.c then
-    any_message = true
-    configure(qd)
-    qd.taken, qd.est_sum, qd.wait_sum = 0, 0, 0
-  end
-end
-if not any_message then return {0, -1} end
-
 -- the next queue to dispatch from, with a slot of its tenant taken; a tenant
 -- found at its cap (the cap was lowered, or it runs in another tier too) is
 -- parked and the choice made again.  nil, wait_ms when none is admissible.
@@ -235,12 +229,14 @@ local function next_dispatch()
     if best == nil then return nil, wait_ms end
     local qd = queues[best]
     local pool = pools[qd.pool]
-    local n = redis.call('HINCRBY', pool.inflight, qd.c.tenant, 1)
+    local c = qd.c
+    local n = redis.call('HINCRBY', pool.inflight, c.tenant, '1')
     if qd.tenant_max <= 0 or n <= qd.tenant_max then return best, n end
-    redis.call('HINCRBY', pool.inflight, qd.c.tenant, -1)
-    redis.call('ZREM', qd.active, qd.c.tenant)
-    redis.call('HSET', pool.parked, qd.c.tenant, qd.tier)
-    redis.call('HSET', pool.finish, qd.c.tenant, qd.c.start)   -- back in line where it left
+    redis.call('HINCRBY', pool.inflight, c.tenant, '-1')
+    local start = c.start or redis.call('ZSCORE', qd.active, c.tenant)
+    redis.call('ZREM', qd.active, c.tenant)
+    redis.call('HSET', pool.parked, c.tenant, qd.tier)
+    if start then redis.call('HSET', pool.finish, c.tenant, start) end   -- back in line where it left
     qd.c = candidate(qd)
   end
   return nil, wait_ms
@@ -249,12 +245,15 @@ end
 -- dispatch queue q's candidate (its tenant's slot taken: n in flight): take the
 -- entry, debit the bucket and advance both fair states (in memory, written back
 -- once below), put the tenant's next task in line, record the lease
+local lease_ms, inline_max_b = tonumber(ARGV[4]), tonumber(ARGV[5])
+local now_s = tostring(now)
 local out = {0, 0}
 local function dispatch(q, n)
   local qd = queues[q]
   local c = qd.c
   local pool = pools[qd.pool]
   local est = math.min(c.est, pool.tcap)
+  local start = c.start or tonumber(redis.call('ZSCORE', qd.active, c.tenant)) or 0
   redis.call('ZREM', qd.index, c.entry)
   pool.tokens, pool.requests = pool.tokens - est, pool.requests - 1
   -- running totals: sync_limits.lua subtracts what was dispatched after this task
@@ -262,16 +261,15 @@ local function dispatch(q, n)
   pool.debited, pool.dispatches = pool.debited + est, pool.dispatches + 1
   pool.touched = true
   if wfq then
-    local start = math.max(pool.v, qd.f)
+    local s = math.max(pool.v, qd.f)
     -- a reserved tier going around a winner that waits for tokens leaves v alone
-    if not qd.bypass then pool.v = start end
-    qd.f = start + est / qd.share
+    if not qd.bypass then pool.v = s end
+    qd.f = s + est / qd.share
   end
-  qd.bypass = nil
   -- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
   -- the tenant's next task starts where this one finishes
-  qd.tv = c.start
-  local finish = c.start + est / c.tweight
+  qd.tv = start
+  local finish = start + est / math.max(tonumber(c.w) or 1, 1e-9)
   local next_entry = gt_tenant_head(qd.index, c.tenant)
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
     redis.call('ZADD', qd.active, finish, c.tenant)   -- its next task, in line at its finish tag
@@ -281,9 +279,10 @@ local function dispatch(q, n)
     redis.call('ZREM', qd.active, c.tenant)
     redis.call('HSET', pool.finish, c.tenant, finish)
     if next_entry then redis.call('HSET', pool.parked, c.tenant, qd.tier) end
+    next_entry = nil
   end
-  qd.taken, qd.est_sum, qd.wait_sum = qd.taken + 1, qd.est_sum + est, qd.wait_sum + (now - c.enq)
-  redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now .. '|' .. c.entry)
+  qd.taken = qd.taken + 1
+  redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now_s .. '|' .. c.entry)
   redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
   local size = redis.call('HSTRLEN', pool.messages, c.tag)
   local message = ''
@@ -293,36 +292,29 @@ local function dispatch(q, n)
   out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] =
     c.tenant, c.tag, tostring(pool.debited), pool.dispatches, size
   out[1] = out[1] + 1
-  qd.c = candidate(qd, c.tenant, next_entry)
+  qd.c = candidate(qd, c.tenant, next_entry, finish)
 end
 
 local wait_ms = nil
-for _ = 1, max_picks do
+for _ = 1, tonumber(ARGV[6]) do
   local q, n = next_dispatch()
   if q == nil then wait_ms = n break end
   dispatch(q, n)
 end
 
--- write back what the dispatches changed: buckets, fair states, depth, stats
+-- write back what the dispatches changed: buckets and fair states
 for p = 1, P do
   local pool = pools[p]
   if pool.touched then
-    redis.call('HSET', pool.bucket, 'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now,
+    redis.call('HSET', pool.bucket, 'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now_s,
                'debited_tokens', pool.debited, 'dispatches', pool.dispatches)
     local fields = {}
     if wfq then fields = {'v', pool.v} end
     for q = 1, Q do
       local qd = queues[q]
       if qd.pool == p and qd.taken and qd.taken > 0 then
-        if wfq then
-          fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f
-        end
+        if wfq then fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f end
         fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv
-        local a = qd.a
-        redis.call('HINCRBY', pool.depth, qd.tier, -qd.taken)
-        redis.call('HINCRBY', pool.stats, ARGV[a + 8], qd.taken)
-        redis.call('HINCRBY', pool.stats, ARGV[a + 9], qd.est_sum)
-        redis.call('HINCRBY', pool.stats, ARGV[a + 10], qd.wait_sum)
       end
     end
     redis.call('HSET', pool.fair, unpack(fields))

@@ -24,10 +24,22 @@ local function gt_bucket(key, tcap, trate, rcap, rrate, now_ms)
   return gt_refill(tokens, tcap, trate, dt), gt_refill(requests, rcap, rrate, dt), tonumber(b[4]) or 0
 end
 
+-- A bucket level lowered to what the upstream reported left (x-ratelimit-remaining-*):
+-- only ever lowers.  The reply cannot have seen what was dispatched after its task, so the
+-- pool's running totals since (now - at the task's dispatch) are taken off the report first.
+-- remaining / at_dispatch = -1: not reported / unknown.  totals: HMGET of the bucket's
+-- debited_tokens, dispatches.
+local function gt_follow_remaining(level, remaining, at_dispatch, total_now)
+  if remaining < 0 then return level end
+  if at_dispatch >= 0 then remaining = remaining - math.max(0, (tonumber(total_now) or 0) - at_dispatch) end
+  if remaining < level then return math.max(0, remaining) end
+  return level
+end
+
 -- Ring the bell list: one wake-up token, keeping at most max_tokens.
 local function gt_ring(bell_key, max_tokens)
   redis.call('LPUSH', bell_key, '1')
-  redis.call('LTRIM', bell_key, 0, tonumber(max_tokens) - 1)
+  redis.call('LTRIM', bell_key, '0', tonumber(max_tokens) - 1)
 end
 
 -- Tenant fair queuing inside a tier: make a tenant with queued work eligible.
@@ -50,6 +62,6 @@ end
 -- The first index entry of a tenant (its oldest queued task), or nil.
 local function gt_tenant_head(index_key, tenant)
   local found = redis.call('ZRANGEBYLEX', index_key, '[' .. tenant .. '|', '[' .. tenant .. '|\255',
-                           'LIMIT', 0, 1)
+                           'LIMIT', '0', '1')
   return found[1]
 end

@@ -8,9 +8,9 @@
 --
 -- KEYS[1] dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched-at zset
 -- KEYS[3] messages hash     KEYS[4] in-flight (tenant -> n)   KEYS[5] parked (tenant -> tier)
--- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] depth (tier -> n)
--- KEYS[9] bell list         KEYS[10] stats hash
--- then for each tier t of the pool (T tiers), two keys from KEYS[11]: its index, its active tenants
+-- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] bell list
+-- KEYS[9] stats hash
+-- then for each tier t of the pool (T tiers), two keys from KEYS[10]: its index, its active tenants
 -- ARGV[1] delivery tag   ARGV[2] mode: 'ack' (forget it) | 'requeue' (put it back)
 -- ARGV[3] max bell tokens kept   ARGV[4] T
 -- ARGV[5] the dispatch's token (its dispatch ms) or '' for whichever dispatch holds the tag
@@ -26,7 +26,7 @@ local record = redis.call('HGET', KEYS[1], tag)
 if not record then return {0} end
 local _, _, tier, token, entry = string.find(record, '^([^|]+)|([^|]+)|(.*)$')
 if ARGV[5] ~= '' and ARGV[5] ~= token then
-  redis.call('HINCRBY', KEYS[10], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
   return {2}
 end
 if ARGV[7] == '1' then
@@ -37,7 +37,7 @@ local _, _, tenant = string.find(entry, '^([^|]+)|')
 local index_key, active_key, cap = nil, nil, 0
 for t = 1, tonumber(ARGV[4]) do
   if ARGV[7 + 2 * t - 1] == tier then
-    index_key, active_key = KEYS[10 + 2 * t - 1], KEYS[10 + 2 * t]
+    index_key, active_key = KEYS[9 + 2 * t - 1], KEYS[9 + 2 * t]
     cap = tonumber(ARGV[7 + 2 * t])
   end
 end
@@ -51,8 +51,7 @@ if index_key == nil then
   return {1, tenant, tier}
 end
 if mode == 'requeue' then
-  redis.call('ZADD', index_key, 0, entry)
-  redis.call('HINCRBY', KEYS[8], tier, 1)
+  redis.call('ZADD', index_key, '0', entry)
 else
   redis.call('HDEL', KEYS[3], tag)
 end
@@ -68,5 +67,5 @@ if not redis.call('ZSCORE', active_key, tenant) then
 elseif not has_work then
   redis.call('HDEL', KEYS[5], tenant)
 end
-if woke or mode == 'requeue' then gt_ring(KEYS[9], ARGV[3]) end
+if woke or mode == 'requeue' then gt_ring(KEYS[8], ARGV[3]) end
 return {1, tenant, tier}

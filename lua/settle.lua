@@ -1,7 +1,9 @@
 -- uses: prelude
 -- settle.lua: after an upstream call, correct the pool's bucket from the
--- estimate debited at dispatch to the usage the upstream reported, update the
--- tenant's learned completion length, and ring the bell when tokens came back.
+-- estimate debited at dispatch to the usage the upstream reported, lower it to
+-- what the reply's rate-limit headers say is left (as lua/sync_limits.lua: one
+-- call where there used to be two), update the tenant's learned completion
+-- length, and ring the bell when tokens came back.
 --
 -- KEYS[1] bucket hash of the pool (tokens, requests, ts_ms, blocked_until_ms)
 -- KEYS[2] stats hash of the pool
@@ -16,8 +18,11 @@
 -- ARGV[11] 1 = also give back the request slot (the upstream never saw the request)
 -- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed
 --          calls (the tier's, named in gateway_tasks/core/stats.py)
+-- ARGV[14] remaining tokens reported   ARGV[15] remaining requests reported (-1 = not reported)
+-- ARGV[16] the pool's debited_tokens and ARGV[17] its dispatches right after this task was
+--          dispatched (-1 = unknown)
 --
--- Returns the bucket's token level after the correction (as a string).
+-- Returns {tokens, requests, now_ms} after the correction (as strings; now_ms on the Redis clock).
 
 local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -27,6 +32,11 @@ local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local refund = est - actual
 tokens = math.min(tcap, tokens + refund)
 if ARGV[11] == '1' then requests = math.min(rcap, requests + 1) end
+if ARGV[14] ~= '-1' or ARGV[15] ~= '-1' then
+  local totals = redis.call('HMGET', KEYS[1], 'debited_tokens', 'dispatches')
+  tokens = gt_follow_remaining(tokens, tonumber(ARGV[14]), tonumber(ARGV[16]), totals[1])
+  requests = gt_follow_remaining(requests, tonumber(ARGV[15]), tonumber(ARGV[17]), totals[2])
+end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
 if actual > 0 then
   redis.call('HINCRBY', KEYS[2], ARGV[12], actual)
@@ -43,4 +53,4 @@ end
 if refund > 0 then
   gt_ring(KEYS[4], ARGV[10])
 end
-return tostring(tokens)
+return {tostring(tokens), tostring(requests), tostring(now)}

@@ -18,12 +18,8 @@ local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = gt_now_ms()
 local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
-local rt, rr = tonumber(ARGV[5]), tonumber(ARGV[6])
-local since_t, since_r = tonumber(ARGV[7]), tonumber(ARGV[8])
 local totals = redis.call('HMGET', KEYS[1], 'debited_tokens', 'dispatches')
-if rt >= 0 and since_t >= 0 then rt = rt - math.max(0, (tonumber(totals[1]) or 0) - since_t) end
-if rr >= 0 and since_r >= 0 then rr = rr - math.max(0, (tonumber(totals[2]) or 0) - since_r) end
-if ARGV[5] ~= '-1' and rt < tokens then tokens = math.max(0, rt) end
-if ARGV[6] ~= '-1' and rr < requests then requests = math.max(0, rr) end
+tokens = gt_follow_remaining(tokens, tonumber(ARGV[5]), tonumber(ARGV[7]), totals[1])
+requests = gt_follow_remaining(requests, tonumber(ARGV[6]), tonumber(ARGV[8]), totals[2])
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'requests', requests, 'ts_ms', now)
 return {tostring(tokens), tostring(requests)}

@@ -7,8 +7,8 @@
 -- task is queued again rather than lost.  The tenants' active entries are left as
 -- they are: pick.lua drops a tenant that has no queued work.
 --
--- KEYS[1] the tier's index (sorted set of entries)   KEYS[2] messages hash (tag -> message)
--- KEYS[3] depth hash (tier -> queued)                KEYS[4] the pool's moving journal
+-- KEYS[1] the tier's index (sorted set of entries; its size is the tier's queue length)
+-- KEYS[2] messages hash (tag -> message)             KEYS[3] the pool's moving journal
 -- ARGV[1] tier   ARGV[2] N (most tasks taken; 0 = only the stale journal records)
 -- ARGV[3] stale_ms
 --
@@ -18,13 +18,13 @@
 local tier, n, stale_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = gt_now_ms()
 local out = {}
-local journal = redis.call('HGETALL', KEYS[4])
+local journal = redis.call('HGETALL', KEYS[3])
 for i = 1, #journal, 2 do
   local ok, record = pcall(cjson.decode, journal[i + 1])
   if ok and type(record) == 'table' and (tonumber(record.ts_ms) or 0) < now - stale_ms then
     record.ts_ms = now
     local text = cjson.encode(record)
-    redis.call('HSET', KEYS[4], journal[i], text)
+    redis.call('HSET', KEYS[3], journal[i], text)
     out[#out + 1] = text
   end
 end
@@ -32,12 +32,11 @@ if n > 0 then
   for _, entry in ipairs(redis.call('ZRANGE', KEYS[1], 0, n - 1)) do
     local _, _, tag = string.find(entry, '^[^|]+|[^|]+|([^|]+)|')
     redis.call('ZREM', KEYS[1], entry)
-    redis.call('HINCRBY', KEYS[3], tier, -1)
     local message = tag and redis.call('HGET', KEYS[2], tag)
     if message then
       redis.call('HDEL', KEYS[2], tag)
       local text = cjson.encode({tier = tier, tag = tag, entry = entry, message = message, ts_ms = now})
-      redis.call('HSET', KEYS[4], tag, text)
+      redis.call('HSET', KEYS[3], tag, text)
       out[#out + 1] = text
     end
   end

@@ -240,8 +240,8 @@ def test_rescuer_moves_queued_vip_off_a_drained_pool_and_leaves_the_others(r, se
     assert rescuer.tick() == 0                               # the pool is fine: nothing moves
     PoolBucket(r, keys, s.pool("default")).drain(10_000)     # as a 429 with Retry-After 10 s does
     assert rescuer.tick() == 3
-    assert int(r.hget(keys.depth("default"), "vip")) == 0 and int(r.hget(keys.depth("default"), "normal")) == 2
-    assert int(r.hget(keys.depth("backup"), "vip")) == 3 and r.hlen(keys.moving("default")) == 0
+    assert r.zcard(keys.index("default", "vip")) == 0 and r.zcard(keys.index("default", "normal")) == 2
+    assert r.zcard(keys.index("backup", "vip")) == 3 and r.hlen(keys.moving("default")) == 0
     moved = queued_messages(r, keys, "backup", "vip")
     assert sorted(m["headers"]["id"] for m in moved) == sorted(h.id for h in vip)   # same task ids
     import base64
@@ -267,14 +267,13 @@ def test_a_move_whose_mover_died_is_queued_again_not_lost(r, settings):
     gw.submit("acme", "survive a dead mover", max_tokens=5)
     scripts = scripts_for(r)
     taken = scripts.run(WithdrawCall(keys, "default", "vip", 10))   # a mover takes it... and dies
-    assert len(taken) == 1 and int(r.hget(keys.depth("default"), "vip")) == 0
+    assert len(taken) == 1 and r.zcard(keys.index("default", "vip")) == 0
     assert scripts.run(WithdrawCall(keys, "default", "vip", 0)) == []        # not stale yet
     time.sleep(0.01)
     stale = scripts.run(WithdrawCall(keys, "default", "vip", 0, stale_ms=5))  # later: handed out again
     assert [x["tag"] for x in stale] == [taken[0]["tag"]]
     Rescuer(r, s)._place(s.pool("default"), stale[0], None, "")              # no backup now: back home
-    assert int(r.hget(keys.depth("default"), "vip")) == 1 and r.hlen(keys.moving("default")) == 0
-    assert r.zcard(keys.index("default", "vip")) == 1
+    assert r.zcard(keys.index("default", "vip")) == 1 and r.hlen(keys.moving("default")) == 0
 
 
 @pytest.mark.slow

@@ -41,7 +41,8 @@ def test_stats_bucket_queues_and_inflight(r, settings):
     now = redis_now_ms(r)
     r.hset(keys.bucket(pool.name), mapping={"tokens": 1234.5, "requests": 7, "ts_ms": now - 1_000,
                                             "blocked_until_ms": now + 5_000})
-    r.hset(keys.depth(pool.name), mapping={"vip": 3, "batch": 1})
+    for tier, n in (("vip", 3), ("batch", 1)):   # a tier's queue length is its index's size
+        r.zadd(keys.index(pool.name, tier), {f"t|{i:016x}|tag{i}|1|0|1": 0 for i in range(n)})
     tenants = TenantRegistry(r, settings)
     tenants.register("acme", "vip")
     tenants.register("bigco", "enterprise")

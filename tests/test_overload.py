@@ -89,10 +89,12 @@ def test_utilisation_raises_the_level_at_once_and_it_falls_after_the_hold(r, fas
 
 def test_queue_depth_and_error_rate_levels(r, fast):
     keys = Keys(fast.key_prefix)
-    c = OverloadController(r, fast)
-    r.hset(keys.depth("default"), "batch", 10_001)
-    assert c.tick().level == 4
-    r.hset(keys.depth("default"), "batch", 0)
+    few = fast.with_(overload=Overload(tick_s=0.2, window_s=1.0, hold_s=1.0, queue_depth_threshold=5))
+    c = OverloadController(r, few)
+    r.zadd(keys.index("default", "batch"), {f"t|{i:016x}|tag{i}|1|0|1": 0 for i in range(6)})
+    d = c.tick()
+    assert d.level == 4 and "6 tasks queued > 5" in d.reason
+    r.delete(keys.index("default", "batch"))
     other = fast.with_(key_prefix=fast.key_prefix + "e:")
     ke = Keys(other.key_prefix)
     ce = OverloadController(r, other)
@@ -143,11 +145,11 @@ def test_each_level_at_submit(r, gw):
         assert req.degradation == {"level": level, "requested_max_tokens": 4000, "requested_model": "gpt-4o"}
         vip = gw.estimate("acme", HELLO, model="gpt-4o", max_tokens=4000)
         assert (vip.max_tokens, vip.model, vip.degradation) == (4000, "gpt-4o", {})
-    depth_before = r.hget(keys.depth("default"), "batch")
+    depth_before = r.zcard(keys.index("default", "batch"))
     with pytest.raises(Deferred) as exc:                       # L3: batch deferred
         gw.submit("free1", HELLO)
     assert exc.value.retry_after_s == 600 and exc.value.level == 3 and "batch" in exc.value.reason
-    assert r.hget(keys.depth("default"), "batch") == depth_before   # nothing enqueued
+    assert r.zcard(keys.index("default", "batch")) == depth_before   # nothing enqueued
     gw.submit("pro1", HELLO)                                    # normal still taken at L3
     force_level(r, gw.settings, 4)
     with pytest.raises(Deferred) as exc:

@@ -249,7 +249,7 @@ def test_pick_records_unacked_atomically(r, settings):
     assert int(token) == got.dispatched_ms                      # the dispatch's token
     assert r.zscore(keys.dispatched_at("default"), tag) is not None
     assert json.loads(r.hget(keys.messages("default"), tag))["properties"]["delivery_tag"] == tag
-    assert r.zcard(keys.index("default", "vip")) == 0 and r.hget(keys.depth("default"), "vip") == b"0"
+    assert r.zcard(keys.index("default", "vip")) == 0
     assert int(r.hget(keys.inflight("default"), got.tenant)) == 1
     assert got.payload["headers"]["gt_disp_ms"] >= got.payload["headers"]["gt_enq_ms"]
 
@@ -326,6 +326,34 @@ def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     stale = bucket.sync({"x-ratelimit-remaining-tokens": "2500"},
                         a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
     assert stale[0] <= 500 + 5                            # 2500 seen at a, minus b's 2000
+
+
+def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, settings):
+    """The worker's one call after an upstream reply: refund to the real usage, then lower
+    to what the reply says is left minus what was dispatched after it, and the Redis time."""
+    from gateway_tasks.core.clock import redis_now_ms as now_ms
+    from gateway_tasks.core.request import HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES
+    from workers.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)
+    s, plan = make(settings, "wfq", pools=(pool,))
+    bucket = PoolBucket(r, Keys(s.key_prefix), pool)
+    push(r, s, "vip", est=1_000, tenant="a")
+    push(r, s, "vip", est=2_000, tenant="b")
+    a, b = pick(r, plan), pick(r, plan)
+    assert (a.tenant, b.tenant) == ("a", "b")
+    common = dict(est_tokens=1_000, tier="vip", tenant_id="a", model="m", completion_tokens=100,
+                  debited_tokens_at_dispatch=a.payload["headers"][HEADER_POOL_DEBITED],
+                  dispatches_at_dispatch=a.payload["headers"][HEADER_POOL_DISPATCHES])
+    # no headers: a refund of 700 only (~3000 + 700 left)
+    before = now_ms(r)
+    plain = bucket.settle_reply(actual_tokens=300, **common)
+    assert 3_700 - 5 <= plain.tokens <= 3_700 + 50 and plain.now_ms >= before
+    # the reply says 2500 left when it answered a: b's 2000 came after, so 500 is left
+    followed = bucket.settle_reply(actual_tokens=1_000, headers={"x-ratelimit-remaining-tokens": "2500",
+                                                                  "x-ratelimit-remaining-requests": "50"},
+                                   **common)
+    assert followed.tokens <= 500 + 5 and followed.requests <= 49
 
 
 def test_drain_blocks_the_pool_until_retry_after(r, settings):

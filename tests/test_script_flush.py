@@ -67,8 +67,8 @@ def test_producer_enqueue_after_flush(gw, client):
     first = gw.submit("acme", "one", max_tokens=5)
     flush(client)
     second = gw.submit("acme", "two", max_tokens=5)
-    depth = client.hget(Keys(gw.settings.key_prefix).depth("default"), second.tier)
-    assert first.queue == second.queue and int(depth) == 2
+    depth = client.zcard(Keys(gw.settings.key_prefix).index("default", second.tier))
+    assert first.queue == second.queue and depth == 2
 
 
 def test_pick_through_the_event_loop_and_basic_get_after_flush(gw, client, monkeypatch):

@@ -13,7 +13,7 @@ import redis
 from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
-from workers.bucket_calls import DrainCall, SettleCall, SyncLimitsCall
+from workers.bucket_calls import DrainCall, SettleCall, Settled, SyncLimitsCall
 
 LEARN_EWMA_WEIGHT = 0.2
 
@@ -84,10 +84,27 @@ class PoolBucket:
     def settle(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
                model: str, completion_tokens: int, learn: bool = True,
                reached_upstream: bool = True) -> float:
+        """Correct the bucket to the real usage; returns its token level after."""
+        return self.settle_reply(est_tokens=est_tokens, actual_tokens=actual_tokens, tier=tier,
+                                 tenant_id=tenant_id, model=model, completion_tokens=completion_tokens,
+                                 learn=learn, reached_upstream=reached_upstream).tokens
+
+    def settle_reply(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
+                     model: str, completion_tokens: int, learn: bool = True,
+                     reached_upstream: bool = True, headers: Mapping[str, str] | None = None,
+                     debited_tokens_at_dispatch: float | None = None,
+                     dispatches_at_dispatch: int | None = None) -> Settled:
+        """Correct the bucket to the real usage and, in the same call, follow the reply's
+        x-ratelimit-remaining-* (``headers``; minus what was dispatched after the task:
+        pass the pool's totals pick.lua reported with it)."""
+        rem = remaining_from_headers(headers or {})
         return self.scripts.run(SettleCall(
             self.keys, self.pool, tier=tier, tenant_id=tenant_id, model=model,
             est_tokens=est_tokens, actual_tokens=actual_tokens, completion_tokens=completion_tokens,
-            learn_weight=LEARN_EWMA_WEIGHT if learn else 0, give_back_request=not reached_upstream))
+            learn_weight=LEARN_EWMA_WEIGHT if learn else 0, give_back_request=not reached_upstream,
+            remaining_tokens=rem.tokens, remaining_requests=rem.requests,
+            debited_tokens_at_dispatch=debited_tokens_at_dispatch,
+            dispatches_at_dispatch=dispatches_at_dispatch))
 
     def sync(self, headers: Mapping[str, str], debited_tokens_at_dispatch: float | None = None,
              dispatches_at_dispatch: int | None = None) -> tuple[float, float] | None:

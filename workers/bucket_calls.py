@@ -45,6 +45,12 @@ class SettleCall(PoolCall):
     learn_weight: float          # EWMA weight of the learned completion length (0 = do not learn)
     give_back_request: bool      # the upstream never saw the request: refund its slot too
     bell_max: int = BELL_MAX
+    # what the reply's x-ratelimit-remaining-* said (None: not reported), and the pool's
+    # running totals right after the task was dispatched (None: unknown)
+    remaining_tokens: float | None = None
+    remaining_requests: float | None = None
+    debited_tokens_at_dispatch: float | None = None
+    dispatches_at_dispatch: int | None = None
 
     @property
     def script_keys(self) -> list[str]:
@@ -57,17 +63,27 @@ class SettleCall(PoolCall):
                 learned_field(self.tenant_id, self.model),
                 self.completion_tokens, self.learn_weight, self.bell_max,
                 1 if self.give_back_request else 0,
-                tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier)]
+                tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier),
+                *(_given(v) for v in (self.remaining_tokens, self.remaining_requests,
+                                      self.debited_tokens_at_dispatch, self.dispatches_at_dispatch))]
 
-    def parse(self, reply: Any) -> float:
-        """The bucket's token level after the correction."""
-        return float(reply)
+    def parse(self, reply: Any) -> "Settled":
+        return Settled(float(reply[0]), float(reply[1]), int(reply[2]))
+
+
+def _given(value: float | None) -> float:
+    return NOT_REPORTED if value is None else value
 
 
 @dataclass(frozen=True)
 class Levels:
     tokens: float
     requests: float
+
+
+@dataclass(frozen=True)
+class Settled(Levels):
+    now_ms: int   # Redis clock when the bucket was settled
 
 
 @dataclass(frozen=True)
@@ -88,10 +104,8 @@ class SyncLimitsCall(PoolCall):
 
     @property
     def script_args(self) -> list[float]:
-        def given(value: float | None) -> float:
-            return NOT_REPORTED if value is None else value
-        return [*self.pool.rates(), given(self.remaining_tokens), given(self.remaining_requests),
-                given(self.debited_tokens_at_dispatch), given(self.dispatches_at_dispatch)]
+        return [*self.pool.rates(), _given(self.remaining_tokens), _given(self.remaining_requests),
+                _given(self.debited_tokens_at_dispatch), _given(self.dispatches_at_dispatch)]
 
     def parse(self, reply: Any) -> Levels:
         return Levels(float(reply[0]), float(reply[1]))

@@ -93,7 +93,8 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
         pipe.time()
         for pool in settings.pools:
             pipe.hgetall(keys.stats(pool.name))
-            pipe.hgetall(keys.depth(pool.name))
+            for tier in settings.tiers:
+                pipe.zcard(keys.index(pool.name, tier.name))   # a tier's queue length
         pipe.hgetall(keys.overload_state)
         pipe.lrange(keys.overload_samples, 0, -1)
         replies = pipe.execute()
@@ -102,8 +103,9 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
     pools: dict[str, dict[str, float]] = {}
     tiers = {t.name: {"dispatched": 0.0, "wait_ms": 0.0} for t in settings.tiers}
     depth = 0
-    for i, pool in enumerate(settings.pools):
-        stats = {k.decode(): v for k, v in replies[1 + 2 * i].items()}
+    i = 1
+    for pool in settings.pools:
+        stats = {k.decode(): v for k, v in replies[i].items()}
         num = lambda name: float(stats.get(name, 0) or 0)  # noqa: E731
         pools[pool.name] = {
             "tokens": sum(num(tier_field(ACTUAL_TOKENS, t.name)) for t in settings.tiers),
@@ -112,7 +114,8 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
         for t in settings.tiers:
             tiers[t.name]["dispatched"] += num(tier_field(DISPATCHED, t.name))
             tiers[t.name]["wait_ms"] += num(tier_field(WAIT_MS, t.name))
-        depth += sum(int(float(v)) for v in replies[2 + 2 * i].values())
+        depth += sum(int(n) for n in replies[i + 1:i + 1 + len(settings.tiers)])
+        i += 1 + len(settings.tiers)
     state = parse_state(replies[-2])
     samples = []
     for raw in replies[-1]:

@@ -41,7 +41,7 @@ class ReleaseCall:
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
         out = [k.dispatched(p), k.dispatched_at(p), k.messages(p), k.inflight(p), k.parked(p),
-               k.finish(p), k.fair(p), k.depth(p), k.bell(p), k.stats(p)]
+               k.finish(p), k.fair(p), k.bell(p), k.stats(p)]
         for tier in self.settings.tiers:
             out += [k.index(p, tier.name), k.active(p, tier.name)]
         return out

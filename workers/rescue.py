@@ -60,7 +60,7 @@ class WithdrawCall:
     @property
     def script_keys(self) -> list[str]:
         k = self.keys
-        return [k.index(self.pool, self.tier), k.messages(self.pool), k.depth(self.pool), k.moving(self.pool)]
+        return [k.index(self.pool, self.tier), k.messages(self.pool), k.moving(self.pool)]
 
     @property
     def script_args(self) -> list[str | int]:

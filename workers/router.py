@@ -19,7 +19,6 @@ from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
                                          HEADER_POOL_DISPATCHES)
 from gateway_tasks.core.scripts import Scripts, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
-from gateway_tasks.core.stats import DISPATCHED, EST_TOKENS, WAIT_MS, tier_field
 
 INLINE_MESSAGE_MAX_B = 4096  # larger messages are not copied through Lua: the dispatcher fetches them
 MAX_PICKS_PER_CALL = 32      # most tasks one pick.lua call dispatches
@@ -91,15 +90,14 @@ class PickPlan:
                            INLINE_MESSAGE_MAX_B, 1]
         for pool in pools:
             p = pool.name
-            keys += [k.bucket(p), k.fair(p), k.stats(p), k.messages(p), k.finish(p), k.parked(p),
-                     k.inflight(p), k.dispatched(p), k.dispatched_at(p), k.depth(p)]
+            keys += [k.bucket(p), k.fair(p), k.messages(p), k.finish(p), k.parked(p),
+                     k.inflight(p), k.dispatched(p), k.dispatched_at(p)]
             argv += [*pool.rates(), pool.token_capacity * reserve_share]
         for q in self.queues:
             keys += [k.index(q.pool.name, q.tier.name), k.active(q.pool.name, q.tier.name)]
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
-                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant,
-                     *(tier_field(c, q.tier.name) for c in (DISPATCHED, EST_TOKENS, WAIT_MS))]
+                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
         self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]

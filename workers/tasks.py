@@ -21,7 +21,6 @@ from celery.exceptions import Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import DeadlineExceeded, UpstreamError
-from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
@@ -196,18 +195,22 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
                 circuit.success()
     upstream_ms = (time.monotonic() - started) * 1000.0
 
+    # one call on the pool that served it: the real usage, the reply's rate-limit headers
+    # (minus what was dispatched after it), and the Redis clock
     if served is None:
         used_pool, used_model = pool, model
-        bucket.settle(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-                      model=model, completion_tokens=reply.completion_tokens)
-        bucket.sync(reply.headers, get(HEADER_POOL_DEBITED), get(HEADER_POOL_DISPATCHES))
+        settled = bucket.settle_reply(est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier,
+                                      tenant_id=req.tenant_id, model=model,
+                                      completion_tokens=reply.completion_tokens, headers=reply.headers,
+                                      debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
+                                      dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES))
     else:
         reply, used_pool, used_model = served.reply, served.pool, served.model
-        backup_bucket = PoolBucket(r, keys, used_pool)
-        backup_bucket.settle(est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
-                             tenant_id=req.tenant_id, model=used_model,
-                             completion_tokens=reply.completion_tokens)
-        backup_bucket.sync(reply.headers, served.taken.debited_tokens, served.taken.dispatches)
+        settled = PoolBucket(r, keys, used_pool).settle_reply(
+            est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
+            tenant_id=req.tenant_id, model=used_model, completion_tokens=reply.completion_tokens,
+            headers=reply.headers, debited_tokens_at_dispatch=served.taken.debited_tokens,
+            dispatches_at_dispatch=served.taken.dispatches)
     # what was asked for: the producer's record when it changed anything, else the request
     submitted = {"requested_max_tokens": req.max_tokens, "requested_model": req.model, **(req.degradation or {})}
     requested_pool = str(submitted.get("requested_pool", req.pool))
@@ -222,7 +225,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
                      requested_pool=requested_pool, failover=failover_info)
     if changes["max_tokens"]["capped"] or changes["model"]["substituted"]:
         r.hincrby(keys.stats(used_pool.name), tier_field(DEGRADED, req.tier), 1)
-    done_ms = redis_now_ms(r)
+    done_ms = settled.now_ms
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,

@@ -26,15 +26,14 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core import broker
-from gateway_tasks.core.stats import (DISPATCH_COUNTERS, DISPATCH_DISPATCHED, DISPATCH_PICKS, DISPATCH_WAITS,
-                                      STALE_RELEASES)
+from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
+from workers.dispatch_stats import DispatchTally
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, pick_now
 
 logger = logging.getLogger(__name__)
 
-STATS_FLUSH_EVERY = 50  # round trips between flushes of the dispatch counters
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
 
 
@@ -115,28 +114,16 @@ class Channel(broker.Channel):
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
-        self._gt_counts = dict.fromkeys(DISPATCH_COUNTERS, 0)
+        self._gt_tally = DispatchTally(self._gt_keys)
 
     def _gt_count(self, name: str) -> None:
-        counts = self._gt_counts
-        counts[name] += 1
-        if counts[DISPATCH_PICKS] + counts[DISPATCH_WAITS] >= STATS_FLUSH_EVERY:
-            self._gt_flush_counts()
-
-    def _gt_flush_counts(self) -> None:
-        counts, self._gt_counts = self._gt_counts, dict.fromkeys(DISPATCH_COUNTERS, 0)
-        if any(counts.values()):
-            try:
-                with self._gt_raw.pipeline(transaction=False) as pipe:
-                    for name, n in counts.items():
-                        pipe.hincrby(self._gt_keys.dispatch_stats, name, n)
-                    pipe.execute()
-            except redis.RedisError:  # statistics only: never break dispatch for them
-                logger.debug("could not flush dispatch counters", exc_info=True)
+        self._gt_tally.round_trip(name)
+        if self._gt_tally.due():
+            self._gt_tally.flush(self._gt_raw)
 
     def close(self) -> None:
         self._gt_leases.stop()
-        self._gt_flush_counts()
+        self._gt_tally.flush(self._gt_raw)
         super().close()
 
     def _gt_hold(self, picked: Picked) -> None:
@@ -196,7 +183,7 @@ class Channel(broker.Channel):
                     if picked.payload is None:   # too large to come back inline: fetch it
                         picked = plan.with_payload(self._gt_raw, picked)  # type: ignore[union-attr]
                     self._gt_hold(picked)
-                    self._gt_counts[DISPATCH_DISPATCHED] += 1
+                    self._gt_tally.dispatched(picked)
                     self.connection._deliver(picked.payload, picked.queue)
                 return True
             wait_ms = result.wait_ms
@@ -214,6 +201,7 @@ class Channel(broker.Channel):
         if not isinstance(result, Picked):
             raise virtual.Empty()
         self._gt_hold(result)
+        self._gt_tally.dispatched(result)
         return result.payload
 
 

@@ -89,7 +89,7 @@ class Channel(kredis.Channel):
         parts = split_queue_name(queue)
         if parts is None:
             return super()._size(queue)
-        return int(self._gt_raw.hget(self._gt_keys.depth(parts[1]), parts[0]) or 0)
+        return int(self._gt_raw.zcard(self._gt_keys.index(parts[1], parts[0])))
 
     def _purge(self, queue: str) -> int:
         parts = split_queue_name(queue)
@@ -114,7 +114,6 @@ def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
         if tags:
             pipe.hdel(keys.messages(pool), *tags)
         pipe.delete(keys.index(pool, tier), keys.active(pool, tier))
-        pipe.hset(keys.depth(pool), tier, 0)
         pipe.execute()
     return len(tags)
 

@@ -38,7 +38,7 @@ class EnqueueCall:
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.depth(p), k.seq(p), k.fair(p), k.bell(p)]
+                k.inflight(p), k.seq(p), k.fair(p), k.bell(p)]
 
     @property
     def script_args(self) -> list[str | int | float]:

@@ -127,10 +127,6 @@ class Keys:
         """Sorted set: delivery tag -> dispatch time (s); the visibility-timeout restore scans it."""
         return f"{self.pool_tag(pool)}dispatched-at"
 
-    def depth(self, pool: str) -> str:
-        """Hash: tier -> tasks queued (tail drop, metrics, Celery's queue size)."""
-        return f"{self.pool_tag(pool)}depth"
-
     def seq(self, pool: str) -> str:
         """Integer: the pool's enqueue sequence (orders each tenant's FIFO)."""
         return f"{self.pool_tag(pool)}seq"

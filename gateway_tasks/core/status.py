@@ -36,8 +36,10 @@ def deployment_status(client: redis.Redis, settings: Settings, history: int = 20
     health = read_health(client, keys, settings.pools)
     with client.pipeline(transaction=False) as pipe:
         for pool in settings.pools:
-            pipe.hgetall(keys.depth(pool.name))
-        depths = pipe.execute()
+            for tier in settings.tiers:
+                pipe.zcard(keys.index(pool.name, tier.name))   # a tier's queue length
+        lengths = iter(pipe.execute())
+    depths = [{t.name: int(next(lengths)) for t in settings.tiers} for _ in settings.pools]
     now_ms = next(iter(health.values())).now_ms if health else 0
     pools = {}
     for pool, depth in zip(settings.pools, depths):
@@ -48,7 +50,7 @@ def deployment_status(client: redis.Redis, settings: Settings, history: int = 20
             "blocked_for_s": round(max(0, h.blocked_until_ms - now_ms) / 1000, 3),
             "bucket_tokens": round(h.tokens, 1), "token_capacity": pool.token_capacity,
             "backup_pools": list(pool.backup_pools),
-            "queued": {k.decode(): int(float(v)) for k, v in depth.items()},
+            "queued": depth,
         }
     return {
         "level": state.level,

@@ -94,7 +94,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for pool in pools:
             pipe.hgetall(keys.stats(pool))
             pipe.hgetall(keys.bucket(pool))
-            pipe.hgetall(keys.depth(pool))
+            for tier in settings.tiers:
+                pipe.zcard(keys.index(pool, tier.name))   # a tier's queue length
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
             pipe.hget(keys.circuit(pool), "state")
@@ -109,14 +110,15 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     for pool in pools:
         snap.stats[pool] = _num_hash(replies[i])
         snap.buckets[pool] = _num_hash(replies[i + 1])
-        depth = _num_hash(replies[i + 2])
+        i += 2
         for tier in settings.tiers:
-            snap.depth[settings.queue_name(tier.name, pool)] = int(depth.get(tier.name, 0))
-        for tenant, n in _num_hash(replies[i + 3]).items():
+            snap.depth[settings.queue_name(tier.name, pool)] = int(replies[i])
+            i += 1
+        for tenant, n in _num_hash(replies[i]).items():
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
-        snap.unacked += int(replies[i + 4])
-        snap.circuits[pool] = (replies[i + 5] or b"closed").decode()
-        i += 6
+        snap.unacked += int(replies[i + 1])
+        snap.circuits[pool] = (replies[i + 2] or b"closed").decode()
+        i += 3
     snap.tenants = int(replies[i])
     snap.cron = _num_hash(replies[i + 1])
     level, changes = replies[i + 2]

@@ -244,11 +244,12 @@ end
 
 -- dispatch queue q's candidate (its tenant's slot taken: n in flight): take the
 -- entry, debit the bucket and advance both fair states (in memory, written back
--- once below), put the tenant's next task in line, record the lease
+-- once below), put the tenant's next task in line, record the lease; unless it
+-- was the call's last, find the queue's next candidate
 local lease_ms, inline_max_b = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now_s = tostring(now)
 local out = {0, 0}
-local function dispatch(q, n)
+local function dispatch(q, n, last)
   local qd = queues[q]
   local c = qd.c
   local pool = pools[qd.pool]
@@ -292,14 +293,15 @@ local function dispatch(q, n)
   out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] =
     c.tenant, c.tag, tostring(pool.debited), pool.dispatches, size
   out[1] = out[1] + 1
-  qd.c = candidate(qd, c.tenant, next_entry, finish)
+  if not last then qd.c = candidate(qd, c.tenant, next_entry, finish) end
 end
 
 local wait_ms = nil
-for _ = 1, tonumber(ARGV[6]) do
+local max_picks = tonumber(ARGV[6])
+for k = 1, max_picks do
   local q, n = next_dispatch()
   if q == nil then wait_ms = n break end
-  dispatch(q, n)
+  dispatch(q, n, k == max_picks)
 end
 
 -- write back what the dispatches changed: buckets and fair states

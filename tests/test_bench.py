@@ -37,7 +37,8 @@ def test_tiny_bench_json_structure(settings, r, tmp_path):
     assert sum(t["dispatched"] for t in a["tiers"].values()) > 0
     assert math.isclose(sum(t["share_pct"] for t in a["tiers"].values()), 100.0, abs_tol=0.1)
     assert math.isclose(sum(t["share_est_pct"] for t in a["tiers"].values()), 100.0, abs_tol=0.1)
-    assert a["dispatch"]["dispatched"] > 0 and a["dispatch"]["round_trips_per_msg"] >= 1.0
+    # below 1 when a dispatcher with free slots takes several tasks in one pick
+    assert a["dispatch"]["dispatched"] > 0 and a["dispatch"]["round_trips_per_msg"] > 0
     assert a["served_tokens"] > 0 and a["tpm_utilisation_pct"] > 0
 
     b = run["vip_arrivals"]
@@ -52,7 +53,7 @@ def test_tiny_bench_json_structure(settings, r, tmp_path):
     for kind in ("plain", "gateway"):
         (only,) = plain["runs"][kind]
         assert only["completed"] == 150 and only["tasks_per_s"] > 0
-        assert only["dispatch_round_trips_per_msg"] >= 1.0
+        assert only["dispatch_round_trips_per_msg"] > 0   # below 1: several tasks a pick
     assert plain["overhead_x"] > 0
 
     names = [t["target"] for t in result["targets"]]

@@ -109,14 +109,14 @@ def test_queue_depth_and_error_rate_levels(r, fast):
 
 
 def test_an_old_queued_task_raises_the_level(r, fast):
-    from gateway_tasks.core.enqueue import EnqueueCall
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
     from workers.overload import oldest_waits
 
     keys = Keys(fast.key_prefix)
     now = redis_now_ms(r)
     for i, age_ms in enumerate((500, 4_000)):           # vip's max wait is 2 s
-        scripts_for(r).run(EnqueueCall(keys, fast.tier("vip"), "default", tenant=f"t{i}", tag=f"tag{i}",
-                                       est_tokens=10, message_json="{}", enqueued_ms=now - age_ms))
+        enqueue(r, EnqueueCall(keys, fast.tier("vip"), "default", tenant=f"t{i}", tag=f"tag{i}",
+                               est_tokens=10, message_json="{}", enqueued_ms=now - age_ms))
     ages = oldest_waits(r, keys, fast, now)
     assert 4_000 <= ages["vip"] < 5_000 and "batch" not in ages
     d = OverloadController(r, fast).tick()

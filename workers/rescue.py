@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.health import PoolHealth, choose_pool, read_health
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
@@ -100,9 +100,9 @@ class Rescuer:
                  never_refuse: bool = False) -> bool:
         if never_refuse:   # putting a task back where it was: its place is not new demand
             tier = replace(tier, queue_max_len=sys.maxsize)
-        done = self.scripts.run(EnqueueCall(self.keys, tier, pool, tenant=entry.tenant, tag=entry.tag,
-                                            est_tokens=entry.est_tokens, message_json=json.dumps(message),
-                                            tenant_weight=entry.weight, enqueued_ms=entry.enqueued_ms))
+        done = enqueue(self.client, EnqueueCall(self.keys, tier, pool, tenant=entry.tenant, tag=entry.tag,
+                                                est_tokens=entry.est_tokens, message_json=json.dumps(message),
+                                                tenant_weight=entry.weight, enqueued_ms=entry.enqueued_ms))
         return done.accepted
 
     def _place(self, pool: Pool, record: dict[str, Any], target: Pool | None, reason: str) -> bool:

@@ -65,7 +65,12 @@ class TenantRegistry:
 
     def get(self, tenant_id: str) -> Tenant:
         raw = self.r.hgetall(self.keys.tenant(tenant_id)) if isinstance(tenant_id, str) else {}
-        if not raw:
+        return self.from_record(tenant_id, raw)
+
+    @staticmethod
+    def from_record(tenant_id: str, raw: dict[bytes, bytes]) -> Tenant:
+        """A tenant from its registry hash as read (HGETALL, e.g. in a caller's pipeline)."""
+        if not raw or not isinstance(tenant_id, str):
             raise UnknownTenant(f"unknown tenant {tenant_id!r}; register it first "
                                 "(gateway tenant add TENANT --tier TIER)")
         d = {k.decode(): v.decode() for k, v in raw.items()}

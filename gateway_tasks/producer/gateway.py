@@ -27,7 +27,7 @@ from gateway_tasks.core.keys import Keys, learned_field
 from gateway_tasks.core.overload_actions import degrade, deferral
 from gateway_tasks.core.request import InferenceRequest
 from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -77,9 +77,12 @@ class Gateway:
 
     def load_level(self) -> tuple[int, str]:
         """The deployment's load level now and why (L0 when no controller ran)."""
+        return self._level_of(self.r.hmget(self.keys.overload_state, "level", "reason"))
+
+    def _level_of(self, raw: list[bytes | None]) -> tuple[int, str]:
         if not self.settings.overload.enabled:
             return 0, ""
-        level, reason = self.r.hmget(self.keys.overload_state, "level", "reason")
+        level, reason = raw
         return (int(level) if level else 0), (reason or b"").decode()
 
     def _overload(self, tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,
@@ -116,11 +119,13 @@ class Gateway:
         return target, (model if model in target.models else target.model), route.reason
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None, level: int | None = None) -> InferenceRequest:
+                 max_tokens: int | None = None, *, tenant: Tenant | None = None,
+                 level: int | None = None, reason: str = "") -> InferenceRequest:
         """Validate a request and compute its routing and token estimate (enqueues nothing).
-        ``level``: the load level to apply (None: the deployment's now); a deferred tier
-        raises ``Deferred``."""
-        tenant = self.tenants.get(tenant_id)
+        ``tenant``: the tenant's record when the caller read it already.  ``level``: the load
+        level to apply, ``reason`` its cause (None: the deployment's now); a tier deferred at
+        that level raises ``Deferred``."""
+        tenant = tenant or self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
         msgs = validate_messages(messages)
         if max_tokens is None:
@@ -132,7 +137,6 @@ class Gateway:
         except Exception as exc:  # ConfigError -> the caller's mistake here
             raise InvalidRequest(str(exc)) from None
         model = model or pool.model
-        reason = ""
         if level is None:
             level, reason = self.load_level()
         pool, model, max_tokens, changes = self._overload(tier, pool, model, max_tokens, level, reason)
@@ -178,16 +182,33 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
-        req = replace(self.estimate(tenant_id, messages, model, max_tokens), deadline_s=deadline_s,
-                      source=source, extra_body=extra_body or {})
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
+        # one round trip: the tenant's record, and the task's owner written ahead (a
+        # request found invalid below takes it back)
+        record, owned, level = {}, False, [None, None]
+        if isinstance(tenant_id, str):   # and the load level (overload), in the same round trip
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.tenant(tenant_id))
+                pipe.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s, nx=True)
+                pipe.hmget(self.keys.overload_state, "level", "reason")
+                record, owned, level = pipe.execute()
+        level_now, reason = self._level_of(level)
+        try:
+            req = replace(self.estimate(tenant_id, messages, model, max_tokens,
+                                        tenant=TenantRegistry.from_record(tenant_id, record),
+                                        level=level_now, reason=reason),
+                          deadline_s=deadline_s, source=source, extra_body=extra_body or {})
+        except Exception:
+            if owned:
+                self.r.delete(self.keys.task_owner(task_id))
+            raise
+        if idempotency_key is not None:
             first = self.r.set(self.keys.meta(task_id), "submitted", nx=True,
                                ex=self.settings.result_ttl_s)
             if not first:
                 return self._handle(task_id, req)
-        self.r.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s)
         try:
             self.app.send_task(
                 TASK_NAME, args=[req.to_body()], task_id=task_id, queue=self._queue(req),

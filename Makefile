@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-beat chaos clean
+.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +29,17 @@ bench: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench
 	$(PY) -m gateway_tasks.cli bench-fairness
 	$(PY) -m gateway_tasks.cli bench-dispatch
+	$(PY) -m gateway_tasks.cli bench-overload
 
 bench-fairness: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench-fairness
 
 bench-dispatch: $(STAMP)
 	$(PY) -m gateway_tasks.cli bench-dispatch
+
+# load levels: 3x the pool's TPM for 60 s, then 0.5x for 75 s (~3.5 minutes)
+bench-overload: $(STAMP)
+	$(PY) -m gateway_tasks.cli bench-overload
 
 # the README's headline numbers (wfq and the plain-Celery comparison) as median (min-max) of
 # 3 runs at make bench's sizes: 3 x (~70 s wfq + ~70 s plain comparison), about 7-9 minutes on

@@ -15,7 +15,8 @@ from gateway_tasks.core.settings import Settings, get_settings
 from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
-TASK_MODULES = ("workers.tasks",)
+# workers.overload: the load-level controller, started by each worker when it is ready
+TASK_MODULES = ("workers.tasks", "workers.overload")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -27,13 +28,18 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS, HEADER_TENANT,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
-from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import COMPLETED, EXPIRED, RETRIES, tier_field
+from gateway_tasks.core.overload_actions import degrade, record
+from gateway_tasks.core.overload_state import read_level
+from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
+from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
+from gateway_tasks.core.scripts import scripts_for
+from workers.circuit import ALLOW, CircuitCall, CircuitReply, PoolCircuit
 from workers.dead_letter import dispatched_queue, refund_unrunnable
+from workers.failover import Served, fail_over
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from workers.redis_retry import through_restarts
-from workers.upstream import chat
 from workers.streaming import chat_streamed
+from workers.upstream import UpstreamReply, chat
 from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
@@ -100,6 +106,22 @@ def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskC
 
 
 QUEUE_TTL, DEADLINE = "queue_ttl", "deadline"   # Expired / DeadlineExceeded reasons
+
+
+def level_and_gate(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool) -> tuple[int, CircuitReply]:
+    """The load level in force and the pool's circuit verdict for this call, in one round trip."""
+    call = CircuitCall(keys, pool.name, ALLOW, settings.circuit)
+    scripts = scripts_for(r)
+    try:
+        with r.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.overload_state, "level")
+            pipe.execute_command(*scripts.command(call))
+            raw_level, raw_gate = pipe.execute()
+    except redis.exceptions.NoScriptError:   # the server lost its scripts: load and run again
+        scripts.lost()
+        return (read_level(r, keys) if settings.overload.enabled else 0), scripts.run(call)
+    level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
+    return level, call.parse(raw_gate)
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -176,64 +198,142 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         raise DeadlineExceeded(f"task waited {disp_ms - enq_ms} ms, past its deadline of "
                                f"{limit_s} s; the upstream was not called", None, DEADLINE)
 
-    started = time.monotonic()
-    try:
+    tier = settings.tier(req.tier)
+    overload = settings.overload
+    level, gate = level_and_gate(r, keys, settings, pool)
+    # the level may have risen since submit: degrade again (never un-degrade)
+    d = degrade(overload, tier, level, req.model, req.max_tokens,
+                lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models)
+    model, max_tokens = d.model, d.max_tokens
+    backups = [settings.pool(n) for n in pool.backup_pools] if tier.reserved_share > 0 else []
+    circuit = PoolCircuit(r, keys, settings.circuit, pool)
+
+    def call(target: Pool, target_model: str) -> UpstreamReply:
         if req.stream:   # issue 12: chunks go to the waiting API process (workers/streaming.py)
-            reply = chat_streamed(r, keys, req, pool, self.request.id, CHUNKS_TTL_S)
+            return chat_streamed(r, keys, replace(req, model=target_model, max_tokens=max_tokens), target,
+                                 self.request.id, CHUNKS_TTL_S)
+        return chat(target, target_model, req.messages, max_tokens, req.extra_body, task_id=self.request.id)
+
+    def failover(reason: str) -> Served:
+        served, notes = fail_over(r, keys, settings, pool, backups, call, model=model,
+                                  est_tokens=req.prompt_tokens + max_tokens, tier=req.tier,
+                                  tenant_id=req.tenant_id, reason=reason)
+        if served is None:
+            failures = _count_failure(r, keys, settings, self.request.id)
+            why = f"{reason}; no backup could take it ({', '.join(notes) or 'none configured'})"
+            if not task_may_retry(failures, tier.max_retries):
+                raise RetryBudgetExceeded(f"{why}; gave up after {failures} attempts", None,
+                                          TASK_RETRIES_SPENT) from None
+            logger.warning("pool %s: %s; requeued %s (retry %d of %d)", pool.name, why, self.request.id,
+                           failures, tier.max_retries)
+            raise Reject(f"{why}, requeued", requeue=True)
+        return served
+
+    started = time.monotonic()
+    served: Served | None = None
+    failover_reason = ""
+    if not gate.may_call:
+        refund()
+        failover_reason = f"pool {pool.name}'s circuit is {gate.state}"
+        if not backups:   # the others wait: the open circuit holds the pool's bucket
+            raise Reject(f"{failover_reason}; held until it probes again", requeue=True)
+        served = failover(failover_reason)
+    else:
+        try:
+            reply = call(pool, model)
+        except openai.RateLimitError as exc:
+            wait = retry_after_ms(dict(exc.response.headers))
+            bucket.drain(wait)
+            if not gate.clean:
+                circuit.success()   # the upstream answers: alive (the drain handles the 429)
+            if backups:
+                failover_reason = f"pool {pool.name} answered 429 (drained {wait / 1000:.1f} s)"
+                served = failover(failover_reason)
+            else:
+                failures = _count_failure(r, keys, settings, self.request.id)
+                max_retries = tier.max_retries
+                if not task_may_retry(failures, max_retries):
+                    raise RetryBudgetExceeded(
+                        f"the upstream answered 429 to {failures} attempts of this task, its tier "
+                        f"{req.tier!r} allows {max_retries} retries; retry after {wait / 1000:.1f} s",
+                        wait / 1000.0, TASK_RETRIES_SPENT) from None
+                mark = _cancel_mark(r, keys, self.request.id)
+                if mark is not None:
+                    raise _cancelled_error(self.request.id, mark)
+                logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (retry %d of %d)",
+                               pool.name, wait, self.request.id, failures, max_retries)
+                raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
+            refund()
+            r.hincrby(keys.stats(pool.name), UPSTREAM_ERRORS, 1)
+            circuit.failure()
+            if backups:
+                failover_reason = f"pool {pool.name} failed: {type(exc).__name__}"
+                served = failover(failover_reason)
+            else:
+                mark = _cancel_mark(r, keys, self.request.id)
+                if mark is not None:
+                    raise _cancelled_error(self.request.id, mark)
+                refusal = _retry_refusal(r, keys, settings, req, self.request.id)
+                if not refusal:
+                    raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
+                what = (f"this task's {tier.max_retries} retries (tier {req.tier!r}) are spent"
+                        if refusal == TASK_RETRIES_SPENT else f"tier {req.tier!r}'s retry budget is spent")
+                raise RetryBudgetExceeded(f"upstream failed and {what}: {exc}", None, refusal) from None
+        except openai.APIStatusError as exc:
+            refund()
+            if not gate.clean:
+                circuit.success()
+            raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
         else:
-            reply = chat(pool, req.model, req.messages, req.max_tokens, req.extra_body, task_id=self.request.id)
-    except openai.RateLimitError as exc:
-        wait = retry_after_ms(dict(exc.response.headers))
-        bucket.drain(wait)
-        failures = _count_failure(r, keys, settings, self.request.id)
-        max_retries = settings.tier(req.tier).max_retries
-        if not task_may_retry(failures, max_retries):
-            raise RetryBudgetExceeded(
-                f"the upstream answered 429 to {failures} attempts of this task, its tier "
-                f"{req.tier!r} allows {max_retries} retries; retry after {wait / 1000:.1f} s",
-                wait / 1000.0, TASK_RETRIES_SPENT) from None
-        mark = _cancel_mark(r, keys, self.request.id)
-        if mark is not None:
-            raise _cancelled_error(self.request.id, mark)
-        logger.warning("upstream 429 on pool %s: drained for %.0f ms, requeued %s (retry %d of %d)",
-                       pool.name, wait, self.request.id, failures, max_retries)
-        raise Reject(f"upstream 429, requeued after {wait:.0f} ms", requeue=True) from None
-    except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError) as exc:
-        refund()
-        mark = _cancel_mark(r, keys, self.request.id)
-        if mark is not None:
-            raise _cancelled_error(self.request.id, mark)
-        refusal = _retry_refusal(r, keys, settings, req, self.request.id)
-        if not refusal:
-            raise Reject(f"upstream error {type(exc).__name__}, requeued", requeue=True) from None
-        what = (f"this task's {settings.tier(req.tier).max_retries} retries (tier {req.tier!r}) are spent"
-                if refusal == TASK_RETRIES_SPENT else f"tier {req.tier!r}'s retry budget is spent")
-        raise RetryBudgetExceeded(f"upstream failed and {what}: {exc}", None, refusal) from None
-    except openai.APIStatusError as exc:
-        refund()
-        raise UpstreamError(f"upstream rejected the request ({exc.status_code}): {exc.message}") from None
+            if not gate.clean or gate.verdict != "call":
+                circuit.success()
     upstream_ms = (time.monotonic() - started) * 1000.0
     kill_point(AFTER_UPSTREAM)
 
-    # one call: the real usage, the reply's rate-limit headers, and the Redis clock; the
-    # upstream answered (and charged): a Redis restart now must not drop the answer
-    settled = through_restarts(lambda: bucket.settle_reply(
-        est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
-        model=req.model, completion_tokens=reply.completion_tokens, headers=reply.headers,
-        debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
-        dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
+    # one call on the pool that served it: the real usage, the reply's rate-limit headers
+    # (minus what was dispatched after it), and the Redis clock; the upstream answered (and
+    # charged): a Redis restart now must not drop the answer
+    if served is None:
+        used_pool, used_model = pool, model
+        settled = through_restarts(lambda: bucket.settle_reply(
+            est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+            model=model, completion_tokens=reply.completion_tokens, headers=reply.headers,
+            debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
+            dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
+    else:
+        reply, used_pool, used_model = served.reply, served.pool, served.model
+        settled = through_restarts(lambda: PoolBucket(r, keys, used_pool).settle_reply(
+            est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
+            tenant_id=req.tenant_id, model=used_model, completion_tokens=reply.completion_tokens,
+            headers=reply.headers, debited_tokens_at_dispatch=served.taken.debited_tokens,
+            dispatches_at_dispatch=served.taken.dispatches), f"settle of task {self.request.id}")
     kill_point(AFTER_SETTLE)
     mark = _cancel_mark(r, keys, self.request.id)
     if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
         raise _cancelled_error(self.request.id, mark, after_call=True)
+    # what was asked for: the producer's record when it changed anything, else the request
+    submitted = {"requested_max_tokens": req.max_tokens, "requested_model": req.model, **(req.degradation or {})}
+    requested_pool = str(submitted.get("requested_pool", req.pool))
+    failover_info = None
+    if served is not None:
+        failover_info = {"from": pool.name, "to": used_pool.name, "reason": failover_reason,
+                         "at": "dispatch"}
+    elif submitted.get("failover"):
+        failover_info = {"from": submitted.get("failover_from", requested_pool), "to": pool.name,
+                         "reason": submitted["failover"], "at": submitted.get("failover_at", "submit")}
+    changes = record(submitted, level, max_tokens=max_tokens, model=used_model, pool=used_pool.name,
+                     requested_pool=requested_pool, failover=failover_info)
+    if changes["max_tokens"]["capped"] or changes["model"]["substituted"]:
+        r.hincrby(keys.stats(used_pool.name), tier_field(DEGRADED, req.tier), 1)
     done_ms = settled.now_ms
-    UPSTREAM_TIME.add(r, keys, pool.name, req.tier, upstream_ms)   # issue 12: capacity model latency
+    UPSTREAM_TIME.add(r, keys, used_pool.name, req.tier, upstream_ms)   # issue 12: capacity model latency
     return {
         "task_id": self.request.id,
         "tenant_id": req.tenant_id,
         "tier": req.tier,
-        "pool": pool.name,
-        "model": req.model,
+        "pool": used_pool.name,
+        "model": used_model,
         "source": req.source,
         "response": reply.body,
         "timing": {
@@ -250,6 +350,7 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
             "completion": reply.completion_tokens,
             "total": reply.total_tokens,
         },
+        "overload": changes,
     }
 
 

@@ -29,6 +29,7 @@ examples:
   gateway demo                                the whole system on an embedded Redis
   gateway capacity --measure-s 30 --peak-qps 120   instances needed, from measured rates
   gateway capacity forecast                   token demand per pool from the cron schedule
+  gateway status                              load level L0-L4, its reason, pools' circuits
 
 workers and beat run under Celery:
   celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
@@ -55,6 +56,8 @@ COMMAND_MODULES = (
     "gateway_tasks.cli.dead_letters",          # dead-letters
     "gateway_tasks.devtools.chaos.command",    # chaos
     "gateway_tasks.cli.capacity",              # capacity, capacity forecast
+    "gateway_tasks.cli.status",                # status
+    "gateway_tasks.devtools.bench.overload",   # bench-overload
 )
 
 

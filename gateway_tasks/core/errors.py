@@ -11,7 +11,8 @@
     ├── Rejected             a valid request the gateway will not run now (reason, retry_after_s)
     │   ├── QueueFull
     │   │   └── Evicted      queued, then dropped for a higher tier's arrival (shared capacity full)
-    │   └── QuotaExceeded    tasks per hour, or the tenant's TPM quota (reason says which)
+    │   ├── QuotaExceeded    tasks per hour, or the tenant's TPM quota (reason says which)
+    │   └── Deferred         overload: the tier's new work is deferred at this load level
     ├── DeadlineExceeded     waited past its deadline; the upstream was not called
     │   └── Expired          waited past its tier's queue TTL (stale-drop)
     ├── TaskCancelled        cancelled by its owner (queued: never ran; running: result discarded)
@@ -104,6 +105,20 @@ class QuotaExceeded(Rejected):
     """A per-tier or per-tenant quota is used up: reason 'tasks_per_hour' (the tier's
     max_tasks_per_hour; retry_after_s = until the clock hour resets) or 'tenant_tpm'
     (the tenant's token bucket; retry_after_s = until it holds the request's tokens)."""
+
+
+class Deferred(Rejected):
+    """Overload: at the current load level new work of this tier is not taken; try again
+    after ``retry_after_s``.  ``reason`` says why in words, ``level`` is the load level."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None, reason: str = "",
+                 level: int = 0):
+        super().__init__(message, retry_after_s, reason)
+        self.args = (message, retry_after_s, reason, level)   # survives the JSON result backend
+        self.level = int(level)
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "level": self.level}
 
 
 class DeadlineExceeded(_Explained):

@@ -139,6 +139,34 @@ class Keys:
         """Hash: '<tenant>|<model>' -> learned completion length (EWMA) on one pool."""
         return f"{self.pool_tag(pool)}learned"
 
+    def circuit(self, pool: str) -> str:
+        """Hash: the pool's circuit breaker (state, failures, open_until_ms, probe_until_ms,
+        opens, closes) -- lua/circuit.lua."""
+        return f"{self.pool_tag(pool)}circuit"
+
+    def moving(self, pool: str) -> str:
+        """Hash: delivery tag -> JSON {tier, entry, message, ts_ms} of a reserved-tier task
+        withdrawn from this pool (drained / circuit open) and being moved to a backup pool:
+        the journal that puts it back if the mover dies (workers/rescue.py)."""
+        return f"{self.pool_tag(pool)}moving"
+
+    # -- overload: one load level for the deployment (one hash tag, one slot) --
+    @property
+    def overload_state(self) -> str:
+        """Hash: level, version, ts_ms, since_ms, reason, seen:<k> (last time the signal
+        asked for level k), changes -- lua/overload_commit.lua."""
+        return f"{self.prefix}{{overload}}:state"
+
+    @property
+    def overload_history(self) -> str:
+        """List (newest first, trimmed): JSON {ts_ms, from, to, reason} of every level change."""
+        return f"{self.prefix}{{overload}}:history"
+
+    @property
+    def overload_samples(self) -> str:
+        """List (newest first, trimmed): JSON counter samples the controller's rates come from."""
+        return f"{self.prefix}{{overload}}:samples"
+
     @property
     def dispatch_stats(self) -> str:
         """Hash: dispatcher round trips (picks, waits, dispatched), flushed by every worker."""

@@ -50,6 +50,9 @@ class InferenceRequest:
     tenant_weight: float = 1.0
     stream: bool = False     # the worker publishes the upstream's chunks (gateway_tasks.core.chunks)
     tenant_tpm: int = 0   # the tenant's TPM quota at submit (0: none); not sent to the worker
+    # what overload changed at submit (gateway_tasks.core.overload_actions): level,
+    # requested_max_tokens, requested_model, requested_pool, failover reason; {} = nothing
+    degradation: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -103,7 +106,9 @@ class InferenceRequest:
         weight = body.get("tenant_weight", 1.0)
         _check(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0,
                "tenant_weight", weight, "> 0")
-        return cls(tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
+        degradation = body.get("degradation") or {}
+        _check(isinstance(degradation, dict), "degradation", "...", "an object")
+        return cls(degradation=dict(degradation), tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,

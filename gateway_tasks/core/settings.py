@@ -48,6 +48,10 @@ class Tier:
     # each tenant's own token bucket (TPM, checked at submit next to its hourly quota);
     # 0 = none.  A tenant's own ``tpm`` (gateway tenant add --tpm) overrides it.
     tenant_tpm: int = 0
+    # overload (Settings.overload): from this load level on, new work of the tier is
+    # refused at submit with Deferred(retry_after_s=defer_retry_after_s); 0 = never deferred
+    defer_from_level: int = 0
+    defer_retry_after_s: float = 0.0
 
     def validate(self) -> None:
         where = f"tier {self.name!r}"
@@ -72,6 +76,13 @@ class Tier:
         _require(self.max_retries >= 0, where, "max_retries", self.max_retries, ">= 0")
         _require(self.tenant_tpm >= 0, where, "tenant_tpm", self.tenant_tpm,
                  ">= 0 tokens per minute (0 = no per-tenant TPM quota)")
+        _require(self.defer_from_level in range(0, MAX_LEVEL + 1), where, "defer_from_level",
+                 self.defer_from_level, f"an integer in [0, {MAX_LEVEL}] (0 = never deferred)")
+        _require(self.defer_from_level == 0 or self.defer_retry_after_s > 0, where,
+                 "defer_retry_after_s", self.defer_retry_after_s,
+                 "> 0 seconds when defer_from_level is set")
+        _require(self.defer_from_level == 0 or self.reserved_share == 0, where, "defer_from_level",
+                 self.defer_from_level, "0 for a tier with reserved_share (reserved tiers are never deferred)")
 
 
 @dataclass(frozen=True)
@@ -87,10 +98,15 @@ class Pool:
     burst_s: float = 60.0
     charge: str = "reserve"
     timeout_s: float = 60.0
+    # the model degradable tiers are routed to from Overload.fallback_from_level on, for a
+    # model of this pool that Overload.fallback_models does not map ("" = none)
     fallback_model: str = ""
     # tasks queued on this pool, all tiers together: when full, an arrival evicts the newest
     # queued task of a lower tier (lua/evict.lua), else it is refused (QueueFull); 0 = no limit
     queue_capacity: int = 100_000
+    # pools reserved tiers fail over to when this one is drained by a 429, failing (circuit
+    # open) or cannot admit within the tier's max wait: another key, or another provider
+    backup_pools: tuple[str, ...] = ()
     # the environment variable the API key was read from (documentation only once loaded)
     api_key_env: str = ""
 
@@ -150,10 +166,12 @@ def default_tiers() -> tuple[Tier, ...]:
              max_retries=5, aliases=("enterprise",)),
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
              max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=60,
-             retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",)),
+             retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",),
+             defer_from_level=4, defer_retry_after_s=300),
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
              max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10,
-             retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",)),
+             retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",),
+             defer_from_level=3, defer_retry_after_s=600),
     )
 
 
@@ -162,6 +180,87 @@ def default_pools() -> tuple[Pool, ...]:
         Pool("default", base_url="http://127.0.0.1:8099/v1", api_key="sk-local-simulator",
              models=("gpt-4o-mini", "gpt-4o"), tpm=600_000, rpm=6_000),
     )
+
+
+MAX_LEVEL = 4  # load levels L0 (normal) .. L4 (the most degraded)
+
+
+@dataclass(frozen=True)
+class Overload:
+    """The load-level controller (workers/overload.py) and what each level does
+    (gateway_tasks/core/overload_actions.py)."""
+
+    enabled: bool = True
+    tick_s: float = 1.0            # one decision per tick for the whole deployment
+    window_s: float = 10.0         # rates (tokens used, errors) are measured over this window
+    hold_s: float = 30.0           # a level falls only after its trigger stayed off this long
+    # pool utilisation (tokens the upstream reported over the window / the pool's TPM)
+    # at or above which the level is at least L1, L2, L3
+    utilisation_thresholds: tuple[float, ...] = (0.75, 0.85, 0.95)
+    error_rate_threshold: float = 0.1   # upstream (5xx, timeouts, 429) / calls over the window
+    error_rate_level: int = 3
+    error_min_calls: int = 20           # fewer calls in the window: the error rate is not judged
+    queue_depth_threshold: int = 10_000  # tasks queued, all tiers and pools: above it -> L4
+    queue_depth_level: int = 4
+    # a tier whose dispatched tasks waited past its max_wait_ms (mean over the window), or
+    # whose oldest queued task (among the tenants next in line) is older than that
+    wait_level: int = 3
+    # the max_tokens cap of degradable tiers at L1, L2, L3, L4 (0 = no cap)
+    max_tokens_caps: tuple[int, ...] = (2048, 1024, 1024, 1024)
+    fallback_from_level: int = 2   # degradable tiers go to the model's fallback from this level
+    # model -> fallback model (a pool's fallback_model covers the models not listed)
+    fallback_models: tuple[tuple[str, str], ...] = (("gpt-4o", "gpt-4o-mini"),)
+
+    def validate(self) -> "Overload":
+        w = "overload"
+        _require(self.tick_s > 0, w, "tick_s", self.tick_s, "> 0 seconds")
+        _require(self.window_s >= self.tick_s, w, "window_s", self.window_s, f">= tick_s ({self.tick_s})")
+        _require(self.hold_s >= self.tick_s, w, "hold_s", self.hold_s, f">= tick_s ({self.tick_s})")
+        th = self.utilisation_thresholds
+        _require(len(th) == 3 and all(0 < x for x in th) and list(th) == sorted(th), w,
+                 "utilisation_thresholds", th, "three increasing fractions > 0 (L1, L2, L3)")
+        _require(0 < self.error_rate_threshold <= 1, w, "error_rate_threshold",
+                 self.error_rate_threshold, "in (0, 1]")
+        for name in ("error_rate_level", "queue_depth_level", "wait_level", "fallback_from_level"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and 0 <= value <= MAX_LEVEL, w, name, value,
+                     f"an integer in [0, {MAX_LEVEL}] (0 = off)")
+        _require(self.error_min_calls >= 1, w, "error_min_calls", self.error_min_calls, ">= 1")
+        _require(self.queue_depth_threshold > 0, w, "queue_depth_threshold",
+                 self.queue_depth_threshold, "> 0 tasks")
+        _require(len(self.max_tokens_caps) == MAX_LEVEL and all(c >= 0 for c in self.max_tokens_caps),
+                 w, "max_tokens_caps", self.max_tokens_caps,
+                 f"{MAX_LEVEL} caps >= 0 (L1..L4; 0 = no cap)")
+        for pair in self.fallback_models:
+            _require(len(pair) == 2 and all(isinstance(m, str) and m for m in pair) and pair[0] != pair[1],
+                     w, "fallback_models", pair, "model = \"another model\"")
+        return self
+
+    def fallback_for(self, model: str, pool_fallback: str = "") -> str:
+        """The fallback model of ``model`` ("" = none)."""
+        for src, dst in self.fallback_models:
+            if src == model:
+                return dst
+        return pool_fallback if pool_fallback != model else ""
+
+    def cap_at(self, level: int) -> int:
+        """The max_tokens cap of degradable tiers at a level (0 = none)."""
+        return self.max_tokens_caps[level - 1] if level >= 1 else 0
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """The circuit breaker of each pool (lua/circuit.lua, workers/circuit.py)."""
+
+    failure_threshold: int = 5     # consecutive 5xx / timeouts / connection errors: open
+    open_s: float = 2.0            # open this long, then one half-open probe
+    probe_timeout_s: float = 30.0  # a probe that never reports back frees the half-open slot
+
+    def validate(self) -> "Circuit":
+        _require(self.failure_threshold >= 1, "circuit", "failure_threshold", self.failure_threshold, ">= 1")
+        _require(self.open_s > 0, "circuit", "open_s", self.open_s, "> 0 seconds")
+        _require(self.probe_timeout_s > 0, "circuit", "probe_timeout_s", self.probe_timeout_s, "> 0 seconds")
+        return self
 
 
 @dataclass(frozen=True)
@@ -206,6 +305,8 @@ class Settings:
     # a queued task with a deadline_s is promoted inside its tier once less than this is left
     # (lua/deadline.lua, lua/pick.lua); 0 = no deadline boost
     deadline_boost_s: float = 60.0
+    overload: Overload = field(default_factory=Overload)
+    circuit: Circuit = field(default_factory=Circuit)
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -244,6 +345,21 @@ class Settings:
             raise ConfigError(f"pool names must be unique, got {pool_names}")
         for pool in self.pools:
             pool.validate()
+            for backup in pool.backup_pools:
+                _require(backup in pool_names and backup != pool.name, f"pool {pool.name!r}",
+                         "backup_pools", pool.backup_pools, f"names of other pools among {pool_names}")
+        self.overload.validate()
+        self.circuit.validate()
+        served = {m for p in self.pools for m in p.models}
+        for pool in self.pools:
+            if pool.fallback_model:
+                _require(pool.fallback_model in served, f"pool {pool.name!r}", "fallback_model",
+                         pool.fallback_model, f"a model some pool serves ({sorted(served)})")
+        for src, dst in self.overload.fallback_models:
+            # a map entry for a model no pool serves is harmless (never requested); its target
+            # must be served, else degrading would turn a servable request into a failing one
+            _require(src not in served or dst in served, "overload", "fallback_models", (src, dst),
+                     f"a fallback model some pool serves ({sorted(served)})")
         return self
 
     def _validate_redis(self) -> None:
@@ -332,7 +448,7 @@ def _check_keys(cls: type, data: Mapping[str, Any], where: str) -> None:
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
     _check_keys(cls, data, where)
     kwargs = dict(data)
-    for key in ("aliases", "models"):
+    for key in ("aliases", "models", "backup_pools"):
         if key in kwargs:
             value = kwargs[key]
             if isinstance(value, str):
@@ -363,6 +479,31 @@ def _pool(data: Mapping[str, Any], where: str, env: Mapping[str, str]) -> Pool:
     return _build(Pool, data, where)
 
 
+def _overload(data: Any) -> Overload:
+    """[overload] as a table: lists become tuples, fallback_models a table or a list of pairs."""
+    if isinstance(data, Overload):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[overload]: expected a table, got {data!r}")
+    _check_keys(Overload, data, "[overload]")
+    kwargs = dict(data)
+    for key in ("utilisation_thresholds", "max_tokens_caps"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
+    if "fallback_models" in kwargs:
+        raw = kwargs["fallback_models"]
+        pairs = raw.items() if isinstance(raw, Mapping) else raw
+        try:
+            kwargs["fallback_models"] = tuple((str(a), str(b)) for a, b in pairs)
+        except (TypeError, ValueError):
+            raise ConfigError(f"[overload]: fallback_models={raw!r} is invalid; expected a table "
+                              f"model = \"fallback model\"") from None
+    try:
+        return Overload(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"[overload]: {exc}") from None
+
+
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Defaults, then the TOML file named by GATEWAY_CONFIG, then env vars, then overrides."""
     env = os.environ if env is None else env
@@ -387,6 +528,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             kwargs["tiers"] = tuple(_build(Tier, t, f"[[tiers]] #{i}") for i, t in enumerate(value))
         elif key == "pools":
             kwargs["pools"] = tuple(_pool(p, f"[[pools]] #{i}", env) for i, p in enumerate(value))
+        elif key == "overload":
+            kwargs["overload"] = _overload(value)
+        elif key == "circuit":
+            kwargs["circuit"] = _build(Circuit, value, "[circuit]") if isinstance(value, Mapping) else value
         else:
             kwargs[key] = value
     env_map = {

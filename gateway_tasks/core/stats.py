@@ -38,6 +38,14 @@ def tier_field(counter: str, tier: str) -> str:
 
 # -- pool-wide counters of a pool's stats hash ----------------------------------
 UPSTREAM_429 = "upstream_429"      # drain.lua: 429 responses of the pool's upstream
+UPSTREAM_ERRORS = "upstream_errors"  # workers.tasks: 5xx, timeouts and connection errors of the upstream
+CIRCUIT_OPENS = "circuit_opens"    # circuit.lua: the pool's circuit breaker opened
+CIRCUIT_CLOSES = "circuit_closes"  # circuit.lua: a half-open probe succeeded (failback)
+FAILOVERS = "failovers"            # workers.failover: reserved-tier calls served by this pool's backup
+RESCUED = "rescued"                # workers.rescue: queued reserved-tier tasks moved to a backup pool
+                                   # while this pool was drained or its circuit open
+DEGRADED = "degraded"              # workers.tasks (per tier): completed with a capped max_tokens or a
+                                   # substituted model
 STALE_RELEASES = "stale_releases"  # release.lua: a holder finished a task it had lost (lease expired,
                                    # restored and dispatched again): a duplicate execution
 FINISHED_NOT_ACKED = "finished_not_acked"  # workers.leases: an expired lease whose task already had its

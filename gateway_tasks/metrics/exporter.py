@@ -27,8 +27,10 @@ from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, COMPLETED, DEAD_LETTERED, DISPATCHED, EST_TOKENS,
-                                      EVICTED, EXPIRED, RETRIES, UPSTREAM_429, UPSTREAM_MS, WAIT_MS, tier_field)
+from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, CIRCUIT_CLOSES, CIRCUIT_OPENS, COMPLETED,
+                                      DEAD_LETTERED, DEGRADED, DISPATCHED, EST_TOKENS, EVICTED, EXPIRED,
+                                      FAILOVERS, RESCUED, RETRIES, UPSTREAM_429, UPSTREAM_ERRORS, UPSTREAM_MS,
+                                      WAIT_MS, tier_field)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
@@ -61,7 +63,20 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Queued tasks evicted to make room for a higher tier's arrival (shared queue capacity full)."),
     (CANCELLED, "gateway_cancelled_tasks",
      "Tasks cancelled by their owner (or a synchronous caller that went away), queued or running."),
+    (DEGRADED, "gateway_degraded_tasks",
+     "Tasks completed with a capped max_tokens or a fallback model (overload), per tier and serving pool."),
 )
+# pool-wide stats counter -> (metric name, help)
+_POOL_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (UPSTREAM_ERRORS, "gateway_upstream_errors", "Upstream 5xx, timeouts and connection errors."),
+    (CIRCUIT_OPENS, "gateway_circuit_opens", "Times the pool's circuit breaker opened."),
+    (CIRCUIT_CLOSES, "gateway_circuit_closes", "Times a half-open probe closed the circuit (failback)."),
+    (RESCUED, "gateway_rescued_tasks",
+     "Queued reserved-tier tasks moved to a backup pool while this pool was drained or its circuit open."),
+    (FAILOVERS, "gateway_failovers",
+     "Reserved-tier calls this pool failed that a backup pool served (at dispatch)."),
+)
+CIRCUIT_STATES = ("closed", "open", "half_open")
 
 
 @dataclass
@@ -78,6 +93,8 @@ class Snapshot:
     cron: dict[str, float] = field(default_factory=dict)                  # outcome -> count
     backlog_tokens: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, pool) ->
     forecast: Forecast | None = None
+    overload: dict[str, str] = field(default_factory=dict)                # the load-level state hash
+    circuits: dict[str, str] = field(default_factory=dict)                # pool -> circuit state
 
 
 def backlog_tokens(entries: list[bytes], depth: int) -> float:
@@ -116,11 +133,13 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
                 pipe.zcard(keys.index(pool, tier.name))   # a tier's queue length
             pipe.hgetall(keys.inflight(pool))
             pipe.hlen(keys.dispatched(pool))
+            pipe.hget(keys.circuit(pool), "state")
             for tier in settings.tiers:
                 pipe.zrandmember(keys.index(pool, tier.name), BACKLOG_SAMPLE)
         pipe.scard(keys.tenants)
         pipe.hgetall(keys.cron_stats)
         pipe.get(keys.cron_forecast)
+        pipe.hmget(keys.overload_state, "level", "changes")
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -136,7 +155,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for tenant, n in _num_hash(replies[i]).items():
             inflight[tenant] = inflight.get(tenant, 0) + int(n)
         snap.unacked += int(replies[i + 1])
-        i += 2
+        snap.circuits[pool] = (replies[i + 2] or b"closed").decode()
+        i += 3
         for tier in settings.tiers:
             snap.backlog_tokens[(tier.name, pool)] = backlog_tokens(
                 replies[i] or [], snap.depth[settings.queue_name(tier.name, pool)])
@@ -148,6 +168,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             snap.forecast = Forecast.from_json(replies[i + 2])
         except (ValueError, KeyError, TypeError):
             snap.forecast = None
+    level, changes = replies[i + 3]
+    snap.overload = {"level": (level or b"0").decode(), "changes": (changes or b"0").decode()}
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -204,6 +226,25 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
             wait_mean.add_metric([tier, pool], wait_s / dispatched if dispatched else 0.0)
     yield wait_total
     yield wait_mean
+
+    for counter, name, help_text in _POOL_COUNTERS:
+        fam = CounterMetricFamily(name, help_text, labels=["pool"])
+        for pool, stats in snap.stats.items():
+            fam.add_metric([pool], stats.get(counter, 0.0))
+        yield fam
+    circuit = GaugeMetricFamily("gateway_circuit_state",
+                                "1 for the state each pool's circuit breaker is in.",
+                                labels=["pool", "state"])
+    for pool, state in snap.circuits.items():
+        for name in CIRCUIT_STATES:
+            circuit.add_metric([pool, name], 1.0 if state == name else 0.0)
+    yield circuit
+    yield GaugeMetricFamily("gateway_overload_level",
+                            "The deployment's load level in force (0 = L0 normal .. 4 = L4).",
+                            value=float(snap.overload.get("level", 0) or 0))
+    yield CounterMetricFamily("gateway_overload_level_changes",
+                              "Changes of the load level (each one logged and kept in `gateway status`).",
+                              value=float(snap.overload.get("changes", 0) or 0))
 
     http_429 = CounterMetricFamily("gateway_upstream_429_responses",
                                    "Upstream 429 responses (each drains the pool until Retry-After).",

@@ -30,12 +30,14 @@ from gateway_tasks.core.errors import (DependencyFailed, Evicted, InvalidRequest
                                        RedisFull, RedisUnavailable, TaskCancelled, UnknownTask)
 from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
                                       tiers_below)
+from gateway_tasks.core.health import choose_pool, read_health
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.overload_actions import degrade, deferral
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.stats import CANCELLED, EVICTED, tier_field
 from gateway_tasks.core.request import InferenceRequest
-from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.producer.memory_guard import MemoryGuard
@@ -123,10 +125,56 @@ class Gateway:
         minute quota (default 0: its tier's ``tenant_tpm``)."""
         return self.tenants.register(tenant_id, tier, api_key, weight, tpm)[1]
 
+    def load_level(self) -> tuple[int, str]:
+        """The deployment's load level now and why (L0 when no controller ran)."""
+        return self._level_of(self.r.hmget(self.keys.overload_state, "level", "reason"))
+
+    def _level_of(self, raw: list[bytes | None]) -> tuple[int, str]:
+        if not self.settings.overload.enabled:
+            return 0, ""
+        level, reason = raw
+        return (int(level) if level else 0), (reason or b"").decode()
+
+    def _overload(self, tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,
+                  reason: str) -> tuple[Pool, str, int, dict[str, Any]]:
+        """The level's actions on a valid request: deferral (raises), max_tokens cap and model
+        fallback of degradable tiers; a reserved tier goes to a backup pool while its pool is
+        unavailable.  Returns (pool, model, max_tokens, what changed)."""
+        refused = deferral(tier, level, reason)
+        if refused is not None:
+            raise refused
+        served = {m for p in self.settings.pools for m in p.models}
+        d = degrade(self.settings.overload, tier, level, model, max_tokens,
+                    lambda m: self.settings.overload.fallback_for(m, pool.fallback_model),
+                    lambda m: m in served)
+        changes: dict[str, Any] = {}
+        if d.changed:
+            changes = {"level": level, "requested_max_tokens": max_tokens, "requested_model": model}
+            if d.substituted:
+                pool = self.settings.pool_for_model(d.model)
+        return pool, d.model, d.max_tokens, changes
+
+    def _route(self, tier: Tier, pool: Pool, model: str, est_tokens: int) -> tuple[Pool, str, str]:
+        """A reserved tier's pool: a backup while its own is unavailable (circuit open,
+        drained by a 429, or its bucket cannot admit within the tier's max wait).
+        Returns (pool, model, reason); reason "" = no failover."""
+        if tier.reserved_share <= 0 or not pool.backup_pools:
+            return pool, model, ""
+        backups = [self.settings.pool(n) for n in pool.backup_pools]
+        health = read_health(self.r, self.keys, [pool, *backups])
+        route = choose_pool(pool, backups, health, est_tokens, tier.max_wait_ms)
+        if not route.reason:
+            return pool, model, ""
+        target = route.pool
+        return target, (model if model in target.models else target.model), route.reason
+
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
-                 max_tokens: int | None = None, *, tenant: Tenant | None = None) -> InferenceRequest:
+                 max_tokens: int | None = None, *, tenant: Tenant | None = None,
+                 level: int | None = None, reason: str = "") -> InferenceRequest:
         """Validate a request and compute its routing and token estimate (enqueues nothing).
-        ``tenant``: the tenant's record when the caller read it already."""
+        ``tenant``: the tenant's record when the caller read it already.  ``level``: the load
+        level to apply, ``reason`` its cause (None: the deployment's now); a tier deferred at
+        that level raises ``Deferred``."""
         tenant = tenant or self.tenants.get(tenant_id)
         tier = self.settings.tier(tenant.tier)
         msgs = validate_messages(messages)
@@ -139,6 +187,9 @@ class Gateway:
         except Exception as exc:  # ConfigError -> the caller's mistake here
             raise InvalidRequest(str(exc)) from None
         model = model or pool.model
+        if level is None:
+            level, reason = self.load_level()
+        pool, model, max_tokens, changes = self._overload(tier, pool, model, max_tokens, level, reason)
         prompt_tokens = count_prompt_tokens(msgs)
         total = prompt_tokens + max_tokens
         if total > self.settings.max_prompt_tokens:
@@ -150,6 +201,12 @@ class Gateway:
                 f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
                 f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
                 f"(TPM {pool.tpm}); it could never be admitted")
+        requested_pool, requested_model = pool.name, model
+        pool, model, failover = self._route(tier, pool, model, total)
+        if failover:
+            changes = {"level": level, "requested_max_tokens": max_tokens,
+                       "requested_model": changes.get("requested_model", requested_model), **changes,
+                       "requested_pool": requested_pool, "failover": failover}
         completion_est = max_tokens
         if pool.charge == "actual":
             learned = self.r.hget(self.keys.learned(pool.name), learned_field(tenant_id, model))
@@ -158,7 +215,8 @@ class Gateway:
         return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                                 messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
                                 est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
-                                tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm))
+                                tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm),
+                                degradation=changes)
 
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,
@@ -205,15 +263,18 @@ class Gateway:
             task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant_id}:{idempotency_key}"))
         # one round trip: the tenant's record, and the task's owner written ahead (a
         # request found invalid below takes it back)
-        record, owned = {}, False
-        if isinstance(tenant_id, str):
+        record, owned, level = {}, False, [None, None]
+        if isinstance(tenant_id, str):   # and the load level (overload), in the same round trip
             with self.r.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self.keys.tenant(tenant_id))
                 pipe.set(self.keys.task_owner(task_id), tenant_id, ex=self.settings.result_ttl_s, nx=True)
-                record, owned = pipe.execute()
+                pipe.hmget(self.keys.overload_state, "level", "reason")
+                record, owned, level = pipe.execute()
+        level_now, reason = self._level_of(level)
         try:
             req = replace(self.estimate(tenant_id, messages, model, max_tokens,
-                                        tenant=TenantRegistry.from_record(tenant_id, record)),
+                                        tenant=TenantRegistry.from_record(tenant_id, record),
+                                        level=level_now, reason=reason),
                           deadline_s=deadline_s, source=source, extra_body=extra_body or {},
                           stream=bool(stream))
             deps = self._dependencies(depends_on)

@@ -6,6 +6,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     DELETE /v1/tasks/{task_id}  cancel it: 200 queued (removed) / 202 running (revoked) / 409 finished
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks)
+    GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
     /v1/admin/...               tenants and settings (gateway_tasks.rest.admin; admin credential)
@@ -29,6 +30,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest, UnknownTask
+from gateway_tasks.core.status import deployment_status
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import FINISHED, Gateway
 from gateway_tasks.rest.admin import admin_router
@@ -165,6 +167,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         if wait_ms is not None:
             headers["X-Gateway-Queue-Wait-Ms"] = str(wait_ms)
         return JSONResponse(result["response"], headers=headers)
+
+    @app.get("/v1/status", name="status")
+    def status(tenant: TenantDep) -> dict[str, Any]:
+        return deployment_status(gateway.r, gateway.settings)
 
     @app.get("/healthz", name="healthz")
     def healthz() -> JSONResponse:

@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway_tasks.core.errors import ApiError, ConfigError, GatewayError, InvalidRequest, PromptTooLarge, \
-    RedisUnavailable, Rejected, UnknownTask, UnknownTenant
+from gateway_tasks.core.errors import ApiError, ConfigError, Deferred, GatewayError, InvalidRequest, \
+    PromptTooLarge, RedisUnavailable, Rejected, UnknownTask, UnknownTenant
 from gateway_tasks.core.tenants import Tenant
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
@@ -79,6 +79,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         if isinstance(exc, ApiError):
             return api_error_response(exc)
+        if isinstance(exc, Deferred):
+            # overload: the tier's new work is deferred; the body says until when and why
+            retry_s = max(RETRY_AFTER_MIN_S, math.ceil(exc.retry_after_s or 0))
+            return JSONResponse(error_body("Deferred", str(exc), retry_after_s=exc.retry_after_s,
+                                           reason=exc.reason, level=exc.level),
+                                status_code=429, headers={"Retry-After": str(retry_s)})
         status = status_for(exc)
         extra: dict[str, Any] = {}
         headers = None

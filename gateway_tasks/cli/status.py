@@ -1,0 +1,38 @@
+"""``gateway status``: the deployment's load level, its reason and history, what each
+tier gets now, and each pool's circuit breaker -- read from Redis, no Flower needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import redis
+
+from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.settings import get_settings
+from gateway_tasks.core.status import deployment_status, format_status
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    client = redis.Redis.from_url(settings.require_redis_url("`gateway status`"))
+    try:
+        status = deployment_status(client, settings, history=args.history)
+    except redis.RedisError as exc:
+        raise ConfigError(f"cannot read the status from {settings.public().redis_url}: {exc}") from None
+    finally:
+        client.close()
+    sys.stdout.write((json.dumps(status, indent=2) if args.json else format_status(status)) + "\n")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "status", help="print the load level (L0-L4), its reason and history, and the pools' circuits",
+        description="The overload controller's decision as the workers committed it in Redis: "
+                    "level, reason, signals, level changes, tier actions, circuit breakers.")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    parser.add_argument("--history", type=int, default=20, help="level changes shown (default %(default)s)")
+    parser.set_defaults(func=_run)

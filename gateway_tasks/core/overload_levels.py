@@ -1,0 +1,144 @@
+"""Load levels L0-L4 as pure functions (no I/O, table-tested in tests/test_overload_levels.py).
+
+The controller (workers/overload.py) samples the deployment's cumulative
+counters every tick; two samples a window apart give the measured signals
+(``measure``), the signals give the level they ask for (``target_level``), and
+``hysteresis`` turns that into the level in force:
+
+* it rises at once: a signal asking for level k puts the level at k or above now;
+* it falls only after the signal stayed below a level for the hold time: each
+  level k remembers when a signal last asked for k (``seen``), and the level is
+  the highest k asked for within the last ``hold_ms``.  So L3 -> L0 takes one hold
+  after the last tick that asked for L1 or more, and a signal hovering around a
+  threshold holds the level instead of flapping.
+
+A sample is JSON (it is stored in Redis by lua/overload_commit.lua):
+``{"ts_ms": int, "pools": {pool: {"tokens", "ok", "errors", "r429"}},
+"tiers": {tier: {"dispatched", "wait_ms"}}}`` -- cumulative counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from gateway_tasks.core.settings import MAX_LEVEL, Overload
+
+Sample = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the controller measured over one window."""
+
+    window_ms: int = 0
+    utilisation: dict[str, float] = field(default_factory=dict)          # pool -> used / TPM
+    error_rate: dict[str, float | None] = field(default_factory=dict)    # pool -> rate (None: too few calls)
+    calls: dict[str, int] = field(default_factory=dict)                  # pool -> upstream calls in the window
+    queue_depth: int = 0                                                  # tasks queued now, every tier/pool
+    wait_ms: dict[str, float | None] = field(default_factory=dict)       # tier -> mean wait of its dispatches
+    # tier -> age of the oldest queued task among the tenants next in line (every pool)
+    oldest_wait_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window_ms": self.window_ms, "utilisation": self.utilisation,
+                "error_rate": self.error_rate, "calls": self.calls,
+                "queue_depth": self.queue_depth, "wait_ms": self.wait_ms,
+                "oldest_wait_ms": self.oldest_wait_ms}
+
+
+def baseline(samples: Sequence[Sample], now_ms: int, window_ms: int) -> Sample | None:
+    """The sample to measure against: the newest one at least a window old, else the
+    oldest one there is (a young deployment measures over what it has); None if there
+    is none older than now."""
+    older = [s for s in samples if int(s["ts_ms"]) < now_ms]
+    if not older:
+        return None
+    full = [s for s in older if int(s["ts_ms"]) <= now_ms - window_ms]
+    if full:
+        return max(full, key=lambda s: int(s["ts_ms"]))
+    return min(older, key=lambda s: int(s["ts_ms"]))
+
+
+def _delta(now: Mapping[str, Any], old: Mapping[str, Any], name: str) -> float:
+    return max(0.0, float(now.get(name, 0)) - float(old.get(name, 0)))
+
+
+def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_depth: int,
+            min_calls: int, oldest_wait_ms: Mapping[str, float] | None = None) -> Signals:
+    """The signals between two samples (``old`` None: only the queue's depth and ages are known)."""
+    oldest = dict(oldest_wait_ms or {})
+    if old is None:
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
+    window_ms = int(now["ts_ms"]) - int(old["ts_ms"])
+    if window_ms <= 0:
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
+    util: dict[str, float] = {}
+    errors: dict[str, float | None] = {}
+    calls: dict[str, int] = {}
+    for pool, counters in now.get("pools", {}).items():
+        before = old.get("pools", {}).get(pool, {})
+        capacity = tpm.get(pool, 0) * window_ms / 60_000.0
+        if capacity > 0:
+            util[pool] = round(_delta(counters, before, "tokens") / capacity, 4)
+        failed = _delta(counters, before, "errors") + _delta(counters, before, "r429")
+        n = int(failed + _delta(counters, before, "ok"))
+        calls[pool] = n
+        errors[pool] = round(failed / n, 4) if n >= min_calls else None
+    waits: dict[str, float | None] = {}
+    for tier, counters in now.get("tiers", {}).items():
+        before = old.get("tiers", {}).get(tier, {})
+        n = _delta(counters, before, "dispatched")
+        waits[tier] = round(_delta(counters, before, "wait_ms") / n, 1) if n else None
+    return Signals(window_ms, util, errors, calls, queue_depth, waits, oldest)
+
+
+def target_level(signals: Signals, overload: Overload,
+                 max_wait_ms: Mapping[str, float]) -> tuple[int, str]:
+    """The level the signals ask for, and why (the strongest trigger, in words)."""
+    level, reason = 0, "all signals below their thresholds"
+
+    def ask(k: int, why: str) -> None:
+        nonlocal level, reason
+        if k > level:
+            level, reason = k, why
+
+    for pool, u in sorted(signals.utilisation.items()):
+        for k, threshold in enumerate(overload.utilisation_thresholds, start=1):
+            if u >= threshold:
+                ask(k, f"pool {pool} utilisation {u:.2f} >= {threshold:g}")
+    for pool, rate in sorted(signals.error_rate.items()):
+        if rate is not None and rate > overload.error_rate_threshold and overload.error_rate_level:
+            ask(overload.error_rate_level,
+                f"pool {pool} upstream error rate {rate:.2f} > {overload.error_rate_threshold:g}")
+    if signals.queue_depth > overload.queue_depth_threshold and overload.queue_depth_level:
+        ask(overload.queue_depth_level,
+            f"{signals.queue_depth} tasks queued > {overload.queue_depth_threshold}")
+    for tier, wait in sorted(signals.wait_ms.items()):
+        limit = max_wait_ms.get(tier)
+        if wait is not None and limit and wait > limit and overload.wait_level:
+            ask(overload.wait_level, f"tier {tier} waited {wait / 1000:.1f} s > its max wait "
+                                     f"{limit / 1000:g} s")
+    for tier, age in sorted(signals.oldest_wait_ms.items()):
+        limit = max_wait_ms.get(tier)
+        if limit and age > limit and overload.wait_level:
+            ask(overload.wait_level, f"tier {tier}'s oldest queued task has waited {age / 1000:.1f} s "
+                                     f"> its max wait {limit / 1000:g} s")
+    return level, reason
+
+
+Seen = tuple[int | None, ...]   # per level 1..MAX_LEVEL: last time (ms) a signal asked for it
+NEVER: Seen = (None,) * MAX_LEVEL
+
+
+def hysteresis(seen: Seen, target: int, now_ms: int, hold_ms: int) -> tuple[Seen, int]:
+    """The new ``seen`` and the level in force: the highest level asked for within hold_ms."""
+    updated = tuple(now_ms if target >= k else (seen[k - 1] if k - 1 < len(seen) else None)
+                    for k in range(1, MAX_LEVEL + 1))
+    level = 0
+    for k in range(MAX_LEVEL, 0, -1):
+        t = updated[k - 1]
+        if t is not None and now_ms - t < hold_ms:
+            level = k
+            break
+    return updated, level

@@ -1,0 +1,82 @@
+"""bench-overload's report maths on fixed inputs (the run itself is `make bench`)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gateway_tasks.devtools.bench import overload, overload_report as rep
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    ([], 99, None), ([5], 99, 5.0), (list(range(1, 101)), 99, 99.0), (list(range(1, 101)), 50, 50.0),
+    ([3, 1, 2], 100, 3.0),
+])
+def test_percentile_table(values, q, expected):
+    assert rep.percentile(values, q) == expected
+
+
+def meta(wait_ms, changed=False, capped=False, fallback=False, status="SUCCESS"):
+    if status != "SUCCESS":
+        return {"status": status, "result": {"exc_type": "UpstreamError"}}
+    return {"status": "SUCCESS", "result": {"timing": {"queue_wait_ms": wait_ms}, "overload": {
+        "changed": changed, "max_tokens": {"capped": capped}, "model": {"substituted": fallback}}}}
+
+
+def test_tier_row_counts_every_outcome():
+    metas = [meta(10), meta(30, True, True, True), meta(0, status="FAILURE")]
+    row = rep.tier_row("batch", 4, {"L3: retry after 600 s": 5}, [600.0], {"QueueFull": 1}, metas)
+    assert row["offered"] == 10 and row["completed"] == 2 and row["failed"] == 1 and row["pending"] == 1
+    assert row["deferred"] == 5 and row["degraded"] == 1 and row["capped"] == 1 and row["fallback_model"] == 1
+    assert row["failed_by"] == {"UpstreamError": 1} and row["p99_wait_ms"] == 30.0
+
+
+def result(changes, drop_s=60.0, **kw):
+    return _result([{"from": 0, "reason": "test", **c} for c in changes], drop_s, **kw)
+
+
+def _result(changes, drop_s=60.0, vip_done=1000, vip_p99=20.0, r429=0, pending=0):
+    vip = {"tier": "vip", "offered": 1000, "completed": vip_done, "pending": pending, "p99_wait_ms": vip_p99,
+           "deferred": 0, "deferred_retry_after_s": []}
+    return {"config": {"hold_s": 30.0}, "tiers": {"vip": vip},
+            "upstream": {"requests_ok": 1000, "requests_429": r429, "requests_error": 0},
+            "drop_s": drop_s, "level_changes": changes}
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ([], 0.0),
+    ([{"t_s": 5, "to": 3}], None),                                   # never came back
+    ([{"t_s": 5, "to": 3}, {"t_s": 80, "to": 1}, {"t_s": 100, "to": 0}], 40.0),
+    ([{"t_s": 5, "to": 2}, {"t_s": 30, "to": 0}], 0.0),               # back before the drop
+])
+def test_return_to_l0(changes, expected):
+    assert rep.return_to_l0_s(result(changes)) == expected
+
+
+def test_targets_pass_and_fail():
+    good = rep.evaluate(result([{"t_s": 5, "to": 3}, {"t_s": 110, "to": 0}]))
+    assert good["all_targets_pass"], good["targets"]
+    bad = rep.evaluate(result([{"t_s": 5, "to": 3}, {"t_s": 130, "to": 0}], vip_done=998, vip_p99=80.0,
+                              r429=5, pending=1))
+    assert {k for k, t in bad["targets"].items() if not t["pass"]} == {
+        "vip_served", "vip_p99_wait", "upstream_429", "back_to_l0", "none_lost"}
+    assert "FAIL" in rep.format_report({**bad, "runtime_s": 1, "tiers": {"vip": {
+        **bad["tiers"]["vip"], "submitted": 1, "failed": 0, "failed_by": {}, "deferred_by": {}, "refused": {},
+        "degraded": 0, "capped": 0, "fallback_model": 0, "p50_wait_ms": 1.0}},
+        "config": {**bad["config"], "overload_factor": 3, "overload_s": 60, "recovery_factor": 0.5,
+                   "recovery_s": 75, "tpm": 1, "window_s": 10}, "timeline": [[0, 0], [5, 3]], "end_s": 135})
+
+
+def test_compact_timeline_one_mark_per_step():
+    assert rep.compact_timeline([(0, 0), (1, 1), (5.2, 3), (9, 3), (10.1, 0)]) == "030"
+
+
+def test_quick_and_flags():
+    ns = argparse.Namespace(tpm=1000, concurrency=4, quick=True, overload_s=None, recovery_s=None)
+    spec = overload.spec_from_args(ns)
+    assert spec.overload_s == overload.QUICK["overload_s"] and spec.tpm == 1000
+    with pytest.raises(Exception, match="positive"):
+        overload.spec_from_args(argparse.Namespace(tpm=0, concurrency=4, quick=False, overload_s=None,
+                                                   recovery_s=None))
+    assert abs(sum(m.share for m in overload.MIX) - 1.0) < 1e-9

@@ -1,0 +1,252 @@
+"""The load-level controller against a real Redis (one decision for the deployment,
+compare-and-set, hysteresis, history), and each level's actions at submit through the
+Python API, the REST API (429 + Retry-After + JSON), `gateway status`, GET /v1/status and
+the metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway_tasks.core.clock import redis_now_ms
+from gateway_tasks.core.errors import Deferred
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.overload_state import read_history, read_state
+from gateway_tasks.core.settings import MAX_LEVEL, Overload
+from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_ERRORS, tier_field
+from gateway_tasks.metrics.exporter import render
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.rest.app import create_app
+from workers.overload import OverloadCommitCall, OverloadController
+from gateway_tasks.core.scripts import scripts_for
+
+FAST = Overload(tick_s=0.2, window_s=1.0, hold_s=1.0)
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+def force_level(r, settings, level: int, reason: str = "forced by the test") -> None:
+    """Commit a decision at ``level`` through the controller's own script (the one writer),
+    as if a signal had asked for it just now (so it holds for a hold time)."""
+    keys = Keys(settings.key_prefix)
+    state = read_state(r, keys)
+    now = redis_now_ms(r)
+    seen = tuple(now if k <= level else None for k in range(1, MAX_LEVEL + 1))
+    call = OverloadCommitCall(keys, state.version, 0, now, level, reason, {}, {"ts_ms": now}, 5, seen)
+    assert scripts_for(r).run(call)[0]
+
+
+def wait_level(controller, level, timeout_s=15.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = controller.tick()
+        if d.level == level:
+            return d
+        time.sleep(controller.settings.overload.tick_s)
+    raise AssertionError(f"level never reached L{level}; last {d}")
+
+
+@pytest.fixture
+def fast(settings):
+    return settings.with_(overload=FAST)
+
+
+def test_one_decision_per_tick_however_many_workers(r, fast):
+    a, b = OverloadController(r, fast), OverloadController(r, fast)
+    first = a.tick()
+    second = b.tick()          # same tick: refused, it reads the decision instead
+    assert first.committed and not second.committed and second.level == first.level == 0
+    state = read_state(r, Keys(fast.key_prefix))
+    assert state.version == 1 and state.ts_ms > 0
+    time.sleep(0.25)
+    assert b.tick().committed
+
+
+def test_utilisation_raises_the_level_at_once_and_it_falls_after_the_hold(r, fast):
+    keys = Keys(fast.key_prefix)
+    c = OverloadController(r, fast)
+    c.tick()
+    tpm = fast.pools[0].tpm
+    time.sleep(0.3)
+    r.hincrby(keys.stats("default"), tier_field(ACTUAL_TOKENS, "batch"), int(tpm))   # a minute's worth
+    d = c.tick()
+    assert d.committed and d.level == 3 and "utilisation" in d.reason, d
+    assert d.signals.utilisation["default"] > 0.95
+    # no more traffic: util falls to 0 after the window, the level after the hold
+    down = wait_level(c, 0)
+    assert down.level == 0
+    history = read_history(r, keys)
+    assert [(h["from"], h["to"]) for h in history] == [(0, 3), (3, 0)]
+    assert "utilisation" in history[0]["reason"]
+    assert read_state(r, keys).changes == 2
+    assert b"gateway_overload_level_changes_total 2.0" in render(r, fast)
+
+
+def test_queue_depth_and_error_rate_levels(r, fast):
+    keys = Keys(fast.key_prefix)
+    few = fast.with_(overload=Overload(tick_s=0.2, window_s=1.0, hold_s=1.0, queue_depth_threshold=5))
+    c = OverloadController(r, few)
+    r.zadd(keys.index("default", "batch"), {f"t|{i:016x}|tag{i}|1|0|1": 0 for i in range(6)})
+    d = c.tick()
+    assert d.level == 4 and "6 tasks queued > 5" in d.reason
+    r.delete(keys.index("default", "batch"))
+    other = fast.with_(key_prefix=fast.key_prefix + "e:")
+    ke = Keys(other.key_prefix)
+    ce = OverloadController(r, other)
+    ce.tick()
+    time.sleep(0.3)
+    r.hincrby(ke.stats("default"), UPSTREAM_ERRORS, 30)
+    r.hincrby(ke.stats("default"), tier_field(COMPLETED, "vip"), 70)
+    d = ce.tick()
+    assert d.level == 3 and "error rate 0.30" in d.reason
+    for k in r.scan_iter(match=f"{other.key_prefix}*"):
+        r.delete(k)
+
+
+def test_an_old_queued_task_raises_the_level(r, fast):
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+    from workers.overload import oldest_waits
+
+    keys = Keys(fast.key_prefix)
+    now = redis_now_ms(r)
+    for i, age_ms in enumerate((500, 4_000)):           # vip's max wait is 2 s
+        enqueue(r, EnqueueCall(keys, fast.tier("vip"), "default", tenant=f"t{i}", tag=f"tag{i}",
+                               est_tokens=10, message_json="{}", enqueued_ms=now - age_ms))
+    ages = oldest_waits(r, keys, fast, now)
+    assert 4_000 <= ages["vip"] < 5_000 and "batch" not in ages
+    d = OverloadController(r, fast).tick()
+    assert d.level == 3 and "vip's oldest queued task" in d.reason
+
+
+@pytest.fixture
+def gw(r, settings):
+    g = Gateway(settings, client=r)
+    g.register_tenant("acme", "vip")
+    g.register_tenant("pro1", "normal")
+    g.register_tenant("free1", "batch")
+    yield g
+    g.app.close()
+
+
+def test_each_level_at_submit(r, gw):
+    keys = Keys(gw.settings.key_prefix)
+    h = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000)
+    assert h.model == "gpt-4o"                                 # L0: as requested
+    for level, normal_tokens, normal_model in [(1, 2048, "gpt-4o"), (2, 1024, "gpt-4o-mini"),
+                                                (3, 1024, "gpt-4o-mini")]:
+        force_level(r, gw.settings, level)
+        req = gw.estimate("pro1", HELLO, model="gpt-4o", max_tokens=4000)
+        assert (req.max_tokens, req.model) == (normal_tokens, normal_model), level
+        assert req.degradation == {"level": level, "requested_max_tokens": 4000, "requested_model": "gpt-4o"}
+        vip = gw.estimate("acme", HELLO, model="gpt-4o", max_tokens=4000)
+        assert (vip.max_tokens, vip.model, vip.degradation) == (4000, "gpt-4o", {})
+    depth_before = r.zcard(keys.index("default", "batch"))
+    with pytest.raises(Deferred) as exc:                       # L3: batch deferred
+        gw.submit("free1", HELLO)
+    assert exc.value.retry_after_s == 600 and exc.value.level == 3 and "batch" in exc.value.reason
+    assert r.zcard(keys.index("default", "batch")) == depth_before   # nothing enqueued
+    gw.submit("pro1", HELLO)                                    # normal still taken at L3
+    force_level(r, gw.settings, 4)
+    with pytest.raises(Deferred) as exc:
+        gw.submit("pro1", HELLO)
+    assert exc.value.retry_after_s == 300
+    gw.submit("acme", HELLO)                                    # vip never deferred
+
+
+def test_fallback_map_then_the_pools_fallback_model_at_submit(r, settings):
+    from gateway_tasks.core.settings import Pool
+
+    big = Pool("big", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m-large", "m-mid"),
+               tpm=600_000, rpm=6_000, fallback_model="m-small")
+    small = Pool("small", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m-small",),
+                 tpm=600_000, rpm=6_000)
+    s = settings.with_(pools=(big, small), overload=Overload(fallback_models=(("m-large", "m-mid"),)))
+    g = Gateway(s, client=r)
+    g.register_tenant("pro1", "normal")
+    force_level(r, s, 2)
+    mapped = g.estimate("pro1", HELLO, model="m-large", max_tokens=100)
+    assert (mapped.model, mapped.pool) == ("m-mid", "big")            # the settings map first
+    by_pool = g.estimate("pro1", HELLO, model="m-mid", max_tokens=100)
+    assert (by_pool.model, by_pool.pool) == ("m-small", "small")      # then the pool's fallback_model,
+    handle = g.submit("pro1", HELLO, model="m-mid", max_tokens=100)   # served by another pool
+    assert handle.queue == "gt.normal.small" and handle.model == "m-small"
+    g.app.close()
+
+
+def test_rest_answers_429_with_retry_after_and_status(r, gw):
+    key = gw.register_tenant("free2", "batch")
+    force_level(r, gw.settings, 3, "pool default utilisation 1.00 >= 0.95")
+    with TestClient(create_app(gw)) as client:
+        resp = client.post("/v1/tasks", json={"messages": HELLO}, headers={"Authorization": f"Bearer {key}"})
+        assert resp.status_code == 429 and resp.headers["Retry-After"] == "600"
+        err = resp.json()["error"]
+        assert err["type"] == "Deferred" and err["retry_after_s"] == 600 and err["level"] == 3
+        assert "utilisation" in err["reason"]
+        chat = client.post("/v1/chat/completions", json={"messages": HELLO},
+                           headers={"Authorization": f"Bearer {key}"})
+        assert chat.status_code == 429 and chat.json()["error"]["type"] == "Deferred"
+        assert chat.headers["Retry-After"] == "600"
+        status = client.get("/v1/status", headers={"Authorization": f"Bearer {key}"})
+        assert status.status_code == 200
+        body = status.json()
+        assert body["level"] == 3 and body["tiers"]["batch"]["deferred"] and not body["tiers"]["vip"]["deferred"]
+        assert body["tiers"]["normal"]["max_tokens_cap"] == 1024 and body["pools"]["default"]["circuit"] == "closed"
+        assert body["history"][-1]["to"] == 3
+        assert "sk-" not in status.text
+        assert client.get("/v1/status").status_code == 401
+    assert b"gateway_overload_level 3.0" in render(gw)
+
+
+def test_gateway_status_command(r, gw, redis_url):
+    force_level(r, gw.settings, 2, "pool default utilisation 0.90 >= 0.85")
+    env = dict(os.environ, REDIS_URL=redis_url, GATEWAY_KEY_PREFIX=gw.settings.key_prefix)
+    for var in ("GATEWAY_CONFIG", "GATEWAY_SETTINGS_JSON", "GATEWAY_POOLS_JSON"):
+        env.pop(var, None)
+    text = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status"], env=env, check=True,
+                          capture_output=True, text=True).stdout
+    assert "load level: L2" in text and "utilisation 0.90" in text and "fallback model" in text
+    as_json = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status", "--json"], env=env,
+                             check=True, capture_output=True, text=True).stdout
+    assert json.loads(as_json)["level"] == 2
+
+
+@pytest.mark.slow
+def test_worker_records_what_each_level_changed(r, settings, tmp_path):
+    from gateway_tasks.core.settings import Pool
+    from gateway_tasks.devtools import processes
+    from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+
+    with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini", "gpt-4o"),
+                    tpm=600_000, rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "vip")
+        gw.register_tenant("pro1", "normal")
+        queued_at_l0 = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000)   # no worker yet
+        force_level(r, s, 1)                   # the level rises while it waits: capped at dispatch
+        worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            at_dispatch = queued_at_l0.get(timeout=30)
+            force_level(r, s, 2)
+            degraded = gw.submit("pro1", HELLO, model="gpt-4o", max_tokens=4000).get(timeout=30)
+            vip = gw.submit("acme", HELLO, model="gpt-4o", max_tokens=4000).get(timeout=30)
+        finally:
+            worker.stop()
+    o = at_dispatch["overload"]
+    assert o["level_at_submit"] == 0 and o["level_at_dispatch"] >= 1
+    assert o["max_tokens"] == {"requested": 4000, "used": 2048, "capped": True}
+    assert at_dispatch["tokens"]["completion"] <= 2048
+    o = degraded["overload"]
+    assert o["level_at_submit"] == 2 and o["max_tokens"]["used"] == 1024 and o["changed"]
+    assert o["model"] == {"requested": "gpt-4o", "used": "gpt-4o-mini", "substituted": True}
+    assert degraded["model"] == "gpt-4o-mini" and degraded["response"]["model"] == "gpt-4o-mini"
+    assert not vip["overload"]["changed"] and vip["model"] == "gpt-4o"
+    stats = {k.decode(): int(v) for k, v in r.hgetall(Keys(s.key_prefix).stats("default")).items()}
+    assert stats["degraded:normal"] == 2 and "degraded:vip" not in stats

@@ -1,0 +1,194 @@
+"""Load levels as pure functions: signals -> target level, hysteresis, measurement windows,
+and each level's actions (caps, model fallback, deferral).  No Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway_tasks.core.errors import ConfigError, Deferred, Rejected
+from gateway_tasks.core.overload_actions import degrade, deferral, record
+from gateway_tasks.core.overload_levels import NEVER, Signals, baseline, hysteresis, measure, target_level
+from gateway_tasks.core.settings import Overload, Pool, Settings, load_settings
+
+O = Overload()
+MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
+
+
+@pytest.mark.parametrize("signals, level, why", [
+    (Signals(), 0, "below"),
+    (Signals(utilisation={"p": 0.74}), 0, "below"),
+    (Signals(utilisation={"p": 0.75}), 1, "utilisation 0.75"),
+    (Signals(utilisation={"p": 0.86}), 2, ">= 0.85"),
+    (Signals(utilisation={"p": 0.95}), 3, ">= 0.95"),
+    (Signals(utilisation={"a": 0.2, "b": 1.3}), 3, "pool b"),
+    (Signals(error_rate={"p": 0.1}), 0, "below"),              # > 0.1, not >=
+    (Signals(error_rate={"p": 0.11}), 3, "error rate 0.11"),
+    (Signals(error_rate={"p": None}), 0, "below"),             # too few calls to judge
+    (Signals(queue_depth=10_000), 0, "below"),
+    (Signals(queue_depth=10_001), 4, "10001 tasks queued"),
+    (Signals(utilisation={"p": 0.8}, queue_depth=20_000), 4, "queued"),
+    (Signals(wait_ms={"vip": 2_500.0}), 3, "tier vip waited 2.5 s"),
+    (Signals(wait_ms={"batch": 200_000.0, "vip": None}), 0, "below"),
+    (Signals(oldest_wait_ms={"normal": 31_000.0}), 3, "tier normal's oldest queued task has waited 31.0 s"),
+    (Signals(oldest_wait_ms={"normal": 29_000.0, "vip": 1_900.0}), 0, "below"),
+])
+def test_target_level_table(signals, level, why):
+    got, reason = target_level(signals, O, MAX_WAIT)
+    assert got == level and why in reason, reason
+
+
+HOLD = 30_000
+
+
+@pytest.mark.parametrize("steps", [
+    # (now_ms, target, expected level)
+    [(0, 0, 0), (1_000, 3, 3), (2_000, 0, 3), (30_999, 0, 3), (31_000, 0, 0)],      # rises at once, one hold
+    [(0, 2, 2), (1_000, 1, 2), (30_000, 1, 1), (31_000, 0, 1), (60_999, 0, 0)],    # each level its own hold
+    [(0, 3, 3), (10_000, 1, 3), (29_000, 2, 3), (30_000, 0, 2), (59_000, 0, 0)],   # falls to what was asked
+    [(0, 1, 1), (1_000, 0, 1), (2_000, 1, 1), (3_000, 0, 1), (31_000, 0, 1),        # hovering: no flapping
+     (32_000, 0, 0)],
+    [(0, 4, 4), (1_000, 2, 4), (30_999, 2, 2), (31_000, 4, 4)],                     # and back up at once
+])
+def test_hysteresis_rises_fast_and_falls_after_the_hold(steps):
+    seen = NEVER
+    for now, target, expected in steps:
+        seen, level = hysteresis(seen, target, now, HOLD)
+        assert level == expected, (now, target, level)
+
+
+def test_a_level_changes_at_most_once_per_hold_on_a_noisy_signal():
+    seen, changes, last = NEVER, 0, 0
+    for t in range(0, 120_000, 1_000):
+        target = 1 if (t // 1000) % 3 == 0 else 0       # a signal crossing 0.75 every 3 s
+        seen, level = hysteresis(seen, target, t, HOLD)
+        changes += level != last
+        last = level
+    assert changes == 1 and last == 1
+
+
+def sample(ts, tokens=0, ok=0, errors=0, r429=0, dispatched=0, wait_ms=0):
+    return {"ts_ms": ts, "pools": {"p": {"tokens": tokens, "ok": ok, "errors": errors, "r429": r429}},
+            "tiers": {"vip": {"dispatched": dispatched, "wait_ms": wait_ms}}}
+
+
+def test_measure_rates_over_the_window():
+    old, now = sample(0), sample(10_000, tokens=90_000, ok=80, errors=15, r429=5, dispatched=4, wait_ms=400)
+    s = measure(now, old, {"p": 600_000}, queue_depth=7, min_calls=20)
+    assert s.window_ms == 10_000
+    assert s.utilisation["p"] == pytest.approx(0.9)          # 90k tokens in 10 s of a 600k TPM pool
+    assert s.error_rate["p"] == pytest.approx(0.2) and s.calls["p"] == 100
+    assert s.wait_ms["vip"] == 100.0 and s.queue_depth == 7
+    few = measure(sample(10_000, ok=5, errors=5), old, {"p": 600_000}, 0, min_calls=20)
+    assert few.error_rate["p"] is None                        # 10 calls: not judged
+    assert measure(now, None, {"p": 1}, 3, 20) == Signals(queue_depth=3)
+
+
+@pytest.mark.parametrize("stored, now, window, expected", [
+    ([], 10_000, 10_000, None),
+    ([9_000, 8_000], 10_000, 10_000, 8_000),                  # young: the oldest there is
+    ([9_000, 1_000, 0], 10_000, 10_000, 0),                   # the newest a whole window old
+    ([10_000], 10_000, 10_000, None),                          # nothing older than now
+    ([12_000, 2_000, 500], 12_500, 10_000, 2_000),
+])
+def test_baseline_table(stored, now, window, expected):
+    got = baseline([sample(t) for t in stored], now, window)
+    assert (got["ts_ms"] if got else None) == expected
+
+
+# -- actions per level --------------------------------------------------------------
+S = Settings()
+VIP, NORMAL, BATCH = S.tier("vip"), S.tier("normal"), S.tier("batch")
+SERVED = {"gpt-4o", "gpt-4o-mini"}
+
+
+def act(tier, level, model="gpt-4o", max_tokens=4_000):
+    return degrade(O, tier, level, model, max_tokens, lambda m: O.fallback_for(m), lambda m: m in SERVED)
+
+
+@pytest.mark.parametrize("tier, level, model, max_tokens, exp_model, exp_tokens", [
+    (NORMAL, 0, "gpt-4o", 4_000, "gpt-4o", 4_000),
+    (NORMAL, 1, "gpt-4o", 4_000, "gpt-4o", 2_048),            # L1: cap 2048
+    (NORMAL, 1, "gpt-4o", 100, "gpt-4o", 100),                # a cap never raises
+    (NORMAL, 2, "gpt-4o", 4_000, "gpt-4o-mini", 1_024),       # L2: tighter cap + fallback model
+    (BATCH, 3, "gpt-4o", 4_000, "gpt-4o-mini", 1_024),
+    (NORMAL, 2, "gpt-4o-mini", 4_000, "gpt-4o-mini", 1_024),  # no fallback of the fallback
+    (VIP, 4, "gpt-4o", 4_000, "gpt-4o", 4_000),               # vip: as requested at every level
+])
+def test_degrade_table(tier, level, model, max_tokens, exp_model, exp_tokens):
+    d = act(tier, level, model, max_tokens)
+    assert (d.model, d.max_tokens) == (exp_model, exp_tokens)
+    assert d.changed == ((exp_model, exp_tokens) != (model, max_tokens))
+
+
+def test_fallback_only_to_a_model_the_caller_can_route_to():
+    d = degrade(O, NORMAL, 2, "gpt-4o", 10, lambda m: O.fallback_for(m), lambda m: m == "gpt-4o")
+    assert d.model == "gpt-4o"
+
+
+def test_fallback_map_then_the_pools_fallback_model():
+    o = Overload(fallback_models=(("big", "small"),))
+    assert o.fallback_for("big", "other") == "small"          # the map first
+    assert o.fallback_for("mid", "small") == "small"          # then the pool's fallback_model
+    assert o.fallback_for("small", "small") == ""             # never itself
+    assert o.fallback_for("mid") == ""
+
+
+@pytest.mark.parametrize("tier, level, deferred, retry_s", [
+    (BATCH, 2, False, None), (BATCH, 3, True, 600), (BATCH, 4, True, 600),
+    (NORMAL, 3, False, None), (NORMAL, 4, True, 300),
+    (VIP, 4, False, None),                                    # never deferred
+])
+def test_deferral_table(tier, level, deferred, retry_s):
+    got = deferral(tier, level, "pool p utilisation 1.00 >= 0.95")
+    assert (got is not None) == deferred
+    if got is not None:
+        assert isinstance(got, Rejected) and isinstance(got, Deferred)
+        assert got.retry_after_s == retry_s and got.level == level
+        assert f"L{level}" in str(got) and tier.name in got.reason and "utilisation" in got.reason
+
+
+def test_record_says_what_changed():
+    rec = record({"level": 2, "requested_max_tokens": 4000, "requested_model": "gpt-4o"}, 3,
+                 max_tokens=1024, model="gpt-4o-mini", pool="p", requested_pool="p")
+    assert rec["level_at_submit"] == 2 and rec["level_at_dispatch"] == 3
+    assert rec["max_tokens"] == {"requested": 4000, "used": 1024, "capped": True}
+    assert rec["model"]["substituted"] and not rec["pool"]["failover"] and rec["changed"]
+    plain = record({}, 0, max_tokens=5, model="m", pool="p", requested_pool="p")
+    assert not plain["changed"] and plain["level_at_submit"] == 0
+
+
+@pytest.mark.parametrize("text, names", [
+    ("[overload]\nutilisation_thresholds = [0.9, 0.8, 0.95]\n", "utilisation_thresholds"),
+    ("[overload]\nmax_tokens_caps = [1, 2]\n", "max_tokens_caps"),
+    ("[overload]\nhold_s = 0\n", "hold_s"),
+    ("[overload]\nbogus = 1\n", "unknown keys"),
+    ("[overload]\nfallback_models = { \"gpt-4o\" = \"nowhere\" }\n", "fallback_models"),
+    ("[circuit]\nfailure_threshold = 0\n", "failure_threshold"),
+])
+def test_bad_overload_settings_fail_fast(tmp_path, text, names):
+    path = tmp_path / "gw.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=names):
+        load_settings(env={"GATEWAY_CONFIG": str(path)})
+
+
+def test_reserved_tier_cannot_be_deferred_and_backups_must_exist():
+    with pytest.raises(ConfigError, match="never deferred"):
+        S.with_(tiers=(S.tiers[0].__class__(**{**VIP.__dict__, "defer_from_level": 3,
+                                                "defer_retry_after_s": 5}), NORMAL, BATCH))
+    pool = Pool("a", base_url="http://x/v1", api_key="k", models=("m",), tpm=1, rpm=1, backup_pools=("zz",))
+    with pytest.raises(ConfigError, match="backup_pools"):
+        S.with_(pools=(pool,))
+    with pytest.raises(ConfigError, match="fallback_model"):
+        S.with_(pools=(Pool("a", base_url="http://x/v1", api_key="k", models=("m",), tpm=1, rpm=1,
+                            fallback_model="nowhere"),))
+
+
+def test_overload_settings_round_trip_through_toml_and_json(tmp_path):
+    from gateway_tasks.core.settings import settings_to_json
+    path = tmp_path / "gw.toml"
+    path.write_text("[overload]\nhold_s = 12\nfallback_models = { \"gpt-4o\" = \"gpt-4o-mini\" }\n"
+                    "[circuit]\nopen_s = 1.5\n")
+    s = load_settings(env={"GATEWAY_CONFIG": str(path)})
+    assert s.overload.hold_s == 12 and s.circuit.open_s == 1.5
+    assert load_settings(env={"GATEWAY_SETTINGS_JSON": settings_to_json(s)}) == s

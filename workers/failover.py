@@ -1,0 +1,120 @@
+"""The VIP fallback channel at dispatch: a reserved-tier task whose pool failed it
+(a 429, a 5xx / timeout / connection error, or a circuit that is open) is served
+by one of the pool's ``backup_pools`` on this same dispatch -- the second
+attempt -- debiting the backup's bucket (lua/take.lua) and settling there.
+Other tiers never fail over: they wait (their pool is held by the drain or the
+open circuit).  New reserved-tier submissions are routed to a backup by the
+producer while the primary is unavailable (gateway_tasks/core/health.py); once
+a half-open probe succeeds the circuit closes and traffic fails back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+import openai
+import redis
+
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for, text
+from gateway_tasks.core.settings import Pool, Settings
+from gateway_tasks.core.stats import FAILOVERS, UPSTREAM_ERRORS
+from workers.bucket import PoolBucket, retry_after_ms
+from workers.circuit import PoolCircuit
+from workers.upstream import UpstreamReply
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT = (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError)
+
+
+@dataclass(frozen=True)
+class Taken:
+    admitted: bool
+    wait_ms: int = 0
+    debited_tokens: float | None = None
+    dispatches: int | None = None
+
+
+@dataclass(frozen=True)
+class TakeCall:
+    """lua/take.lua: debit a backup pool's bucket for one failed-over call, if it has room."""
+
+    SCRIPT: ClassVar[str] = "take"
+
+    keys: Keys
+    pool: Pool
+    est_tokens: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.keys.bucket(self.pool.name)]
+
+    @property
+    def script_args(self) -> list[float | int]:
+        return [*self.pool.rates(), self.est_tokens]
+
+    def parse(self, reply: Any) -> Taken:
+        if int(reply[0]) == 0:
+            return Taken(False, int(reply[1]))
+        return Taken(True, 0, float(text(reply[1])), int(reply[2]))
+
+
+@dataclass(frozen=True)
+class Served:
+    reply: UpstreamReply
+    pool: Pool
+    model: str
+    est_tokens: int
+    taken: Taken
+
+
+def model_on(pool: Pool, model: str) -> str:
+    """The model a backup serves for ``model``: the same when it has it, else its first."""
+    return model if model in pool.models else pool.model
+
+
+def fail_over(client: redis.Redis, keys: Keys, settings: Settings, primary: Pool, backups: Sequence[Pool],
+              call: Callable[[Pool, str], UpstreamReply], *, model: str, est_tokens: int, tier: str,
+              tenant_id: str, reason: str) -> tuple[Served | None, list[str]]:
+    """Try each backup in order; (the one that served, None if none could) and what each said."""
+    scripts = scripts_for(client)
+    notes: list[str] = []
+    for backup in backups:
+        circuit = PoolCircuit(client, keys, settings.circuit, backup)
+        gate = circuit.allow()
+        if not gate.may_call:
+            notes.append(f"{backup.name}: circuit {gate.state}")
+            continue
+        est = min(est_tokens, int(backup.token_capacity))
+        taken = scripts.run(TakeCall(keys, backup, est))
+        if not taken.admitted:
+            notes.append(f"{backup.name}: bucket admits in {taken.wait_ms} ms")
+            continue
+        bucket = PoolBucket(client, keys, backup)
+        used_model = model_on(backup, model)
+        try:
+            reply = call(backup, used_model)
+        except openai.RateLimitError as exc:
+            bucket.drain(retry_after_ms(dict(exc.response.headers)))
+            notes.append(f"{backup.name}: 429")
+            continue
+        except TRANSIENT as exc:
+            bucket.settle(est_tokens=est, actual_tokens=0, tier=tier, tenant_id=tenant_id, model=used_model,
+                          completion_tokens=0, learn=False, reached_upstream=False)
+            client.hincrby(keys.stats(backup.name), UPSTREAM_ERRORS, 1)
+            circuit.failure()
+            notes.append(f"{backup.name}: {type(exc).__name__}")
+            continue
+        except openai.APIStatusError:
+            bucket.settle(est_tokens=est, actual_tokens=0, tier=tier, tenant_id=tenant_id, model=used_model,
+                          completion_tokens=0, learn=False, reached_upstream=False)
+            raise
+        if not gate.clean or gate.verdict != "call":
+            circuit.success()
+        client.hincrby(keys.stats(primary.name), FAILOVERS, 1)
+        logger.warning("failover: pool %s -> %s for a %s task (%s)", primary.name, backup.name, tier, reason)
+        return Served(reply, backup, used_model, est, taken), notes
+    return None, notes

@@ -61,8 +61,8 @@ def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: S
                              offset=0, num=limit or SWEEP_LIMIT)
         for tag in tags:
             tag_s = tag.decode()
-            done = already_final(client, keys, pool.name, tag_s)
-            cancelled = not done and _is_cancelled(client, keys, pool.name, tag)
+            cancelled = _is_cancelled(client, keys, pool.name, tag)
+            done = not cancelled and already_final(client, keys, pool.name, tag_s)
             call = ReleaseCall(keys, settings, pool.name, tag_s, ACK if done or cancelled else REQUEUE,
                                expired_only=True)
             if not scripts.run(call).released:

@@ -11,14 +11,14 @@
 -- Returns 1 recorded, 0 not (the tier has as many lines as it keeps).
 
 local field, first = 'd:' .. ARGV[1], 'dn:' .. ARGV[1]
-local at = tonumber(ARGV[2])
+local at = math.floor(tonumber(ARGV[2]))   -- whole ms: the lines parse back as integers
 local lines = {}
 for l in string.gmatch(redis.call('HGET', KEYS[1], field) or '', '[^\n]+') do lines[#lines + 1] = l end
 if #lines >= tonumber(ARGV[4]) then return 0 end
 local pos = #lines + 1
 for i, l in ipairs(lines) do
-  if tonumber(string.match(l, '^(%d+)>')) > at then pos = i break end
+  if (tonumber(string.match(l, '^(%d+)>')) or 0) > at then pos = i break end
 end
 table.insert(lines, pos, at .. '>' .. ARGV[3])
-redis.call('HSET', KEYS[1], field, table.concat(lines, '\n'), first, string.match(lines[1], '^(%d+)>'))
+redis.call('HSET', KEYS[1], field, table.concat(lines, '\n'), first, string.match(lines[1], '^(%d+)>') or at)
 return 1

@@ -28,7 +28,7 @@ if not record then
   -- a holder naming its dispatch finds none: it lost the task (its lease expired, a sweep
   -- restored it, and it may already have run again and been acked) -- a duplicate, counted
   if ARGV[5] ~= '' then
-    redis.call('HINCRBY', KEYS[10], ARGV[6], 1)
+    redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
     return {2}
   end
   return {0}

@@ -512,13 +512,14 @@ def test_network_policies_deny_by_default():
 
 
 def test_only_the_gateway_components_reach_redis():
-    assert admitted("redis", 6379) == {"gateway-worker", "gateway-beat", "gateway-api", "flower"}
+    workers = {f"gateway-worker-{t.name}" for t in Settings().tiers}   # one Deployment per tier
+    assert admitted("redis", 6379) == workers | {"gateway-beat", "gateway-api", "flower"}
     assert admitted("redis", 6380) == set()
 
 
 def test_nothing_public_reaches_flower_and_the_api_is_open():
     assert admitted("flower", 5555) == set()       # only pods labelled flower-client (none here)
-    for workload in ("gateway-worker", "gateway-beat"):
+    for workload in (*(f"gateway-worker-{t.name}" for t in Settings().tiers), "gateway-beat"):
         assert admitted(workload, 8000) == set()
     api_port = one("Deployment", "gateway-api")["spec"]["template"]["spec"]["containers"][0]["ports"][0]
     assert admitted("gateway-api", api_port["containerPort"]) == {"anyone"}

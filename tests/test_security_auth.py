@@ -238,7 +238,8 @@ def test_tenant_a_cannot_read_cancel_or_list_tenant_bs_tasks_or_crons(client, ga
         assert task_id not in listed.text
     if _has(client, "POST", "/v1/crons"):                              # tenant crons (issue 12)
         made = client.post("/v1/crons", headers=auth(key_a),
-                           json={"task_id": "digest", "cron": "0 * * * *", "prompt": "Summarise"})
+                           json={"task_id": "digest", "cron": "0 * * * *",
+                                 "messages": [{"role": "user", "content": "Summarise"}]})
         assert made.status_code in (200, 201), made.text
         assert "digest" not in client.get("/v1/crons", headers=auth(key_b)).text
         for method in ("GET", "DELETE"):

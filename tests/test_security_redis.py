@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from gateway_tasks.core.errors import RedisUnavailable
 import redis
 from fastapi.testclient import TestClient
 
@@ -67,9 +69,9 @@ def test_bad_redis_security_settings_fail_fast_without_the_password(env, fragmen
 
 # -- a real ACL-protected server ----------------------------------------------------------
 def manifest_acl_rules(key_prefix: str) -> str:
-    """The gateway user's ACL rules in deploy/k8s/redis.yaml, its key pattern set to key_prefix."""
+    """The gateway user's ACL rules in deploy/k8s/base/redis.yaml, its key pattern set to key_prefix."""
     yaml = pytest.importorskip("yaml")
-    docs = yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy/k8s/redis.yaml").read_text())
+    docs = yaml.safe_load_all((Path(__file__).resolve().parent.parent / "deploy/k8s/base/redis.yaml").read_text())
     [redis_set] = [d for d in docs if d and d["kind"] == "StatefulSet"]
     args = redis_set["spec"]["template"]["spec"]["containers"][0]["args"]
     users = [i for i, a in enumerate(args) if a == "--user"]
@@ -88,7 +90,7 @@ def _deployment_settings(server: EmbeddedRedis, prefix: str, sim, **env):
 @pytest.mark.slow
 def test_a_deployment_runs_as_an_acl_user_limited_to_its_keys(tmp_path):
     prefix = f"gt-acl-{uuid.uuid4().hex[:8]}:"
-    # the ACL rules of deploy/k8s/redis.yaml, keys moved to this test's prefix: its keys only,
+    # the ACL rules of deploy/k8s/base/redis.yaml, keys moved to this test's prefix: its keys only,
     # Pub/Sub, and no admin or dangerous command
     rules = manifest_acl_rules(prefix)
     with SimulatorThread(SimConfig(tpm=120_000, rpm=6_000, base_latency_ms=2)) as sim, \
@@ -142,8 +144,8 @@ def test_a_wrong_redis_password_is_a_clear_error_that_never_shows_it(tmp_path):
         settings = _deployment_settings(server, "gt-acl-x:", sim, REDIS_PASSWORD=wrong)
         gw = Gateway(settings)
         try:
-            with pytest.raises(redis.AuthenticationError) as err:
-                gw.submit("acme", HELLO)
+            with pytest.raises(RedisUnavailable, match="AuthenticationError") as err:
+                gw.submit("acme", HELLO)   # the producer's own error, the cause named, no password
             assert wrong not in str(err.value)
             with TestClient(create_app(gw)) as client:
                 resp = client.post("/v1/tasks", json={"messages": HELLO},

@@ -38,7 +38,7 @@ class DeadlineCall:
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.tier, self.urgent_from_ms, self.entry, MAX_URGENT_PER_TIER]
+        return [self.tier, int(self.urgent_from_ms), self.entry, MAX_URGENT_PER_TIER]
 
     def parse(self, reply: Any) -> bool:
         return int(reply) == 1

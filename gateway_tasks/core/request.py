@@ -34,6 +34,8 @@ UPSTREAM_TASK_ID_HEADER = "X-Gateway-Task-Id"
 SOURCES = ("api", "api-sync", "cron", "bench", "demo")
 
 
+MAX_DEADLINE_S = 7 * 86_400   # a deadline further out is none a queue can act on (submit refuses it)
+
 @dataclass(frozen=True)
 class InferenceRequest:
     tenant_id: str

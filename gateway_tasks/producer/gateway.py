@@ -36,7 +36,7 @@ from gateway_tasks.core.overload_actions import degrade, deferral
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.stats import CANCELLED, EVICTED, tier_field
-from gateway_tasks.core.request import InferenceRequest
+from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
@@ -249,8 +249,9 @@ class Gateway:
                 stream: bool = False, count_quota: bool = True,
                 depends_on: Sequence[str] | None = None) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
-                                       or not deadline_s > 0):
-            raise InvalidRequest(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+                                       or not 0 < deadline_s <= MAX_DEADLINE_S):
+            raise InvalidRequest(f"deadline_s must be a positive number of seconds up to {MAX_DEADLINE_S} "
+                                 f"(7 days), got {deadline_s!r}")
         if extra_body is not None:
             if not isinstance(extra_body, dict):
                 raise InvalidRequest("extra_body must be an object of upstream parameters")

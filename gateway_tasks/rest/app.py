@@ -123,7 +123,13 @@ def create_app(gateway: Gateway) -> FastAPI:
         return JSONResponse({"task_id": task_id, "cancelled": True, "was": done.was},
                             status_code=202 if done.was == "running" else 200)
 
-    @app.post("/v1/chat/completions", name="chat_completions")
+    @app.post("/v1/chat/completions", name="chat_completions", responses={200: {
+        "description": "the upstream's chat.completion; with stream=true, server-sent events of "
+                       "chat.completion.chunk objects ending with 'data: [DONE]'",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": {   # one server-sent event
+                        "type": "object", "properties": {"data": {"type": "string"}},
+                        "required": ["data"]}}}}})
     async def chat_completions(body: ChatCompletionRequest, request: Request,
                                tenant: TenantDep) -> Response:
         if body.stream_options is not None and not body.stream:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gateway_tasks.core.request import MAX_DEADLINE_S
+
 # fields of an OpenAI chat request the gateway handles itself (never forwarded in extra_body)
 _OWN_CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stream",
                     "stream_options", "deadline_s", "idempotency_key"}
@@ -33,7 +35,7 @@ class TaskRequest(BaseModel):
                               description="a model served by one of the pools (default: first pool's)")
     max_tokens: int | None = Field(default=None, gt=0, strict=True,
                                    description="completion token limit (default: settings)")
-    deadline_s: float | None = Field(default=None, gt=0,
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S,
                                      description="drop the task if it waits longer in the queue")
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256,
                                         description="same key, same tenant -> same task id, "
@@ -60,7 +62,7 @@ class ChatCompletionRequest(BaseModel):
                          description="stream the completion as server-sent chat.completion.chunk events")
     stream_options: dict[str, Any] | None = Field(
         default=None, description="with stream: {'include_usage': true} adds the usage chunk")
-    deadline_s: float | None = Field(default=None, gt=0,
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S,
                                      description="gateway extension: queue deadline and wait timeout")
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
 

@@ -71,7 +71,9 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for code in error_codes(path, method):
-                responses.setdefault(code, _error_response(code))
+                # a route's own description of an error status keeps its words, gets the body
+                given = responses.setdefault(code, _error_response(code))
+                given.setdefault("content", {"application/json": {"schema": ERROR_REF}})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)

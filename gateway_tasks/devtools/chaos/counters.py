@@ -25,7 +25,6 @@ def leftovers(client: redis.Redis, keys: Keys, settings: Settings) -> dict[str, 
             "dispatched": client.hlen(keys.dispatched(p)),
             "leases": client.zcard(keys.dispatched_at(p)),
             "messages": client.hlen(keys.messages(p)),
-            "depth": sum(int(v) for v in client.hvals(keys.depth(p))),
         }
         for tier in settings.tiers:
             sizes[f"index:{tier.name}"] = client.zcard(keys.index(p, tier.name))

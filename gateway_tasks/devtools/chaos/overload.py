@@ -49,7 +49,7 @@ def run(size: Size) -> Outcome:
         peak_mem = 0
         started = time.monotonic()
         while time.monotonic() - started < size.overload_s:
-            depth = {k.decode(): int(v) for k, v in dep.r.hgetall(dep.keys.depth(POOL)).items()}
+            depth = {tier: dep.r.zcard(dep.keys.index(POOL, tier)) for tier in peak_depth}
             for tier in peak_depth:
                 peak_depth[tier] = max(peak_depth[tier], depth.get(tier, 0))
             peak_mem = max(peak_mem, int(dep.r.info("memory")["used_memory"]))

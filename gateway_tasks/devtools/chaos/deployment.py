@@ -22,6 +22,7 @@ import redis
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings, load_settings
+from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
@@ -65,7 +66,8 @@ class Deployment:
         pool = Pool(POOL, base_url=self.sim.base_url, api_key="chaos-key", models=(MODEL,),
                     tpm=self.pool_tpm, rpm=self.pool_rpm, timeout_s=self.pool_timeout_s,
                     burst_s=self.pool_burst_s)
-        self.settings = load_settings(env={}, redis_url=self.redis.url, key_prefix=KEY_PREFIX).with_(
+        # quotas lifted, queue TTLs off (devtools.quotas): the faults are the point, not the quotas
+        self.settings = for_load(load_settings(env={}, redis_url=self.redis.url, key_prefix=KEY_PREFIX)).with_(
             pools=(pool,), **self.settings_changes)
         self._client = redis.Redis.from_url(self.redis.url, socket_timeout=5, socket_connect_timeout=2)
         self.gw = Gateway(self.settings, client=self._client)

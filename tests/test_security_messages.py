@@ -124,7 +124,7 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
     # a well-formed message with a bad task argument runs and fails with InvalidRequest
     bad_arg_id = json.loads(cases["bad task argument"][0])["headers"]["id"]
     res = gw.app.AsyncResult(bad_arg_id)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while res.state not in ("FAILURE", "SUCCESS") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert res.state == "FAILURE" and type(res.result).__name__ == "InvalidRequest"

@@ -16,7 +16,7 @@
 -- ARGV[7] learned field '<tenant>|<model>'   ARGV[8] completion tokens   ARGV[9] EWMA weight (0 = do not learn)
 -- ARGV[10] max bell tokens kept
 -- ARGV[11] 1 = the upstream never saw the request: also give back its request slot, and take
---          it out of the bucket's debited_tokens / dispatches totals (sync_limits.lua takes
+--          it out of the bucket's debited_tokens / dispatches totals (following a reply's remaining takes
 --          what was dispatched after a task off the upstream's reported remaining; a request
 --          refunded unsent is not in flight, so it must not count there)
 -- ARGV[12] stats field counting the actual tokens   ARGV[13] stats field counting completed

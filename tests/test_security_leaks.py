@@ -69,7 +69,7 @@ def test_keys_prompts_and_completions_never_leak(tmp_path):
     outputs: dict[str, str] = {}
     prefix = f"gt-leak-{MARK}:"
     with EmbeddedRedis(password=REDIS_PASSWORD) as server, \
-            SimulatorThread(SimConfig(reply_text=f"The plan: {COMPLETION_MARK}.", base_latency_ms=600)) as sim:
+            SimulatorThread(SimConfig(reply_text=f"The plan: {COMPLETION_MARK}.", base_latency_ms=1500)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key=UPSTREAM_KEY, models=("gpt-4o-mini",),
                     tpm=600_000, rpm=6_000)
         settings = load_settings(env={"REDIS_URL": server.plain_url, "REDIS_PASSWORD": REDIS_PASSWORD,
@@ -95,10 +95,13 @@ def test_keys_prompts_and_completions_never_leak(tmp_path):
             resp = api.post("/v1/tasks", json={"messages": PROMPT, "max_tokens": 16})
             assert resp.status_code == 202, resp.text
             first = resp.json()["task_id"]
-            # inspect while it runs (it holds the upstream ~600 ms)
-            time.sleep(0.3)
+            # inspect while it runs (the upstream holds each call 1.5 s)
             inspect = gw.app.control.inspect(timeout=1.0)
-            live = {"active": inspect.active(), "reserved": inspect.reserved(), "stats": inspect.stats(),
+            deadline = time.monotonic() + 30
+            active = inspect.active() or {}
+            while time.monotonic() < deadline and not any(active.values()):
+                active = inspect.active() or {}
+            live = {"active": active, "reserved": inspect.reserved(), "stats": inspect.stats(),
                     "conf": inspect.conf(with_defaults=True), "query": inspect.query_task(first)}
             outputs["inspect while running"] = json.dumps(live, default=str)
             running = [t for tasks in (live["active"] or {}).values() for t in tasks]

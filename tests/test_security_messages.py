@@ -19,6 +19,7 @@ from gateway_tasks.core.broker import queued_messages
 from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.devtools import processes
 from gateway_tasks.metrics.exporter import render
@@ -123,7 +124,7 @@ def test_crafted_messages_are_dead_lettered_and_the_worker_keeps_going(settings,
     # a well-formed message with a bad task argument runs and fails with InvalidRequest
     bad_arg_id = json.loads(cases["bad task argument"][0])["headers"]["id"]
     res = gw.app.AsyncResult(bad_arg_id)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while res.state not in ("FAILURE", "SUCCESS") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert res.state == "FAILURE" and type(res.result).__name__ == "InvalidRequest"
@@ -255,3 +256,34 @@ def test_random_mutations_of_a_message_never_stop_the_worker(settings, r, tmp_pa
           sorted({d["reason"].split(":")[0][:50] for d in letters}))
     assert letters and all(d["reason"] for d in letters)
     assert "Unrecoverable error" not in log.read_text()
+
+
+def test_a_refund_of_an_unsent_dispatch_is_not_counted_as_in_flight(settings, r):
+    """A: a normal task dispatched; B: a 120k-token dispatch refunded unsent (a dead letter).
+    A's reply then says the upstream has its whole quota left: the bucket follows it
+    minus what is really in flight since A (nothing), not minus B's refunded debit."""
+    from workers.bucket import PoolBucket
+    from workers.router import PickPlan, pick_now
+
+    pool = Pool("default", base_url="http://127.0.0.1:9/v1", api_key="k", models=("gpt-4o-mini",),
+                tpm=TPM, rpm=6_000)
+    s = settings.with_(pools=(pool,))
+    keys = Keys(s.key_prefix)
+    plan = PickPlan(s, ["gt.vip.default"])
+    for est in (20, 10 ** 15):
+        enqueue(r, EnqueueCall(keys, s.tier("vip"), "default", tenant="acme", tag=str(uuid.uuid4()),
+                               est_tokens=est, message_json="{}"))
+    a = pick_now(scripts_for(r), plan)
+    time.sleep(0.6)   # the bucket refills the 20 tokens: B can take the whole capacity
+    b = pick_now(scripts_for(r), plan)
+    assert (a.est_tokens, b.est_tokens) == (20, TPM)
+    bucket = PoolBucket(r, keys, pool)
+    bucket.settle(est_tokens=b.est_tokens, actual_tokens=0, tier="vip", tenant_id="acme", model="",
+                  completion_tokens=0, learn=False, reached_upstream=False)
+    after = bucket.settle_reply(est_tokens=a.est_tokens, actual_tokens=20, tier="vip", tenant_id="acme",
+                                model="gpt-4o-mini", completion_tokens=5, learn=False,
+                                headers={"x-ratelimit-remaining-tokens": str(TPM - 20),
+                                         "x-ratelimit-remaining-requests": "5999"},
+                                debited_tokens_at_dispatch=a.pool_debited,
+                                dispatches_at_dispatch=a.pool_dispatches)
+    assert after.tokens >= TPM - 40, after   # before the fix: 0 (B's debit counted as in flight)

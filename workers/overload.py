@@ -11,6 +11,8 @@ commits it with lua/overload_commit.lua.  The commit is a compare-and-set on the
 state's version with a least spacing of ``0.8 * tick_s``: however many workers
 run, one decision per tick wins and the others only read it.  Every change is
 logged, kept in the history list and counted (``gateway_overload_level_changes``).
+The same thread runs ``workers.rescue.Rescuer`` each tick (queued reserved-tier
+tasks off a drained or open pool), with the controller disabled too.
 """
 
 from __future__ import annotations

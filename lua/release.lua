@@ -30,8 +30,8 @@ if ARGV[5] ~= '' and ARGV[5] ~= token then
   return {2}
 end
 if ARGV[7] == '1' then
-  local expiry_s = tonumber(redis.call('ZSCORE', KEYS[2], tag)) or 0
-  if expiry_s * 1000 > gt_now_ms() then return {0} end
+  local expiry_ms = tonumber(redis.call('ZSCORE', KEYS[2], tag)) or 0
+  if expiry_ms > gt_now_ms() then return {0} end
 end
 local _, _, tenant = string.find(entry, '^([^|]+)|')
 local index_key, active_key, cap = nil, nil, 0
@@ -55,17 +55,15 @@ if mode == 'requeue' then
 else
   redis.call('HDEL', KEYS[3], tag)
 end
--- the tenant becomes eligible again if it has work and is not already in line;
+-- a tenant parked at its cap, or one whose task came back, becomes eligible again
+-- if it has work and is not already in line (a tenant with queued work is always
+-- in line or parked, so a plain ack of a tenant not parked has nothing to do);
 -- the bell rings only when that made work dispatchable (a plain ack wakes nobody)
 local woke = false
-local has_work = gt_tenant_head(index_key, tenant) ~= nil
-if not redis.call('ZSCORE', active_key, tenant) then
-  redis.call('HDEL', KEYS[5], tenant)
-  if has_work then
-    woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
-  end
-elseif not has_work then
-  redis.call('HDEL', KEYS[5], tenant)
+local was_parked = redis.call('HDEL', KEYS[5], tenant) == 1
+if (was_parked or mode == 'requeue') and gt_tenant_head(index_key, tenant) ~= nil
+   and not redis.call('ZSCORE', active_key, tenant) then
+  woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
 end
 if woke or mode == 'requeue' then gt_ring(KEYS[8], ARGV[3]) end
 return {1, tenant, tier}

@@ -186,7 +186,7 @@ def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_p
     no script call crosses a slot (Redis would refuse it with CROSSSLOT)."""
     import json
 
-    from gateway_tasks.core.enqueue import EnqueueCall
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
     from gateway_tasks.core.keys import Keys
     from gateway_tasks.core.scripts import scripts_for
     from gateway_tasks.core.settings import Pool, Settings
@@ -212,7 +212,7 @@ def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_p
             for i in range(3):
                 msg = {"body": "", "headers": {"gt_est_tokens": 10, "gt_tenant": f"t{i}"},
                        "properties": {"delivery_tag": f"{pool}-{i}"}}
-                assert scripts.run(EnqueueCall(keys, s.tier("vip"), pool, f"t{i}", f"{pool}-{i}", 10,
+                assert enqueue(client, EnqueueCall(keys, s.tier("vip"), pool, f"t{i}", f"{pool}-{i}", 10,
                                                json.dumps(msg))).accepted
         for pool in names:
             plan = PickPlan(s, [s.queue_name(t.name, pool) for t in s.tiers])

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
@@ -36,8 +36,8 @@ def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None
     msg = {"body": "", "headers": {"gt_est_tokens": est, "gt_tenant": tenant, "id": tag},
            "properties": {"delivery_tag": tag,
                           "delivery_info": {"exchange": "", "routing_key": queue}}}
-    done = scripts_for(r).run(EnqueueCall(Keys(settings.key_prefix), settings.tier(tier), pool,
-                                          tenant, tag, est, json.dumps(msg), tenant_weight=weight,
+    done = enqueue(r, EnqueueCall(Keys(settings.key_prefix), settings.tier(tier), pool,
+                                  tenant, tag, est, json.dumps(msg), tenant_weight=weight,
                                           enqueued_ms=enq_ms))
     assert done.accepted
     return tag
@@ -587,8 +587,8 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     tag = uuid.uuid4().hex
     big = {"body": "x" * (2 * INLINE_MESSAGE_MAX_B), "headers": {"gt_est_tokens": 10, "gt_tenant": "b"},
            "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "", "routing_key": queue}}}
-    assert scripts_for(r).run(EnqueueCall(Keys(s.key_prefix), s.tier("normal"), "default", "b", tag, 10,
-                                          json.dumps(big))).accepted
+    assert enqueue(r, EnqueueCall(Keys(s.key_prefix), s.tier("normal"), "default", "b", tag, 10,
+                                  json.dumps(big))).accepted
     got = scripts_for(r).run(plan.batch(2))
     by_tag = {g.tag: g for g in got}
     assert by_tag[small].payload["properties"]["delivery_tag"] == small   # inline
@@ -596,3 +596,19 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     fetched = plan.with_payload(r, by_tag[tag])
     assert fetched.payload["body"] == big["body"]
     assert fetched.payload["headers"]["gt_disp_ms"] == by_tag[tag].dispatched_ms
+
+
+def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neither(r, settings):
+    from redis.exceptions import ResponseError
+    keys = Keys(settings.key_prefix)
+    tier = settings.tier("batch").__class__(**{**settings.tier("batch").__dict__, "queue_max_len": 1})
+    s = settings.with_(tiers=tuple(tier if t.name == "batch" else t for t in settings.tiers))
+    first = EnqueueCall(keys, s.tier("batch"), "default", "a", "tag-1", 10, '{"m": 1}')
+    assert enqueue(r, first).accepted
+    full = enqueue(r, EnqueueCall(keys, s.tier("batch"), "default", "a", "tag-2", 10, '{"m": 2}'))
+    assert not full.accepted and full.queue_length == 1
+    assert r.hkeys(keys.messages("default")) == [b"tag-1"]      # the refused message taken back out
+    # the script alone, its message never written: an error, nothing queued
+    with pytest.raises(ResponseError, match="not in the messages hash"):
+        scripts_for(r).run(EnqueueCall(keys, s.tier("normal"), "default", "a", "tag-3", 10, '{}'))
+    assert r.zcard(keys.index("default", "normal")) == 0

@@ -21,7 +21,7 @@ from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
-from gateway_tasks.core.enqueue import EnqueueCall
+from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
@@ -80,7 +80,7 @@ class Channel(kredis.Channel):
                            est_tokens=_whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS),
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)))
-        done = self._gt_scripts.run(call)
+        done = enqueue(self._gt_raw, call)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued")

@@ -1,14 +1,22 @@
 """lua/enqueue.lua as a typed call: queue one task of a tier on a pool -- its
 message into the pool's message hash, a small index entry into the tier's
-index -- unless the tier's queue is full (tail drop); ring the pool's bell."""
+index -- unless the tier's queue is full (tail drop); ring the pool's bell.
+
+The message never passes through Lua (a prompt of 8 KB would be copied twice:
+into ARGV, then into the hash): ``enqueue`` writes it with HSET and runs the
+script in one MULTI, so both happen or neither does, in one round trip.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import redis
+
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Tier
 
 
@@ -43,10 +51,28 @@ class EnqueueCall:
     @property
     def script_args(self) -> list[str | int | float]:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
-                self.message_json, self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
+                self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
                 self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:
             return Enqueued(False, int(reply[1]), None)
         return Enqueued(True, int(reply[2]), int(reply[1]))
+
+
+def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeline) -> None:
+    """Add one enqueue to a MULTI pipeline (``client.pipeline(transaction=True)``): the
+    message, then the script.  Its reply is ``call.parse`` of the script's result (every
+    second result of the pipeline)."""
+    pipe.hset(call.keys.messages(call.pool), call.tag, call.message_json)
+    scripts.queue(call, pipe)
+
+
+def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
+    """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
+    Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it)."""
+    if isinstance(client, redis.RedisCluster):
+        client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
+    with client.pipeline(transaction=True) as pipe:
+        queue_enqueue(scripts_for(client), call, pipe)
+        return call.parse(pipe.execute()[1])

@@ -84,8 +84,9 @@ def format_server(server: Mapping[str, Any]) -> list[str]:
         batched = f"{_v(b.get('us_per_pick'))} ({b.get('per_call', '-')}/call)" if b else "-"
         out.append(f"     {r['scenario']:<28} {r['message_b']:>9} {_v(r['us_per_enqueue']):>10} "
                    f"{_v(r['us_per_pick']):>8} {_v(r['us_per_ack']):>7} {batched:>17}")
-    out.append("     (us/pick: one task a call, its fetch included for a message over "
-               "the inline limit; batched: a dispatcher with free slots taking that many a call)")
+    out.append("     (us/pick: one task a call, its fetch included for a message over the inline "
+               "limit, median of the windows -- mean in --json; batched: a dispatcher with free slots "
+               "taking that many a call)")
     out.append(f"     {'plain list, same messages':<28} {'message B':>9} {'us/LPUSH':>10} {'us/RPOP':>8}")
     for r in server["plain_list"]:
         out.append(f"     {str(r['prompt_b']) + ' B prompts':<28} {r['message_b']:>9} "

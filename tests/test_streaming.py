@@ -100,3 +100,15 @@ def test_a_broken_or_repeated_stream_is_an_error_event(r, settings):
     events = read(r, keys, "t1", block_ms=10)
     assert [e.kind for e in events] == ["chunk", "error"] and events[1].data["message"] == "broke"
     assert read(r, keys, "t1", after_id=events[-1].id, block_ms=10) == []
+
+
+def test_a_repeated_idempotent_stream_replays_the_stored_result(stack):
+    gw, api, key, _ = stack
+    client = openai.OpenAI(base_url=api.base_url, api_key=key, max_retries=0)
+    kwargs = dict(model="gpt-4o-mini", messages=HELLO, max_tokens=20, stream=True,
+                  stream_options={"include_usage": True}, extra_body={"idempotency_key": "once"})
+    first = list(client.chat.completions.create(**kwargs))
+    again = list(client.chat.completions.create(**kwargs))        # the same task: its stream is gone
+    text = lambda chunks: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # noqa: E731
+    assert text(again) == text(first) and text(first)
+    assert again[-1].usage.total_tokens == first[-1].usage.total_tokens

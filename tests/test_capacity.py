@@ -264,6 +264,9 @@ def test_forecast_command_prints_bins_and_json(r, settings, crons, monkeypatch, 
     assert doc["bucket_s"] == 3600 and doc["buckets"] == 24
     runs = {(s["pool"], s["tier"]): sum(s["runs"]) for s in doc["series"]}
     assert runs[(settings.pools[0].name, "batch")] >= 20
+    assert main(["capacity", "forecast", "--horizon-s", "86400", "--bucket-s", "3600"]) == 0
+    text = capsys.readouterr().out
+    assert "cron demand from" in text and "batch" in text and "+3600s" in text
     assert main(["capacity", "forecast", "--published"]) == 2          # no beat has published
     assert "no published forecast" in capsys.readouterr().err
     assert main(["capacity", "--baseline-qps", "1", "--peak-qps", "3", "--tokens-per-request", "10",
@@ -285,3 +288,50 @@ def test_upstream_time_is_flushed_in_batches(r, settings, monkeypatch):
     monkeypatch.setattr(upstream_stats, "FLUSH_AFTER_S", 0.0)        # ... or once the interval passed
     tally.add(r, keys, "default", "batch", 7.0)
     assert int(r.hget(keys.stats("default"), tier_field(UPSTREAM_MS, "batch"))) == 7
+
+
+@pytest.mark.slow
+def test_measured_plan_on_a_running_deployment(r, settings, tmp_path, monkeypatch, redis_url, key_prefix,
+                                              capsys):
+    """A real worker under load: the measured rates, tokens per call, upstream latency and
+    thread count come out of Redis and Celery, and the plan is made from them."""
+    import threading
+    import time
+
+    from gateway_tasks.core.settings import Pool
+    from gateway_tasks.devtools import processes
+    from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+
+    with SimulatorThread(SimConfig(base_latency_ms=100, ms_per_output_token=0)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                    tpm=600_000, rpm=6_000)
+        s = settings.with_(pools=(pool,))
+        gw = Gateway(s)
+        gw.register_tenant("acme", "vip")
+        worker = processes.worker(s, concurrency=6, log_path=str(tmp_path / "w.log")).start()
+        stop = threading.Event()
+
+        def load():
+            while not stop.is_set():
+                gw.submit("acme", "measure me", max_tokens=20)
+                time.sleep(0.05)
+
+        feeder = threading.Thread(target=load, daemon=True)
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            feeder.start()
+            time.sleep(2.0)
+            m = cli.measure(r, s, 4.0)
+        finally:
+            stop.set()
+            feeder.join(timeout=5)
+            worker.stop()
+            gw.app.close()
+    assert m.workers == 1 and m.concurrency == 6
+    assert 5 <= m.baseline_qps <= 40 and m.peak_qps >= m.baseline_qps
+    assert m.tokens_per_request == pytest.approx(count_prompt_tokens([{"role": "user", "content": "measure me"}])
+                                                 + 12, abs=1)              # 60 % of 20 completion tokens
+    assert 0.09 <= m.latency_s <= 2.0                                     # 100 ms upstream + the box
+    p = cli.plan_from_args(args_for(), s, m)
+    assert p.instance.requests_per_s == pytest.approx(6 / m.latency_s)
+    assert p.peak.instances >= p.baseline.instances >= 1

@@ -100,3 +100,60 @@ def test_a_broken_or_repeated_stream_is_an_error_event(r, settings):
     events = read(r, keys, "t1", block_ms=10)
     assert [e.kind for e in events] == ["chunk", "error"] and events[1].data["message"] == "broke"
     assert read(r, keys, "t1", after_id=events[-1].id, block_ms=10) == []
+
+
+def test_a_repeated_idempotent_stream_replays_the_stored_result(stack):
+    gw, api, key, _ = stack
+    client = openai.OpenAI(base_url=api.base_url, api_key=key, max_retries=0)
+    kwargs = dict(model="gpt-4o-mini", messages=HELLO, max_tokens=20, stream=True,
+                  stream_options={"include_usage": True}, extra_body={"idempotency_key": "once"})
+    first = list(client.chat.completions.create(**kwargs))
+    again = list(client.chat.completions.create(**kwargs))        # the same task: its stream is gone
+    text = lambda chunks: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # noqa: E731
+    assert text(again) == text(first) and text(first)
+    assert again[-1].usage.total_tokens == first[-1].usage.total_tokens
+
+
+def test_a_stream_that_breaks_after_chunks_is_stream_broken_not_a_retry():
+    """An upstream that sends two chunks and then drops the connection: the chunks were
+    passed on, so the call must fail (StreamBroken), never be retried as if nothing came."""
+    import threading
+    import time
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from gateway_tasks.devtools.ports import free_port
+    from workers.upstream import StreamBroken, chat_stream
+
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini",
+             "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}
+
+    async def broken(request):
+        async def gen():
+            for _ in range(2):
+                yield f"data: {json.dumps(chunk)}\n\n"
+            raise RuntimeError("upstream fell over")
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", broken,
+                                                                   methods=["POST"])]),
+                                           host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pool = Pool("broken", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", models=("gpt-4o-mini",),
+                    tpm=100_000, rpm=1_000, timeout_s=10)
+        got = []
+        with pytest.raises(StreamBroken, match="after 2 chunks"):
+            chat_stream(pool, "gpt-4o-mini", HELLO, 10, None, got.append, prompt_tokens=5)
+        assert len(got) == 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

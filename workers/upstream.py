@@ -14,6 +14,7 @@ import httpx
 import openai
 
 from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
+from gateway_tasks.core.errors import UpstreamError
 from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
@@ -60,7 +61,7 @@ def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int
 
 
 # -- issue 12: streaming ---------------------------------------------------------------
-class StreamBroken(Exception):
+class StreamBroken(UpstreamError):
     """The upstream's stream failed after chunks were already passed on: the call cannot be
     retried (the client has part of the answer); the task fails with it."""
 

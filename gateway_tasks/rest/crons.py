@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway_tasks.core.errors import ApiError
 from gateway_tasks.rest.auth import TenantDep
-from gateway_tasks.rest.models import ChatMessage, _prompt_to_messages
+from gateway_tasks.rest.models import ChatMessage, prompt_to_messages
 
 from beat.api import delete_cron, get_cron, list_crons, register_cron
 
@@ -46,7 +46,7 @@ class CronRequest(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, strict=True,
                                    description="completion token limit of each run")
 
-    _messages = field_validator("messages", mode="before")(_prompt_to_messages)
+    _messages = field_validator("messages", mode="before")(prompt_to_messages)
 
     def payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {"messages": [m.model_dump() for m in self.messages]}

@@ -24,6 +24,9 @@ def _prompt_to_messages(value: Any) -> Any:
     return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
 
+prompt_to_messages = _prompt_to_messages    # for the other request models (rest.crons)
+
+
 class TaskRequest(BaseModel):
     """POST /v1/tasks."""
 

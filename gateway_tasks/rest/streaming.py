@@ -51,6 +51,23 @@ def client_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] |
     return chunk
 
 
+def replay_chunks(result: Any, include_usage: bool) -> list[dict[str, Any]]:
+    """A finished task's stored completion as chunks (role and text, finish, usage)."""
+    body = (result or {}).get("response") if isinstance(result, dict) else None
+    if not isinstance(body, dict):
+        return []
+    choice = (body.get("choices") or [{}])[0]
+    text = ((choice.get("message") or {}).get("content")) or ""
+    base = {"id": body.get("id", ""), "object": "chat.completion.chunk", "created": body.get("created", 0),
+            "model": body.get("model", "")}
+    out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                 "finish_reason": None}]},
+           {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}]}]
+    if include_usage and body.get("usage") is not None:
+        out.append({**base, "choices": [], "usage": body["usage"]})
+    return out
+
+
 def _error(type_: str, message: str, task_id: str) -> str:
     return sse({"error": {"type": type_, "message": message, "task_id": task_id}})
 
@@ -71,6 +88,13 @@ async def events(gateway: Gateway, task_id: str, include_usage: bool, first_time
                     err = error_of(meta)
                     yield _error(err["type"], f"task {task_id} failed: {err['message']}", task_id)
                     finished = True
+                    return
+                if meta.get("status") == states.SUCCESS and not got_chunk:
+                    # done, and its stream already read or gone (an idempotent repeat, or a
+                    # task submitted without stream): replay the stored result as chunks
+                    for chunk in replay_chunks(meta.get("result"), include_usage):
+                        yield sse(chunk)
+                    yield sse("[DONE]")
                     return
                 now = time.monotonic()
                 if not got_chunk and now - started > first_timeout_s:

@@ -18,7 +18,7 @@
 --   bucket hash (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
 --   fair hash (v, f:<tier>, tv:<tier>)   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
---   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, s)
+--   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
 -- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[8P+2(q-1)+1]:
 --   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag)
 --
@@ -55,26 +55,21 @@ for q = 1, Q do
                index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q]}
 end
 
--- a queue's candidate: the oldest task of the active tenant first in line
--- (false: none).  A tenant in the active set is under its cap (it is parked
--- when it reaches it) and has queued work (it leaves when it has none).  Its
--- start tag (the set's score) is read only for the task dispatched.
+-- a queue's candidate: the oldest task of the active tenant first in line, with
+-- its start tag (false: none).  A tenant in the active set is under its cap (it
+-- is parked when it reaches it) and has queued work (it leaves when it has none).
 -- (known_tenant, known_head: a tenant whose head entry the caller just read)
-local function candidate(qd, known_tenant, known_head, known_start)
+local function candidate(qd, known_tenant, known_head)
   for _ = 1, MAX_ROUNDS do
-    local top = redis.call('ZRANGE', qd.active, '0', '0')
+    local top = redis.call('ZRANGE', qd.active, '0', '0', 'WITHSCORES')
     local tenant = top[1]
     if not tenant then return false end
-    local entry, start
-    if tenant == known_tenant then
-      entry, start = known_head, known_start
-    else
-      entry = gt_tenant_head(qd.index, tenant)
-    end
+    local entry
+    if tenant == known_tenant then entry = known_head else entry = gt_tenant_head(qd.index, tenant) end
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return {entry = entry, tenant = tenant, start = start, tag = tag,
+      return {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,
               est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w}
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
@@ -233,10 +228,9 @@ local function next_dispatch()
     local n = redis.call('HINCRBY', pool.inflight, c.tenant, '1')
     if qd.tenant_max <= 0 or n <= qd.tenant_max then return best, n end
     redis.call('HINCRBY', pool.inflight, c.tenant, '-1')
-    local start = c.start or redis.call('ZSCORE', qd.active, c.tenant)
     redis.call('ZREM', qd.active, c.tenant)
     redis.call('HSET', pool.parked, c.tenant, qd.tier)
-    if start then redis.call('HSET', pool.finish, c.tenant, start) end   -- back in line where it left
+    redis.call('HSET', pool.finish, c.tenant, c.start)   -- back in line where it left
     qd.c = candidate(qd)
   end
   return nil, wait_ms
@@ -254,7 +248,7 @@ local function dispatch(q, n, last)
   local c = qd.c
   local pool = pools[qd.pool]
   local est = math.min(c.est, pool.tcap)
-  local start = c.start or tonumber(redis.call('ZSCORE', qd.active, c.tenant)) or 0
+  local start = c.start or 0
   redis.call('ZREM', qd.index, c.entry)
   pool.tokens, pool.requests = pool.tokens - est, pool.requests - 1
   -- running totals: sync_limits.lua subtracts what was dispatched after this task
@@ -270,7 +264,9 @@ local function dispatch(q, n, last)
   -- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
   -- the tenant's next task starts where this one finishes
   qd.tv = start
-  local finish = start + est / math.max(tonumber(c.w) or 1, 1e-9)
+  -- whole tokens: a small sorted set (listpack) compares integer scores without
+  -- parsing them, so every ZADD/ZSCORE on the active set stays cheap
+  local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))
   local next_entry = gt_tenant_head(qd.index, c.tenant)
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
     redis.call('ZADD', qd.active, finish, c.tenant)   -- its next task, in line at its finish tag
@@ -284,7 +280,7 @@ local function dispatch(q, n, last)
   end
   qd.taken = qd.taken + 1
   redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now_s .. '|' .. c.entry)
-  redis.call('ZADD', pool.dispatched_at, (now + lease_ms) / 1000, c.tag)
+  redis.call('ZADD', pool.dispatched_at, now + lease_ms, c.tag)
   local size = redis.call('HSTRLEN', pool.messages, c.tag)
   local message = ''
   if size <= inline_max_b then message = redis.call('HGET', pool.messages, c.tag) or '' end
@@ -293,7 +289,7 @@ local function dispatch(q, n, last)
   out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] =
     c.tenant, c.tag, tostring(pool.debited), pool.dispatches, size
   out[1] = out[1] + 1
-  if not last then qd.c = candidate(qd, c.tenant, next_entry, finish) end
+  if not last then qd.c = candidate(qd, c.tenant, next_entry) end
 end
 
 local wait_ms = nil

@@ -30,8 +30,8 @@ if ARGV[5] ~= '' and ARGV[5] ~= token then
   return {2}
 end
 if ARGV[7] == '1' then
-  local expiry_s = tonumber(redis.call('ZSCORE', KEYS[2], tag)) or 0
-  if expiry_s * 1000 > gt_now_ms() then return {0} end
+  local expiry_ms = tonumber(redis.call('ZSCORE', KEYS[2], tag)) or 0
+  if expiry_ms > gt_now_ms() then return {0} end
 end
 local _, _, tenant = string.find(entry, '^([^|]+)|')
 local index_key, active_key, cap = nil, nil, 0

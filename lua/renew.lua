@@ -11,7 +11,7 @@
 -- Returns how many leases were extended.
 
 local now = gt_now_ms()
-local expiry_s = (now + tonumber(ARGV[1])) / 1000
+local expiry_ms = now + tonumber(ARGV[1])
 local oldest = now - tonumber(ARGV[2])
 local renewed = 0
 for i = 3, #ARGV, 2 do
@@ -19,7 +19,7 @@ for i = 3, #ARGV, 2 do
   if record then
     local _, _, token = string.find(record, '^[^|]+|([^|]+)|')
     if token == ARGV[i + 1] and tonumber(token) >= oldest then
-      redis.call('ZADD', KEYS[2], 'XX', expiry_s, ARGV[i])
+      redis.call('ZADD', KEYS[2], 'XX', expiry_ms, ARGV[i])
       renewed = renewed + 1
     end
   end

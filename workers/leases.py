@@ -36,10 +36,10 @@ SWEEP_LIMIT = 200  # expired tasks restored per pool per sweep
 def sweep_expired(client: redis.Redis, scripts: Scripts, keys: Keys, settings: Settings,
                   limit: int | None = SWEEP_LIMIT) -> int:
     """Restore every task whose lease expired (Redis clock); returns how many this call did."""
-    now_s = redis_now_ms(client) / 1000.0
+    now_ms = redis_now_ms(client)
     restored = 0
     for pool in settings.pools:
-        tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_s, byscore=True,
+        tags = client.zrange(keys.dispatched_at(pool.name), "-inf", now_ms, byscore=True,
                              offset=0, num=limit or SWEEP_LIMIT)
         for tag in tags:
             cancelled = _is_cancelled(client, keys, pool.name, tag)

@@ -124,7 +124,7 @@ class Keys:
         return f"{self.pool_tag(pool)}dispatched"
 
     def dispatched_at(self, pool: str) -> str:
-        """Sorted set: delivery tag -> dispatch time (s); the visibility-timeout restore scans it."""
+        """Sorted set: delivery tag -> lease expiry (ms, Redis clock); the lease sweep scans it."""
         return f"{self.pool_tag(pool)}dispatched-at"
 
     def seq(self, pool: str) -> str:

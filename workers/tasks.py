@@ -94,6 +94,12 @@ def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskC
 QUEUE_TTL, DEADLINE = "queue_ttl", "deadline"   # Expired / DeadlineExceeded reasons
 
 
+def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
+    """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
+    Redis clock readings -- and so took none of its tokens (nothing to refund)."""
+    return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
+
+
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
     """The tighter of the request's deadline and the tier's queue TTL (0 = none), and which."""
     if queue_ttl_s and (not deadline_s or queue_ttl_s < deadline_s):
@@ -146,9 +152,11 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         refund()
         raise _cancelled_error(self.request.id, mark)
 
-    limit_s, why = effective_deadline_s(req.deadline_s, settings.tier(req.tier).queue_ttl_s)
+    ttl_s = settings.tier(req.tier).queue_ttl_s
+    limit_s, why = effective_deadline_s(req.deadline_s, ttl_s)
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
-        refund()
+        if not picked_stale(enq_ms, disp_ms, ttl_s):   # pick.lua took its tokens: give them back
+            refund()
         r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
         if why == QUEUE_TTL:
             raise Expired(f"task waited {disp_ms - enq_ms} ms, past its tier's queue TTL of {limit_s} s "

@@ -29,6 +29,14 @@
 --                          reserve_tokens (head-room only reserved tiers may use)
 -- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
 --                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
+-- [lifecycle] then per queue, 1 value: the tier's queue TTL (ms; 0 = none): a candidate that
+--   waited longer is stale -- dispatched at once, taking no tokens, for its worker to fail it
+--   (Expired) without calling the upstream.
+-- [lifecycle] the fair hash also holds, per tier: 'b:<tier>' priority inheritance (lua/boost.lua:
+--   '<higher tier>><entry>' lines, dispatched first, at the higher tier's priority and reserve,
+--   charged to their own tenant and tier) and 'd:<tier>' / 'dn:<tier>' deadline boost
+--   (lua/deadline.lua: '<urgent from ms>><entry>' lines; a due one goes ahead of its tier's
+--   fair order, its tenant's cap kept).  Lines whose task is no longer queued are dropped.
 --
 -- Returns {n, wait_ms, then per task dispatched (n >= 1) ten values: message, queue index,
 --          now_ms, est_tokens, enqueued_ms, tenant, tag, pool tokens debited so far (with
@@ -55,11 +63,105 @@ for q = 1, Q do
                index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q]}
 end
 
+-- [lifecycle: boosts] begin -------------------------------------------------------------
+-- each queue's TTL, inheritance lines and first deadline-urgent time (one HMGET per pool)
+for p = 1, P do
+  local fields, mine = {}, {}
+  for q = 1, Q do
+    local qd = queues[q]
+    qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
+    if qd.pool == p then
+      fields[#fields + 1], fields[#fields + 2] = 'b:' .. qd.tier, 'dn:' .. qd.tier
+      mine[#mine + 1] = qd
+    end
+  end
+  if #fields > 0 then
+    local got = redis.call('HMGET', KEYS[PK * (p - 1) + 2], unpack(fields))
+    for i, qd in ipairs(mine) do
+      qd.boosts, qd.urgent_at = got[2 * i - 1] or false, tonumber(got[2 * i])
+    end
+  end
+end
+
+-- a candidate from an index entry taken out of the tier's fair order; its tenant's start
+-- tag is its place in line, else (parked) its finish tag
+local function entry_candidate(qd, entry)
+  local _, _, tenant, tag, est, enq, w = string.find(entry, '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+  if not tenant then return nil end
+  local start = tonumber(redis.call('ZSCORE', qd.active, tenant))
+                or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 4], tenant)) or 0
+  return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
+          enq = tonumber(enq) or now, w = w}
+end
+
+-- whether the queue of the same pool serving `tier` may use the reserve
+local function tier_reserved(p, tier)
+  for q = 1, Q do
+    if queues[q].pool == p and queues[q].tier == tier then return ARGV[queues[q].a + 6] == '1' end
+  end
+  return false
+end
+
+-- a boosted candidate of a queue: an inherited one first (lua/boost.lua), then a deadline-
+-- urgent one (lua/deadline.lua); lines of tasks no longer queued are dropped (written back)
+local function boosted_candidate(qd)
+  if qd.boosts and qd.boosts ~= '' then
+    local kept, found = {}, nil
+    for line in string.gmatch(qd.boosts, '[^\n]+') do
+      local _, _, tier, entry = string.find(line, '^([^>]+)>(.+)$')
+      if entry and redis.call('ZSCORE', qd.index, entry) then
+        kept[#kept + 1] = line
+        if not found then
+          found = entry_candidate(qd, entry)
+          if found then found.boost, found.boost_reserved = tier, tier_reserved(qd.pool, tier) end
+        end
+      end
+    end
+    local left = table.concat(kept, '\n')
+    if left ~= qd.boosts then qd.boosts, qd.boosts_dirty = left, true end
+    if found then return found end
+  end
+  if qd.urgent_at and qd.urgent_at <= now then
+    local raw = redis.call('HGET', KEYS[PK * (qd.pool - 1) + 2], 'd:' .. qd.tier) or ''
+    local cap = tonumber(ARGV[qd.a + 7])
+    local kept, found = {}, nil
+    for line in string.gmatch(raw, '[^\n]+') do
+      local _, _, at, entry = string.find(line, '^(%d+)>(.+)$')
+      if tonumber(at) and tonumber(at) > now then
+        kept[#kept + 1] = line
+      elseif entry and redis.call('ZSCORE', qd.index, entry) then
+        kept[#kept + 1] = line
+        if not found then
+          local c = entry_candidate(qd, entry)
+          local n = c and (tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 6], c.tenant)) or 0)
+          if c and (cap <= 0 or n < cap) then c.urgent, found = true, c end
+        end
+      end
+    end
+    local left = table.concat(kept, '\n')
+    if left ~= raw then
+      local _, _, first = string.find(left, '^(%d+)>')
+      qd.urgent_lines, qd.urgent_at, qd.urgent_dirty = left, tonumber(first), true
+    end
+    if found then return found end
+  end
+  return nil
+end
+
+-- a candidate past its tier's queue TTL is stale (dispatched at once, no tokens taken)
+local function mark_stale(qd, c)
+  if c and qd.ttl > 0 and now - c.enq > qd.ttl then c.stale = true end
+  return c
+end
+-- [lifecycle: boosts] end ---------------------------------------------------------------
+
 -- a queue's candidate: the oldest task of the active tenant first in line, with
 -- its start tag (false: none).  A tenant in the active set is under its cap (it
 -- is parked when it reaches it) and has queued work (it leaves when it has none).
 -- (known_tenant, known_head: a tenant whose head entry the caller just read)
 local function candidate(qd, known_tenant, known_head)
+  local boosted = boosted_candidate(qd)                      -- [lifecycle]
+  if boosted then return mark_stale(qd, boosted) end         -- [lifecycle]
   for _ = 1, MAX_ROUNDS do
     local top = redis.call('ZRANGE', qd.active, '0', '0', 'WITHSCORES')
     local tenant = top[1]
@@ -69,8 +171,8 @@ local function candidate(qd, known_tenant, known_head)
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,
-              est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w}
+      return mark_stale(qd, {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,   -- [lifecycle]
+              est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w})
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end
@@ -137,6 +239,9 @@ end
 local function score(qd, pool)
   local c = qd.c
   local wait = now - c.enq
+  if wfq then qd.start = math.max(pool.v, qd.f) end   -- [lifecycle] (read by choose's bypass)
+  if c.stale then return 3e18 + wait end    -- [lifecycle] stale: out of the way at once, no tokens
+  if c.boost then return 2e18 + wait end    -- [lifecycle] inherited priority: before any promotion
   if policy == 'fifo' then return -c.enq end
   if policy == 'strict' then return qd.weight * 1e15 - c.enq end
   if policy == 'aging' then return qd.weight + qd.alpha * wait end
@@ -154,11 +259,13 @@ end
 
 -- ms until a pool's bucket admits a queue's candidate (0 = now)
 local function admit_wait(qd, pool)
+  if qd.c.stale then return 0 end           -- [lifecycle] a stale task takes no tokens
   local est = math.min(qd.c.est, pool.tcap)
   -- non-reserved tiers leave the reserve to vip; a request too big to fit
   -- beside the reserve waits for a full bucket instead of waiting forever
   local headroom = 0
-  if not qd.reserved then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
+  -- ([lifecycle] an inherited dispatch may use the reserve when its higher tier may)
+  if not (qd.reserved or qd.c.boost_reserved) then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
   local need_t = est + headroom - pool.tokens
   local need_r = 1 - pool.requests
   local w = 0
@@ -226,7 +333,8 @@ local function next_dispatch()
     local pool = pools[qd.pool]
     local c = qd.c
     local n = redis.call('HINCRBY', pool.inflight, c.tenant, '1')
-    if qd.tenant_max <= 0 or n <= qd.tenant_max then return best, n end
+    -- [lifecycle] an inherited or stale dispatch does not wait for its tenant's cap
+    if qd.tenant_max <= 0 or n <= qd.tenant_max or c.boost or c.stale then return best, n end
     redis.call('HINCRBY', pool.inflight, c.tenant, '-1')
     redis.call('ZREM', qd.active, c.tenant)
     redis.call('HSET', pool.parked, c.tenant, qd.tier)
@@ -248,22 +356,27 @@ local function dispatch(q, n, last)
   local c = qd.c
   local pool = pools[qd.pool]
   local est = math.min(c.est, pool.tcap)
+  if c.stale then est = 0 end       -- [lifecycle] stale: no tokens, no request taken
   local start = c.start or 0
   redis.call('ZREM', qd.index, c.entry)
+  if not c.stale then               -- [lifecycle]
   pool.tokens, pool.requests = pool.tokens - est, pool.requests - 1
   -- running totals: sync_limits.lua subtracts what was dispatched after this task
   -- from the upstream's x-ratelimit-remaining, which cannot have seen it yet
   pool.debited, pool.dispatches = pool.debited + est, pool.dispatches + 1
+  end                               -- [lifecycle]
   pool.touched = true
-  if wfq then
+  if wfq and not c.stale then       -- [lifecycle]
     local s = math.max(pool.v, qd.f)
     -- a reserved tier going around a winner that waits for tokens leaves v alone
-    if not qd.bypass then pool.v = s end
+    -- ([lifecycle] and so does an inherited dispatch: charged to its own tier's tag only)
+    if not qd.bypass and not c.boost then pool.v = s end
     qd.f = s + est / qd.share
   end
   -- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
   -- the tenant's next task starts where this one finishes
-  qd.tv = start
+  -- ([lifecycle] a task taken out of fair order leaves the tier's tenant virtual time alone)
+  if not (c.boost or c.urgent or c.stale) then qd.tv = start end
   -- whole tokens: a small sorted set (listpack) compares integer scores without
   -- parsing them, so every ZADD/ZSCORE on the active set stays cheap
   local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))
@@ -312,10 +425,25 @@ for p = 1, P do
       local qd = queues[q]
       if qd.pool == p and qd.taken and qd.taken > 0 then
         if wfq then fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f end
-        fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv
+        -- [lifecycle] (tv stays unset when only out-of-fair-order tasks were taken)
+        if qd.tv then fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv end
       end
     end
-    redis.call('HSET', pool.fair, unpack(fields))
+    if #fields > 0 then redis.call('HSET', pool.fair, unpack(fields)) end   -- [lifecycle] (may be empty)
+  end
+end
+
+-- [lifecycle: boosts] write back the inheritance and deadline lines that changed
+for q = 1, Q do
+  local qd = queues[q]
+  local fair = KEYS[PK * (qd.pool - 1) + 2]
+  if qd.boosts_dirty then
+    if qd.boosts == '' then redis.call('HDEL', fair, 'b:' .. qd.tier)
+    else redis.call('HSET', fair, 'b:' .. qd.tier, qd.boosts) end
+  end
+  if qd.urgent_dirty then
+    if qd.urgent_lines == '' then redis.call('HDEL', fair, 'd:' .. qd.tier, 'dn:' .. qd.tier)
+    else redis.call('HSET', fair, 'd:' .. qd.tier, qd.urgent_lines, 'dn:' .. qd.tier, qd.urgent_at) end
   end
 end
 

@@ -149,3 +149,42 @@ def test_a_dependency_finished_long_ago_is_read_from_its_result(gw):
     assert queued_ids(gw, "vip") == [now.id]
     with pytest.raises(DependencyFailed, match=bad.id):
         gw.submit("acme", "refused", max_tokens=5, depends_on=[ok.id, bad.id])
+
+
+@pytest.mark.slow
+def test_priority_inheritance_under_a_batch_flood(settings, r, tmp_path):
+    """A VIP task depending on a batch task queued behind a batch flood: the batch task is
+    dispatched at VIP priority (ahead of the flood), so the pair completes within the VIP
+    wait target; a batch task queued at the same moment without a VIP waiting on it waits
+    behind the flood."""
+    from gateway_tasks.devtools.quotas import for_load
+
+    with SimulatorThread(SimConfig(tpm=60_000, rpm=6_000, burst_s=2, base_latency_ms=20)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
+                    tpm=60_000, rpm=6_000, burst_s=2)
+        s = for_load(settings.with_(pools=(pool,)))
+        g = Gateway(s, client=r)
+        tenants = [f"bulk{i}" for i in range(20)]
+        for t in tenants:
+            g.register_tenant(t, "batch")
+        g.register_tenant("acme", "vip")
+        flood = [g.submit(tenants[i % 20], f"flood {i}", max_tokens=60) for i in range(300)]
+        worker = processes.worker(s, concurrency=8, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(g.app, 1)
+            flood[20].get(timeout=60)                          # the flood is flowing
+            control = g.submit("bulk1", "no one waits on me", max_tokens=60)
+            dep = g.submit("bulk2", "a vip task waits on me", max_tokens=60)
+            vip = g.submit("acme", "needs the batch result", max_tokens=20, depends_on=[dep.id])
+            d, v = dep.get(timeout=60), vip.get(timeout=60)
+            c = control.get(timeout=120)
+        finally:
+            worker.stop()
+            g.app.close()
+    target_ms = s.tier("vip").max_wait_ms
+    chain_ms = v["timing"]["completed_ms"] - d["timing"]["enqueued_ms"]
+    print(f"dependency wait {d['timing']['queue_wait_ms']} ms, vip wait {v['timing']['queue_wait_ms']} ms, "
+          f"chain {chain_ms} ms; the control batch task waited {c['timing']['queue_wait_ms']} ms")
+    assert d["timing"]["queue_wait_ms"] <= target_ms and v["timing"]["queue_wait_ms"] <= target_ms
+    assert d["timing"]["dispatched_ms"] < c["timing"]["dispatched_ms"]     # it jumped the flood
+    assert c["timing"]["queue_wait_ms"] > d["timing"]["queue_wait_ms"]

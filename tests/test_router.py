@@ -4,6 +4,8 @@ overshoots under concurrent dispatchers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import threading
 import time
@@ -152,7 +154,8 @@ def test_wfq_promotes_past_max_wait(r, settings):
 def test_wfq_shares_hold_when_every_head_is_past_its_max_wait(r, settings):
     # a long backlog: every head has waited past its tier's max_wait_ms (vip: 2 s);
     # promotion must not hand the tier with the shortest max wait the whole pool
-    s, plan = make(settings, "wfq")
+    # (stale-drop off: with VIP's 15 s queue TTL these heads would all be stale)
+    s, plan = make(settings, "wfq", tiers=tuple(replace(t, queue_ttl_s=0.0) for t in settings.tiers))
     old = redis_now_ms(r) - 400_000
     for tier in ("vip", "normal", "batch"):
         for _ in range(400):

@@ -99,6 +99,8 @@ class PickPlan:
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
                      1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
+        # [lifecycle] per queue: the tier's queue TTL (ms): a stale candidate takes no tokens
+        argv += [int(q.tier.queue_ttl_s * 1000) for q in self.queues]
         self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]

@@ -122,6 +122,10 @@ def level_and_gate(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool) -
         return (read_level(r, keys) if settings.overload.enabled else 0), scripts.run(call)
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
     return level, call.parse(raw_gate)
+def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
+    """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
+    Redis clock readings -- and so took none of its tokens (nothing to refund)."""
+    return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -188,9 +192,11 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         refund()
         raise _cancelled_error(self.request.id, mark)
 
-    limit_s, why = effective_deadline_s(req.deadline_s, settings.tier(req.tier).queue_ttl_s)
+    ttl_s = settings.tier(req.tier).queue_ttl_s
+    limit_s, why = effective_deadline_s(req.deadline_s, ttl_s)
     if limit_s and enq_ms and disp_ms and disp_ms > enq_ms + limit_s * 1000:
-        refund()
+        if not picked_stale(enq_ms, disp_ms, ttl_s):   # pick.lua took its tokens: give them back
+            refund()
         r.hincrby(keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
         if why == QUEUE_TTL:
             raise Expired(f"task waited {disp_ms - enq_ms} ms, past its tier's queue TTL of {limit_s} s "

@@ -35,7 +35,7 @@ from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import DEAD_LETTERED, tier_field
 from workers.bucket import PoolBucket
 from workers.release import ACK, ReleaseCall
-from workers.router import Picked
+from workers.router import Picked, picked_stale
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +109,14 @@ def _body_problem(body: Any, encoding: Any) -> str | None:
     return None
 
 
-def _est_problem(headers: dict[str, Any], picked: Picked, capacity: float) -> str | None:
+def _est_problem(headers: dict[str, Any], picked: Picked, capacity: float, stale: bool) -> str | None:
     est = headers.get(HEADER_EST_TOKENS)
     if isinstance(est, bool) or not isinstance(est, (int, float)) or est != est or est < 0:
         return f"header {HEADER_EST_TOKENS} is not a non-negative number"
     if est > capacity:
         return (f"est_tokens {est:.0f} is over the pool's bucket capacity ({capacity:.0f} tokens): "
                 f"it could never be admitted")
-    if int(est) != picked.est_tokens:
+    if int(est) != picked.est_tokens and not stale:   # a stale dispatch took no tokens: 0
         return (f"est_tokens {est:.0f} of the message does not match its queue entry's "
                 f"{picked.est_tokens}")
     return None
@@ -152,7 +152,8 @@ def problem_of(picked: Picked, settings: Settings) -> str | None:
     body_problem = _body_problem(message.get("body"), properties.get("body_encoding"))
     if body_problem:
         return body_problem
-    return _est_problem(headers, picked, settings.pool(picked.pool).token_capacity)
+    stale = picked_stale(picked.enqueued_ms, picked.dispatched_ms, settings.tier(picked.tier).queue_ttl_s)
+    return _est_problem(headers, picked, settings.pool(picked.pool).token_capacity, stale)
 
 
 def dispatched_queue(delivery_info: Any) -> tuple[str, str] | None:

@@ -59,6 +59,12 @@ class Wait:
     wait_ms: int
 
 
+
+def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
+    """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
+    Redis clock readings -- and so took none of its tokens (its est_tokens reads 0)."""
+    return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
+
 def parse_queue_name(settings: Settings, name: str) -> QueueRef:
     """'gt.<tier>.<pool>' -> QueueRef; anything else is not a router queue."""
     parts = split_queue_name(name)

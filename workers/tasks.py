@@ -40,6 +40,7 @@ from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from workers.redis_retry import through_restarts
 from workers.streaming import chat_streamed
 from workers.upstream import UpstreamReply, chat
+from workers.router import picked_stale
 from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
@@ -122,10 +123,6 @@ def level_and_gate(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool) -
         return (read_level(r, keys) if settings.overload.enabled else 0), scripts.run(call)
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
     return level, call.parse(raw_gate)
-def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
-    """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
-    Redis clock readings -- and so took none of its tokens (nothing to refund)."""
-    return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:

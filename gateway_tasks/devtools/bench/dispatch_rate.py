@@ -1,7 +1,7 @@
 """`gateway bench-dispatch`, part 2: dispatches per second from one Redis.
 
 ``dispatchers`` processes (no GIL between them) each loop: pick.lua
-(``PickPlan`` of all the pool's tiers, through ``scripts_for(client).run``),
+(``PickPlan`` of all the pool's tiers, one task a call or a batch of 8),
 then lua/release.lua to ack what it picked -- one dispatch, two round trips
 -- until its share of the queued messages is done.  Beside it the same number
 of processes RPOP a plain list holding the same messages.  All processes
@@ -31,38 +31,17 @@ from gateway_tasks.devtools.bench import dispatch_server
 from gateway_tasks.devtools.bench import redis_stats
 from gateway_tasks.devtools.redis_server import discard_prefix
 from workers.release import ReleaseCall
-from workers.router import PickPlan, Picked
+from workers.router import PickPlan
 
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 300.0
 BATCH_PICKS = dispatch_server.BATCH_PICKS
 
 
-def _dispatch_loop(url: str, settings_json: str, count: int, ready: Any, go: Any, out: Any) -> None:
-    """One dispatcher: pick + ack up to ``count`` times (a child process)."""
-    client = redis.Redis.from_url(url)
-    settings = settings_from_json(settings_json)
-    keys = Keys(settings.key_prefix)
-    plan = PickPlan(settings, settings.queue_names())
-    scripts = scripts_for(client)
-    for name in ("pick", "release"):
-        client.script_load(source(name))
-    ready.put(1)
-    go.wait(START_TIMEOUT_S)
-    done, t0 = 0, time.monotonic()
-    for _ in range(count):
-        picked = scripts.run(plan)
-        if not isinstance(picked, Picked):
-            break
-        scripts.run(ReleaseCall(keys, settings, picked.pool, picked.tag))
-        done += 1
-    out.put((done, t0, time.monotonic()))
-
-
-def _batch_loop(url: str, settings_json: str, per_call: int, count: int, ready: Any, go: Any,
-                out: Any) -> None:
-    """One dispatcher with ``per_call`` free slots: one pick.lua call takes up to that
-    many, one pipeline acks them (a child process)."""
+def _dispatch_loop(url: str, settings_json: str, per_call: int, count: int, ready: Any, go: Any,
+                   out: Any) -> None:
+    """One dispatcher with ``per_call`` free slots (a child process): one pick.lua call
+    takes up to that many, one pipeline acks them (release.lua), until ``count`` are done."""
     client = redis.Redis.from_url(url)
     settings = settings_from_json(settings_json)
     keys = Keys(settings.key_prefix)
@@ -147,11 +126,11 @@ def run(client: redis.Redis, url: str, base: Settings, *, messages: int, process
     try:
         dispatch_server.fill(client, settings, dispatch_server.Scenario(prompt_b, tenants, messages,
                                                                         messages), message)
-        gateway = concurrently(client, _dispatch_loop, (url, settings_to_json(settings)),
+        gateway = concurrently(client, _dispatch_loop, (url, settings_to_json(settings), 1),
                                processes, per_process)
         dispatch_server.fill(client, settings, dispatch_server.Scenario(prompt_b, tenants, messages,
                                                                         messages), message)
-        batched = concurrently(client, _batch_loop, (url, settings_to_json(settings), BATCH_PICKS),
+        batched = concurrently(client, _dispatch_loop, (url, settings_to_json(settings), BATCH_PICKS),
                                processes, per_process)
         for part in dispatch_server.chunks(messages, dispatch_server.PIPELINE_CHUNK):
             with client.pipeline(transaction=False) as pipe:

@@ -34,13 +34,13 @@ import redis
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.index_entry import tenant_range
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.settings import Pool, Settings, load_settings
+from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import fairness_report
 from gateway_tasks.devtools.bench.load import TierLoad, count_results, read_results, served_in_window
-from gateway_tasks.devtools.bench.main import redis_for_bench
+from gateway_tasks.devtools.bench.main import run_on_bench_redis
 from gateway_tasks.devtools.bench.utilisation import UpstreamPoint, window_utilisation
 from gateway_tasks.devtools.redis_server import discard_prefix
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
@@ -207,13 +207,8 @@ def spec_from_args(args: argparse.Namespace) -> FairnessSpec:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    base = load_settings()
-    log_dir = bench_command.log_dir_of(args, "bench-fairness")
-    bench_command.progress(f"gateway bench-fairness: worker logs in {log_dir}")
-    with redis_for_bench(base) as (url, note):
-        result = run_fairness(base, url, spec, log_dir=log_dir, redis_note=note,
-                              progress=bench_command.progress)
-    return bench_command.finish(args, result, fairness_report.format_report)
+    return run_on_bench_redis(args, "bench-fairness", lambda base, url, **kw: run_fairness(base, url, spec, **kw),
+                              fairness_report.format_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import POLICIES, Settings, load_settings
+from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import load as bench_load
 from gateway_tasks.devtools.bench import plain as bench_plain
 from gateway_tasks.devtools.bench import report as bench_report
@@ -57,6 +58,18 @@ def redis_for_bench(settings: Settings) -> Iterator[tuple[str, str]]:
     given = settings.redis_url or os.environ.get("REDIS_URL", "")
     with redis_or_embedded(given) as (url, embedded):
         yield url, shown_redis(url, embedded)
+
+
+def run_on_bench_redis(args: argparse.Namespace, name: str, runner: Callable[..., dict[str, Any]],
+                       format_report: Callable[[Any], str]) -> int:
+    """A bench command's body: the settings, its worker log folder, the bench Redis, then
+    ``runner(base, url, log_dir=, redis_note=, progress=)`` and the report."""
+    base = load_settings()
+    log_dir = bench_command.log_dir_of(args, name)
+    bench_command.progress(f"gateway {name}: worker logs in {log_dir}")
+    with redis_for_bench(base) as (url, note):
+        result = runner(base, url, log_dir=log_dir, redis_note=note, progress=bench_command.progress)
+    return bench_command.finish(args, result, format_report)
 
 
 def parse_policies(text: str) -> list[str]:

@@ -34,11 +34,11 @@ import redis
 from gateway_tasks.core.errors import ConfigError, Deferred, GatewayError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.overload_state import read_history, read_level
-from gateway_tasks.core.settings import Pool, Settings, load_settings
+from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench import command as bench_command
 from gateway_tasks.devtools.bench import overload_report
-from gateway_tasks.devtools.bench.main import redis_for_bench
+from gateway_tasks.devtools.bench.main import run_on_bench_redis
 from gateway_tasks.devtools.bench.results import result_metas
 from gateway_tasks.devtools.redis_server import discard_prefix
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
@@ -242,13 +242,8 @@ def spec_from_args(args: argparse.Namespace) -> OverloadSpec:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
-    base = load_settings()
-    log_dir = bench_command.log_dir_of(args, "bench-overload")
-    bench_command.progress(f"gateway bench-overload: worker logs in {log_dir}")
-    with redis_for_bench(base) as (url, note):
-        result = run_overload(base, url, spec, log_dir=log_dir, redis_note=note,
-                              progress=bench_command.progress)
-    return bench_command.finish(args, result, overload_report.format_report)
+    return run_on_bench_redis(args, "bench-overload", lambda base, url, **kw: run_overload(base, url, spec, **kw),
+                              overload_report.format_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

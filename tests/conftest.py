@@ -62,3 +62,9 @@ def r(redis_url, key_prefix):
 @pytest.fixture
 def settings(redis_url, key_prefix) -> Settings:
     return load_settings(env={}, redis_url=redis_url, key_prefix=key_prefix)
+
+
+def pytest_collection_modifyitems(items):
+    """Multi-process tests (marked slow) first, in their collected order: `make test` spreads
+    the suite over processes (pytest-xdist), and a long test started last would be the tail."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

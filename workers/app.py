@@ -15,8 +15,9 @@ from gateway_tasks.core.settings import Settings, get_settings
 from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
-# workers.overload: the load-level controller, started by each worker when it is ready
-TASK_MODULES = ("workers.tasks", "workers.overload")
+# workers.overload: the load-level controller, started by each worker when it is ready;
+# workers.warmup: the openai SDK's one-time work, done before the worker takes a task
+TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

@@ -42,6 +42,7 @@ from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
 from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
 from gateway_tasks.rest.streaming import streaming_response
+from gateway_tasks.core.tokens import encoding
 
 # how long the synchronous endpoint waits at most: below the 60 s most proxies and clients
 # give up at; a client that says its own timeout (the openai SDK's X-Stainless-Timeout) or
@@ -84,6 +85,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="gateway-tasks", version="0.1.0",
                   description="Task queue in front of rate-limited OpenAI-compatible LLM APIs.")
     app.state.gateway = gateway
+    encoding()   # tiktoken's encoder loads now, not inside the first request (~0.4 s)
     install_error_handlers(app)
     # the last added runs first: authenticate, then limit the body, then parse it
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)

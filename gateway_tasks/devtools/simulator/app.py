@@ -26,6 +26,7 @@ from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
 from gateway_tasks.devtools.simulator.admission import Simulator
 from gateway_tasks.devtools.simulator.calls import CallCounter
 from gateway_tasks.devtools.simulator.config import SimConfig
+from gateway_tasks.core.tokens import encoding
 from gateway_tasks.devtools.simulator.faults import Fault, fault_error, fault_from_json
 from gateway_tasks.devtools.simulator.reply import (chat_completion, completion_tokens_for, error_body,
                                                     stream_chunks)
@@ -35,6 +36,7 @@ from gateway_tasks.devtools.simulator.request import INVALID, parse_chat_request
 def create_app(config: SimConfig) -> FastAPI:
     """The simulator's FastAPI app; its state is ``app.state.simulator``."""
     config.validate()
+    encoding()   # a real upstream is warm: load tiktoken's encoder before the first request
     sim = Simulator(config)
     app = FastAPI(title="gateway-tasks upstream simulator", docs_url=None, redoc_url=None)
     app.state.simulator = sim

@@ -1,0 +1,88 @@
+"""Warming a worker up before it takes its first task.
+
+The `openai` SDK does one-time work on a process's first chat completion (its
+resource objects, the first parse and dump of a reply: ~0.2 s on a quiet
+machine, seconds on a loaded one).  A worker that has just started -- a
+restart, or a pod the autoscaler added because a wave is coming -- would do it
+inside its first upstream calls, with every task picked meanwhile holding a
+slot.  On a loaded 2-core machine the overload bench saw a fresh worker's first
+28 calls (vip among them) all finish together ~4 s after dispatch, nothing
+dispatched in between, and a vip p99 wait of 3-5 s; half of that stall was
+the simulator's own first request (tiktoken's encoder, now loaded at its start).
+
+So the worker, on ``worker_init`` (after its modules are imported, before its
+consumer starts), runs one complete SDK call -- the same ``with_raw_response``
+create, ``parse`` and ``model_dump`` as ``workers.upstream.chat`` -- against an
+in-process fake transport (``httpx.MockTransport``): no network, no upstream
+tokens, no rate limit touched.  It also builds each pool's real client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import httpx
+import openai
+from celery.signals import worker_init, worker_ready
+
+from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WARMUP_MODEL = "warmup"
+_REPLY = {
+    "id": "chatcmpl-warmup", "object": "chat.completion", "created": 0, "model": WARMUP_MODEL,
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "ok"}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+def _reply(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json=_REPLY, headers={"x-ratelimit-remaining-tokens": "1"})
+
+
+def warm_sdk() -> dict[str, Any]:
+    """One chat completion through the SDK against a fake in-process transport; returns
+    what the warm reply parsed to (its model_dump), for the tests."""
+    with httpx.Client(transport=httpx.MockTransport(_reply)) as http:
+        client = openai.OpenAI(base_url="http://warmup.invalid/v1", api_key="warmup", max_retries=0,
+                               http_client=http)
+        raw = client.chat.completions.with_raw_response.create(
+            model=WARMUP_MODEL, messages=[{"role": "user", "content": "warm up"}], max_tokens=1)
+        return raw.parse().model_dump(mode="json")
+
+
+def warm_worker(settings: Settings) -> float:
+    """Warm the SDK and build every pool's client; seconds it took.  Never raises: a worker
+    that could not warm up still works, it is only slower on its first calls."""
+    from workers.upstream import client_for
+    started = time.monotonic()
+    try:
+        warm_sdk()
+        for pool in settings.pools:
+            client_for(pool).chat.completions   # noqa: B018 -- builds the resource objects
+    except Exception as exc:  # noqa: BLE001 -- see the docstring
+        log.warning("worker warm-up failed (the first upstream calls will be slower): %s",
+                    type(exc).__name__)
+    return time.monotonic() - started
+
+
+_took_s: list[float] = []   # this process's warm-up, logged once logging is set up
+
+
+@worker_init.connect
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        _took_s.append(warm_worker(settings_of(app)))
+
+
+@worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    # (Celery configures logging after worker_init: the figure is logged here)
+    if _took_s:
+        log.info("worker warmed up in %.2f s before taking tasks (openai SDK, pool clients)", _took_s[-1])

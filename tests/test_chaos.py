@@ -26,7 +26,6 @@ from gateway_tasks.devtools.chaos.table import render
 from gateway_tasks.devtools.chaos.workload import QUICK
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.producer.memory_guard import over_limit
 from workers.faults import KILL_POINTS, parse_kill_points
 from workers.redis_retry import backoff_s, through_restarts, worth_retrying
 
@@ -87,12 +86,6 @@ def test_outcome_fails_on_lost_duplicates_recovery_and_checks():
 def test_reasons_group_by_class_and_message_without_numbers():
     assert reason_of(ValueError("task waited 3261 ms, past its deadline of 2.0 s")) == \
         reason_of(ValueError("task waited 12 ms, past its deadline of 9.5 s"))
-
-
-@pytest.mark.parametrize("used, maximum, ratio, over", [
-    (89, 100, 0.9, False), (90, 100, 0.9, True), (99, 0, 0.9, False), (100, 100, 0.0, False)])
-def test_memory_guard_limit(used, maximum, ratio, over):
-    assert over_limit(used, maximum, ratio) is over
 
 
 def test_chaos_redis_binary_choice():

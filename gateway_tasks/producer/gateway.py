@@ -11,6 +11,7 @@ GatewayError saying what was wrong.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 import uuid
@@ -41,7 +42,7 @@ from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.core.oom import is_out_of_memory
-from gateway_tasks.producer.memory_guard import MemoryGuard
+from gateway_tasks.producer.memory_guard import MIB, MemoryGuard, submit_bytes
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
@@ -114,7 +115,8 @@ class Gateway:
         self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
-        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio)
+        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,
+                                  reserve_bytes=int(self.settings.redis_memory_reserve_mib * MIB))
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
                         weight: float = 1.0, tpm: int = 0) -> str:
@@ -306,6 +308,8 @@ class Gateway:
                 if idempotency_key is not None:
                     self.r.delete(self.keys.meta(task_id))
             raise
+        # counted against the memory limit until the guard's next INFO read sees it
+        self.memory.charge(submit_bytes(len(json.dumps(req.messages)) + len(json.dumps(req.extra_body))))
         return self._handle(task_id, req)
 
     def _dependencies(self, depends_on: Sequence[str] | None) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ def runs(size: Size) -> list[Outcome]:
     near = Outcome(NAME, recovery_target_s=60.0,
                    recovery_what="submits accepted again, after a worker starts (maxmemory unchanged)")
     at_max = Outcome(NAME_AT_MAX, recovery_target_s=30.0,
-                     recovery_what="every task final, after maxmemory is back")
+                     recovery_what="every task final (the queue drained), after maxmemory is back")
     sim = SimConfig(tpm=100_000_000, rpm=1_000_000, base_latency_ms=20, ms_per_output_token=0.5)
     with Deployment("memory", sim, pool_tpm=100_000_000, pool_rpm=1_000_000) as dep:
         worker = near_maxmemory(dep, size, near)

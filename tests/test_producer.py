@@ -3,17 +3,21 @@ their tier's queue with the estimate the router needs."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 
-from gateway_tasks.core.errors import GatewayError, InvalidRequest, PromptTooLarge, QueueFull, UnknownTenant
+from gateway_tasks.core.errors import (GatewayError, InvalidRequest, PromptTooLarge, QueueFull, RedisFull,
+                                       UnknownTenant)
 from gateway_tasks.core.broker import queued_messages
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from beat.entry import CronEntry
 from beat.fire import gateway_fire, task_id_of
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
+from gateway_tasks.producer.memory_guard import (MemoryGuard, near_limit, over_limit, refuse_at_bytes,
+                                                 submit_bytes)
 from gateway_tasks.core.settings import default_tiers
 from gateway_tasks.core.tokens import count_prompt_tokens
 
@@ -151,3 +155,113 @@ def test_tenant_registry_api_keys(gw):
         gw.tenants.authenticate("wrong")
     with pytest.raises(InvalidRequest):
         gw.register_tenant("bad id!", "vip")
+
+
+# -- the memory guard: submits stop before Redis is full -----------------------------
+MiB = 2**20
+
+
+@pytest.mark.parametrize("maximum, ratio, reserve, limit", [
+    (100 * MiB, 0.9, 0, 90 * MiB),
+    (100 * MiB, 0.9, 4 * MiB, 90 * MiB),          # a large Redis: the ratio is the stricter
+    (16 * MiB, 0.9, 4 * MiB, 12 * MiB),           # a small one: the workers' reserve is
+    (2 * MiB, 0.9, 4 * MiB, -2 * MiB),            # smaller than the reserve: every submit refused
+    (0, 0.9, 4 * MiB, None),                      # no maxmemory
+    (100 * MiB, 0.0, 4 * MiB, None),              # guard off
+])
+def test_refuse_at_is_the_stricter_of_ratio_and_reserve(maximum, ratio, reserve, limit):
+    assert refuse_at_bytes(maximum, ratio, reserve) == limit
+
+
+@pytest.mark.parametrize("used, maximum, ratio, reserve, over", [
+    (89, 100, 0.9, 0, False), (90, 100, 0.9, 0, True), (99, 0, 0.9, 0, False), (100, 100, 0.0, 0, False),
+    (85, 100, 0.9, 20, True), (79, 100, 0.9, 20, False)])
+def test_memory_guard_limit(used, maximum, ratio, reserve, over):
+    assert over_limit(used, maximum, ratio, reserve) is over
+
+
+@pytest.mark.parametrize("used, rate, horizon, limit, near", [
+    (80, 0.0, 0.1, 90, False), (80, 100.0, 0.1, 90, True), (80, 99.0, 0.1, 90, False),
+    (95, -50.0, 0.1, 90, True), (80, -50.0, 0.1, 90, False), (10**9, 1e9, 1.0, None, False)])
+def test_near_limit_projects_the_growth_of_one_interval(used, rate, horizon, limit, near):
+    assert near_limit(used, rate, horizon, limit) is near
+
+
+@pytest.mark.parametrize("payload, stored", [(0, 2048), (3, 2052), (8100, 12848)])
+def test_submit_bytes_counts_the_base64_body_and_the_envelope(payload, stored):
+    assert submit_bytes(payload) == stored
+
+
+class FakeInfo:
+    """INFO memory as scripted: used_memory from ``used`` (a list, last value repeats)."""
+
+    def __init__(self, used, maxmemory):
+        self.used, self.maxmemory, self.reads = list(used), maxmemory, 0
+
+    def info(self, section):
+        assert section == "memory"
+        self.reads += 1
+        used = self.used.pop(0) if len(self.used) > 1 else self.used[0]
+        return {"used_memory": used, "maxmemory": self.maxmemory}
+
+
+def test_guard_reads_again_when_its_own_submits_could_reach_the_limit():
+    now = [0.0]
+    client = FakeInfo([50 * MiB, 90 * MiB], 100 * MiB)      # what the 40 submits below did
+    guard = MemoryGuard(client, 0.9, clock=lambda: now[0])   # limit 90 MiB
+    guard.check()
+    for _ in range(39):
+        guard.charge(MiB)
+        guard.check()
+    assert client.reads == 1                                 # 50 + 39 MiB: below, no read
+    guard.charge(MiB)                                        # 50 + 40 MiB: read again, refuse
+    with pytest.raises(RedisFull, match="submits stop at 90.0 MiB"):
+        guard.check()
+    with pytest.raises(RedisFull):
+        guard.check()
+    assert client.reads == 2                                 # a read over the limit stands 0.1 s
+    now[0] += 0.1
+    with pytest.raises(RedisFull):
+        guard.check()
+    assert client.reads == 3
+
+
+def test_guard_reads_before_every_submit_once_the_growth_could_reach_the_limit():
+    now = [0.0]
+    # other producers fill Redis 10 MiB per 0.1 s: 50, 60, 70, 80 MiB ... (limit 90 MiB)
+    client = FakeInfo([50 * MiB, 60 * MiB, 70 * MiB, 80 * MiB, 81 * MiB], 100 * MiB)
+    guard = MemoryGuard(client, 0.9, clock=lambda: now[0])
+    for _ in range(3):
+        guard.check()
+        now[0] += 0.1
+    assert client.reads == 3                                 # far from the limit: every 0.1 s
+    guard.check()                                            # 80 MiB + 10 MiB in the next 0.1 s: near
+    now[0] += 0.001
+    guard.check()
+    now[0] += 0.001
+    guard.check()
+    assert client.reads == 6                                 # one read per submit from here
+
+
+def test_guard_off_never_reads():
+    client = FakeInfo([99 * MiB], 100 * MiB)
+    guard = MemoryGuard(client, 0.0)
+    guard.charge(10 * MiB)
+    guard.check()
+    assert client.reads == 0
+
+
+def test_a_burst_of_submits_stops_within_one_submit_of_the_limit(gw):
+    """Real submits, a scripted INFO that never comes due by time: the submits' own charges
+    make the guard read again once they reach the limit, and the refused one enqueues nothing."""
+    prompt = "x " * 4000
+    one = submit_bytes(len(json.dumps([{"role": "user", "content": prompt}])) + len("{}"))
+    used = int(gw.r.info("memory")["used_memory"])
+    info = FakeInfo([used, used + 4 * one], used + int(3.5 * one))   # limit: 3.5 submits away
+    gw.memory = MemoryGuard(info, 1.0, every_s=3600.0)
+    for i in range(4):
+        gw.submit("acme", prompt + str(i), max_tokens=8)
+    assert info.reads == 1
+    with pytest.raises(RedisFull):
+        gw.submit("acme", prompt, max_tokens=8)
+    assert info.reads == 2 and len(queued(gw, "vip")) == 4

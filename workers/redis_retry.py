@@ -1,6 +1,8 @@
-"""Riding out a Redis restart: a call that must not be dropped (settling a finished
-upstream call, an ack) is retried with back-off while Redis is unreachable, for
-at most ``budget_s``; past it the error propagates."""
+"""Riding out a Redis restart or a full Redis: a call that must not be dropped
+(settling a finished upstream call, an ack, releasing a task's dependents) is
+retried with back-off while Redis is unreachable or refuses it at its maxmemory
+(noeviction: memory frees as queued work drains, or when an operator raises the
+limit), for at most ``budget_s``; past it the error propagates."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 from typing import Callable, TypeVar
 
 import redis
+
+from gateway_tasks.core.oom import is_out_of_memory
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -21,19 +25,26 @@ def backoff_s(attempt: int) -> float:
     return min(MAX_PAUSE_S, FIRST_PAUSE_S * (2 ** attempt))
 
 
+def worth_retrying(exc: BaseException) -> bool:
+    """Whether a Redis error may go away by itself: unreachable (a restart), or full."""
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) or is_out_of_memory(exc)
+
+
 def through_restarts(fn: Callable[[], T], what: str, budget_s: float = RETRY_BUDGET_S,
                      sleep: Callable[[float], None] = time.sleep,
                      clock: Callable[[], float] = time.monotonic) -> T:
-    """``fn()``, retried on connection errors and timeouts until ``budget_s`` is spent."""
+    """``fn()``, retried on connection errors, timeouts and maxmemory refusals until
+    ``budget_s`` is spent."""
     deadline = clock() + budget_s
     attempt = 0
     while True:
         try:
             return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except redis.RedisError as exc:
             pause = backoff_s(attempt)
-            if clock() + pause > deadline:
+            if not worth_retrying(exc) or clock() + pause > deadline:
                 raise
-            logger.warning("%s: Redis unreachable (%s); retrying in %.1f s", what, exc, pause)
+            why = "Redis is at its maxmemory" if is_out_of_memory(exc) else "Redis unreachable"
+            logger.warning("%s: %s (%s); retrying in %.1f s", what, why, exc, pause)
             sleep(pause)
             attempt += 1

@@ -150,8 +150,10 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 def _finished(task: Any, ok: bool) -> None:
     settings = _settings(task)
     try:
-        depends.finish(task.app, redis_for(task.app.conf.broker_url), Keys(settings.key_prefix),
-                       settings.result_ttl_s, task.request.id, ok)
+        through_restarts(lambda: depends.finish(task.app, redis_for(task.app.conf.broker_url),
+                                                Keys(settings.key_prefix), settings.result_ttl_s,
+                                                task.request.id, ok),
+                         f"release of the tasks depending on {task.request.id}")
     except redis.RedisError:   # the result still stands; its dependents wait for their TTL
         logger.warning("could not release the tasks depending on %s", task.request.id, exc_info=True)
 

@@ -27,6 +27,7 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core import broker
+from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
 from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
@@ -39,6 +40,8 @@ from workers.router import PickBatch, Picked, PickPlan, pick_now
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
+FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
+FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
 
 
 def bell_timeout(wait_s: float) -> str:
@@ -149,6 +152,7 @@ class Channel(broker.Channel):
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
         self._gt_tally = DispatchTally(self._gt_keys)
+        self._gt_refused = 0     # picks refused in a row by Redis at its maxmemory
 
     def _gt_count(self, name: str) -> None:
         self._gt_tally.round_trip(name)
@@ -224,9 +228,15 @@ class Channel(broker.Channel):
             except self.connection_errors:
                 conn.disconnect()
                 raise
+            except redis.exceptions.ResponseError as exc:
+                if mode != "pick" or not is_out_of_memory(exc):
+                    raise
+                self._gt_full(exc)   # Redis at its maxmemory refused the pick: wait, pick again
+                raise virtual.Empty() from None
             if mode == "wait":
                 self._gt_mode = "pick"
                 raise virtual.Empty()
+            self._gt_refused = 0
             plan = self._gt_plan
             result = self._gt_batch.parse(reply)
             if isinstance(result, list):
@@ -250,6 +260,18 @@ class Channel(broker.Channel):
             raise virtual.Empty()
         finally:
             self._in_poll = None
+
+    def _gt_full(self, exc: BaseException) -> None:
+        """A pick refused at maxmemory (noeviction: pick.lua's first write is refused, nothing
+        was taken): wait ``FULL_PAUSE_S`` on the bell and pick again.  Tasks in flight still
+        finish (their acks free memory); the worker lives on."""
+        if self._gt_refused % FULL_WARN_EVERY == 0:
+            logger.warning("pick refused: Redis is at its maxmemory (%s); picking again every "
+                           "%.1f s until memory frees (%d refused so far)", exc, FULL_PAUSE_S,
+                           self._gt_refused + 1)
+        self._gt_refused += 1
+        self._gt_mode = "wait"
+        self._gt_wait_s = FULL_PAUSE_S
 
     def _get(self, queue: str) -> Any:
         """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""

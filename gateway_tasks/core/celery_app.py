@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from celery import Celery
 
 from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION
+from gateway_tasks.core.result_backend import backend_url
 from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
 
 PRODUCER_TRANSPORT = "gateway_tasks.core.broker:Transport"
@@ -38,10 +39,11 @@ def celery_config(settings: Settings, redis_url: str, *,
             PUBLIC_SETTINGS_OPTION: settings_to_json(settings.public()),
         },
         "broker_connection_retry_on_startup": True,
-        "result_backend": redis_url,
+        "result_backend": backend_url(redis_url),
         "result_backend_transport_options": {"global_keyprefix": prefix},
-        # a result stored while Redis restarts waits for it (exponential back-off, ~2 min in
-        # all) instead of being dropped: a task that ran must reach its final state
+        # a result stored while Redis restarts, or while it is at its maxmemory, waits for it
+        # (exponential back-off, ~1 min in all; gateway_tasks.core.result_backend) instead of
+        # being dropped: a task that ran must reach its final state
         "result_backend_always_retry": True,
         "result_backend_max_retries": 20,
         "result_expires": settings.result_ttl_s,

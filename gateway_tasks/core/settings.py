@@ -302,6 +302,9 @@ class Settings:
     # producers refuse submits (RedisFull) once Redis uses this fraction of its maxmemory,
     # so the dispatch machinery (picks, acks, results) keeps head-room; 0 = never refuse early
     redis_memory_refuse_ratio: float = 0.9
+    # ... and once less than this is left below maxmemory, whatever the ratio: a worker
+    # connecting to a full queue needs ~1 MiB at once (its connections' buffers)
+    redis_memory_reserve_mib: float = 4.0
     # a queued task with a deadline_s is promoted inside its tier once less than this is left
     # (lua/deadline.lua, lua/pick.lua); 0 = no deadline boost
     deadline_boost_s: float = 60.0
@@ -320,6 +323,8 @@ class Settings:
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
                  self.redis_memory_refuse_ratio, "in [0, 1] (0 = off)")
+        _require(self.redis_memory_reserve_mib >= 0, "settings", "redis_memory_reserve_mib",
+                 self.redis_memory_reserve_mib, ">= 0 MiB")
         _require(self.deadline_boost_s >= 0, "settings", "deadline_boost_s", self.deadline_boost_s,
                  ">= 0 seconds (0 = no deadline boost)")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",

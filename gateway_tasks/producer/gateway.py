@@ -11,6 +11,7 @@ GatewayError saying what was wrong.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 import uuid
@@ -40,7 +41,8 @@ from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
-from gateway_tasks.producer.memory_guard import MemoryGuard
+from gateway_tasks.core.oom import is_out_of_memory
+from gateway_tasks.producer.memory_guard import MIB, MemoryGuard, submit_bytes
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
@@ -71,13 +73,10 @@ def redis_errors(what: str) -> Iterator[None]:
     """Turn the Redis client's and kombu's errors into RedisUnavailable / RedisFull."""
     try:
         yield
-    except redis.exceptions.OutOfMemoryError as exc:
-        raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
-                        f"and nothing is evicted -- retry once memory is freed") from None
     except (redis.RedisError, OperationalError, OSError) as exc:
-        if "OOM" in str(exc):
-            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was "
-                            f"enqueued") from None
+        if is_out_of_memory(exc):   # a command's, a script's (6.2 and 7), kombu's
+            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
+                            f"and nothing is evicted -- retry once memory is freed") from None
         raise RedisUnavailable(f"{what} failed: Redis is unavailable ({type(exc).__name__}: {exc}); "
                                f"nothing was enqueued") from None
 
@@ -116,7 +115,8 @@ class Gateway:
         self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
-        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio)
+        self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,
+                                  reserve_bytes=int(self.settings.redis_memory_reserve_mib * MIB))
 
     def register_tenant(self, tenant_id: str, tier: str, api_key: str | None = None,
                         weight: float = 1.0, tpm: int = 0) -> str:
@@ -308,6 +308,8 @@ class Gateway:
                 if idempotency_key is not None:
                     self.r.delete(self.keys.meta(task_id))
             raise
+        # counted against the memory limit until the guard's next INFO read sees it
+        self.memory.charge(submit_bytes(len(json.dumps(req.messages)) + len(json.dumps(req.extra_body))))
         return self._handle(task_id, req)
 
     def _dependencies(self, depends_on: Sequence[str] | None) -> tuple[str, ...]:

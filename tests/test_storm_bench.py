@@ -104,7 +104,7 @@ def fake_mode(mode: str, lag: int) -> dict:
             "scheduled_lag_tokens": {"vip": lag}, "load_avg": [2.5, 2.0, 1.5],
             "upstream": {"rate": rate, "rate_5s": rate, "requests_429": 0, "rate_429_pct": 0.0, "series": [1, 2]},
             "requeued_after_429": 0, "deferred": 0, "tiers": {t: tier for t in ("vip", "normal", "batch")},
-            "vip_probe": {"quiet": lat, "storm": {**lat, "queue_wait_p99_ms": 5.0}, "p99_ratio": 1.0}}
+            "vip_probe": {"quiet": lat, "storm": {**lat, "queue_wait_p99_ms": 5.0, "upstream_p99_ms": 170.0}, "p99_ratio": 1.0}}
 
 
 def test_the_report_shows_every_mode_side_by_side():
@@ -116,6 +116,7 @@ def test_the_report_shows_every_mode_side_by_side():
                                          "beats": 2}, "modes": modes, "targets": targets(modes["jitter_on"])})
     assert "on, no lanes" in text and "scheduled lane lag vip 8192 tokens" in text
     assert "load average (1 min) at the end" in text and text.count("2.50") == 3
+    assert "VIP probe upstream call p99 before / during, ms" in text and "-/170" in text
 
 
 def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):

@@ -65,7 +65,7 @@ import redis
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
-from gateway_tasks.core.stats import UPSTREAM_429
+from gateway_tasks.core.stats import CRON_DEFERRED, UPSTREAM_429
 from gateway_tasks.core.tokens import count_prompt_tokens
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.load import count_results, read_results
@@ -212,6 +212,17 @@ def beat_child(settings: Settings, name: str, log_dir: str) -> processes.Child:
     return processes.Child(argv, processes.child_env(settings), os.path.join(log_dir, f"{name}.log"))
 
 
+def deferred_runs(client: redis.Redis, keys: Keys, specs: Any) -> list[str]:
+    """The tenants of the runs beat recorded as deferred at submit (one per run: each entry
+    fires once in the storm)."""
+    specs = list(specs)
+    with client.pipeline(transaction=False) as pipe:
+        for spec in specs:
+            pipe.hget(keys.cron(f"{spec.tenant_id}:{spec.task_id}"), "last_status")
+        statuses = pipe.execute()
+    return [spec.tenant_id for spec, status in zip(specs, statuses) if status == CRON_DEFERRED.encode()]
+
+
 def _load_avg() -> list[float] | None:
     """The machine's 1/5/15-minute load average (None where the OS does not tell)."""
     try:
@@ -266,8 +277,12 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         ids = list(expected)
         deadline = boundary_s + spec.timeout_s
         window_s = max(t.jitter_window_s for t in settings.tiers)
+        stats_key = Keys(prefix).cron_stats
         while time.time() < deadline:
-            if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) >= len(ids):
+            # done when every run has a result or was deferred at submit (overload: its tier's
+            # new work is refused at this load level; beat counts it, it never runs)
+            if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) + \
+                    int(client.hget(stats_key, CRON_DEFERRED) or 0) >= len(ids):
                 break
             time.sleep(0.5)
         time.sleep(1.0)
@@ -279,7 +294,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         time.sleep(1.05)                                    # the simulator's last second closes
         upstream = sim.stats()
         requeued_429 = int(client.hget(Keys(prefix).stats(pool.name), UPSTREAM_429) or 0)
-        fired = {k.decode(): int(v) for k, v in client.hgetall(Keys(prefix).cron_stats).items()}
+        fired = {k.decode(): int(v) for k, v in client.hgetall(stats_key).items()}
+        deferred_at_submit = deferred_runs(client, Keys(prefix), expected.values())
         results = read_results(client, gw.app, ids)
         probe_results = {res["task_id"]: res for res in read_results(client, gw.app, [p for p, _ in probe_ids])}
     finally:
@@ -300,6 +316,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
     for tier in TIERS:
         mine = [res for res in results if tier_of.get(res["tenant_id"]) == tier]
         n_expected = sum(1 for s in expected.values() if tier_of[s.tenant_id] == tier)
+        n_deferred = sum(1 for t in deferred_at_submit if tier_of.get(t) == tier)
+        missing = n_expected - n_deferred - len(mine)    # neither run nor deferred: lost, or too late
         e2e = [res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"] for res in mine]
         waits = [res["timing"]["queue_wait_ms"] for res in mine if res["timing"]["queue_wait_ms"] is not None]
         lag, from_scheduled = [], []
@@ -311,26 +329,37 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
             scheduled_ms = boundary_ms + jitter_offset_s(res["tenant_id"], run.task_id, window, 86_400) * 1000
             lag.append(res["timing"]["enqueued_ms"] - scheduled_ms)
             from_scheduled.append(res["timing"]["completed_ms"] - scheduled_ms)
-        per_tier[tier] = {"runs": n_expected, "completed": len(mine),
-                          "e2e": latency_stats(e2e, missing=n_expected - len(mine)),
-                          "from_scheduled": latency_stats(from_scheduled, missing=n_expected - len(mine)),
+        per_tier[tier] = {"runs": n_expected, "completed": len(mine), "deferred_at_submit": n_deferred,
+                          "e2e": latency_stats(e2e, missing=missing),
+                          "from_scheduled": latency_stats(from_scheduled, missing=missing),
                           "queue_wait_p99_ms": round(percentile(waits, 99, default=0.0), 1) if waits else None,
                           "deferred": deferred(waits),
                           "fire_lag_p99_ms": round(percentile(lag, 99, default=0.0), 1) if lag else None,
                           "jitter_window_s": window}
-    quiet, storm, storm_waits = [], [], []
+    # the probe's latency before B ("quiet") and during the storm, and where it goes: queue
+    # wait (enqueued -> dispatched), the upstream call, and the rest of the worker's time
+    windows: dict[str, dict[str, list[float]]] = {
+        w: {"e2e": [], "queue_wait": [], "upstream": [], "worker": []} for w in ("quiet", "storm")}
     for task_id, sent_s in probe_ids:
         res = probe_results.get(task_id)
         if res is None:
             continue
-        e2e = res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"]
         if boundary_s - QUIET_WINDOW_S <= sent_s < boundary_s:
-            quiet.append(e2e)
+            window = windows["quiet"]
         elif boundary_s <= sent_s <= end_wall_s:
-            storm.append(e2e)
-            storm_waits.append(res["timing"]["queue_wait_ms"] or 0)
-    quiet_stats, storm_stats = latency_stats(quiet), latency_stats(storm)
-    storm_stats["queue_wait_p99_ms"] = round(percentile(storm_waits, 99), 1) if storm_waits else None
+            window = windows["storm"]
+        else:
+            continue
+        t = res["timing"]
+        upstream_ms = float(t.get("upstream_ms") or 0.0)
+        window["e2e"].append(t["completed_ms"] - t["enqueued_ms"])
+        window["queue_wait"].append(t["queue_wait_ms"] or 0)
+        window["upstream"].append(upstream_ms)
+        window["worker"].append(t["completed_ms"] - t["dispatched_ms"] - upstream_ms)
+    quiet_stats, storm_stats = latency_stats(windows["quiet"]["e2e"]), latency_stats(windows["storm"]["e2e"])
+    for stats, window in ((quiet_stats, windows["quiet"]), (storm_stats, windows["storm"])):
+        for part in ("queue_wait", "upstream", "worker"):
+            stats[f"{part}_p99_ms"] = round(percentile(window[part], 99), 1) if window[part] else None
     return {
         "mode": mode, "jitter": jitter,
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
@@ -338,6 +367,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
         "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},
         "runs": len(expected), "completed": len(results), "fired": fired,
+        "deferred_at_submit": len(deferred_at_submit),
         "storm_s": round(end_wall_s - boundary_s, 1),
         "upstream": {
             "rate": rate_stats(series, 1), "rate_5s": rate_stats(series, 5),

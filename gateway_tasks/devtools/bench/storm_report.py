@@ -47,6 +47,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
         return [get(m) for m in modes]
 
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
+    row("runs deferred at submit (load level)", *each(lambda m: m.get("deferred_at_submit", 0)))
     row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
     row("upstream requests/s peak (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_per_s"]))
     row("upstream requests/s mean", *each(lambda m: m["upstream"]["rate"]["mean_per_s"]))
@@ -55,17 +56,22 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("upstream 429s (% of answers)",
         *each(lambda m: f"{m['upstream']['requests_429']} ({m['upstream']['rate_429_pct']} %)"))
     row("gateway requeues after a 429", *each(lambda m: m["requeued_after_429"]))
-    row("tasks deferred (queued >= 1 s)", *each(lambda m: m["deferred"]))
+    row("tasks held in the queue >= 1 s", *each(lambda m: m["deferred"]))
     for tier in ("vip", "normal", "batch"):
         row(f"{tier} end-to-end p50, ms", *each(lambda m: m["tiers"][tier]["e2e"]["p50_ms"]))
         row(f"{tier} end-to-end p99, ms", *each(lambda m: m["tiers"][tier]["e2e"]["p99_ms"]))
         row(f"{tier} from scheduled time p50, ms", *each(lambda m: m["tiers"][tier]["from_scheduled"]["p50_ms"]))
         row(f"{tier} from scheduled time p99, ms", *each(lambda m: m["tiers"][tier]["from_scheduled"]["p99_ms"]))
-        row(f"{tier} deferred", *each(lambda m: m["tiers"][tier]["deferred"]))
+        row(f"{tier} held >= 1 s / deferred at submit",
+            *each(lambda m: f"{m['tiers'][tier]['deferred']}/{m['tiers'][tier].get('deferred_at_submit', 0)}"))
         row(f"{tier} beat fire lag p99, ms", *each(lambda m: m["tiers"][tier]["fire_lag_p99_ms"]))
     row("VIP probe p99 before the storm, ms", *each(lambda m: m["vip_probe"]["quiet"]["p99_ms"]))
     row("VIP probe p99 during the storm, ms", *each(lambda m: m["vip_probe"]["storm"]["p99_ms"]))
-    row("VIP probe queue wait p99 during it, ms", *each(lambda m: m["vip_probe"]["storm"].get("queue_wait_p99_ms")))
+    for part, label in (("queue_wait", "queue wait"), ("upstream", "upstream call"),
+                        ("worker", "rest of the worker")):
+        row(f"VIP probe {label} p99 before / during, ms",
+            *each(lambda m: f"{_v(m['vip_probe']['quiet'].get(part + '_p99_ms'))}/"
+                            f"{_v(m['vip_probe']['storm'].get(part + '_p99_ms'))}"))
     row("VIP probe p99 storm/quiet", *each(lambda m: m["vip_probe"]["p99_ratio"]))
     row("load average (1 min) at the end", *each(lambda m: (m.get("load_avg") or [None])[0]))
     for mode in modes:

@@ -336,30 +336,38 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
                           "deferred": deferred(waits),
                           "fire_lag_p99_ms": round(percentile(lag, 99, default=0.0), 1) if lag else None,
                           "jitter_window_s": window}
-    # the probe's latency before B ("quiet") and during the storm, and where it goes: queue
-    # wait (enqueued -> dispatched), the upstream call, and the rest of the worker's time
+    # the probe's latency before B ("quiet"), during the storm, and during the VIP runs (B
+    # to the last VIP run's result: the part of the storm in its own tier, which the
+    # scheduled lane is for), and where it goes: queue wait (enqueued -> dispatched), the
+    # upstream call, and the rest of the worker's time
+    vip_done = [res["timing"]["completed_ms"] for res in results if tier_of.get(res["tenant_id"]) == "vip"]
+    vip_end_s = max(vip_done) / 1000.0 if vip_done else boundary_s
     windows: dict[str, dict[str, list[float]]] = {
-        w: {"e2e": [], "queue_wait": [], "upstream": [], "worker": []} for w in ("quiet", "storm")}
+        w: {"e2e": [], "queue_wait": [], "upstream": [], "worker": []} for w in ("quiet", "storm", "vip_runs")}
     for task_id, sent_s in probe_ids:
         res = probe_results.get(task_id)
         if res is None:
             continue
         if boundary_s - QUIET_WINDOW_S <= sent_s < boundary_s:
-            window = windows["quiet"]
+            mine = [windows["quiet"]]
         elif boundary_s <= sent_s <= end_wall_s:
-            window = windows["storm"]
+            mine = [windows["storm"]] + ([windows["vip_runs"]] if sent_s <= vip_end_s else [])
         else:
             continue
         t = res["timing"]
         upstream_ms = float(t.get("upstream_ms") or 0.0)
-        window["e2e"].append(t["completed_ms"] - t["enqueued_ms"])
-        window["queue_wait"].append(t["queue_wait_ms"] or 0)
-        window["upstream"].append(upstream_ms)
-        window["worker"].append(t["completed_ms"] - t["dispatched_ms"] - upstream_ms)
-    quiet_stats, storm_stats = latency_stats(windows["quiet"]["e2e"]), latency_stats(windows["storm"]["e2e"])
-    for stats, window in ((quiet_stats, windows["quiet"]), (storm_stats, windows["storm"])):
+        for window in mine:
+            window["e2e"].append(t["completed_ms"] - t["enqueued_ms"])
+            window["queue_wait"].append(t["queue_wait_ms"] or 0)
+            window["upstream"].append(upstream_ms)
+            window["worker"].append(t["completed_ms"] - t["dispatched_ms"] - upstream_ms)
+    probe_stats = {w: latency_stats(parts["e2e"]) for w, parts in windows.items()}
+    for w, stats in probe_stats.items():
         for part in ("queue_wait", "upstream", "worker"):
-            stats[f"{part}_p99_ms"] = round(percentile(window[part], 99), 1) if window[part] else None
+            values = windows[w][part]
+            stats[f"{part}_p99_ms"] = round(percentile(values, 99), 1) if values else None
+    quiet_stats, storm_stats = probe_stats["quiet"], probe_stats["storm"]
+    probe_stats["vip_runs"]["window_s"] = round(vip_end_s - boundary_s, 1)
     return {
         "mode": mode, "jitter": jitter,
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
@@ -379,8 +387,10 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "tiers": per_tier,
         "deferred": sum(t["deferred"] for t in per_tier.values()),
         "requeued_after_429": requeued_429,
-        "vip_probe": {"quiet": quiet_stats, "storm": storm_stats, "errors": probe.errors if probe else 0,
-                      "p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], storm_stats["p99_ms"])},
+        "vip_probe": {"quiet": quiet_stats, "storm": storm_stats, "vip_runs": probe_stats["vip_runs"],
+                      "errors": probe.errors if probe else 0,
+                      "p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], storm_stats["p99_ms"]),
+                      "vip_runs_p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], probe_stats["vip_runs"]["p99_ms"])},
         "runtime_s": round(time.monotonic() - started, 1),
     }
 

@@ -73,6 +73,12 @@ def format_storm_report(result: dict[str, Any]) -> str:
             *each(lambda m: f"{_v(m['vip_probe']['quiet'].get(part + '_p99_ms'))}/"
                             f"{_v(m['vip_probe']['storm'].get(part + '_p99_ms'))}"))
     row("VIP probe p99 storm/quiet", *each(lambda m: m["vip_probe"]["p99_ratio"]))
+    row("... while VIP runs were queued: p99, ms", *each(lambda m: (m["vip_probe"].get("vip_runs") or {}).get("p99_ms")))
+    row("... its queue wait p99, ms",
+        *each(lambda m: (m["vip_probe"].get("vip_runs") or {}).get("queue_wait_p99_ms")))
+    row("... p99 / quiet p99 (window, s)",
+        *each(lambda m: f"{_v(m['vip_probe'].get('vip_runs_p99_ratio'))} "
+                        f"({_v((m['vip_probe'].get('vip_runs') or {}).get('window_s'))})"))
     row("load average (1 min) at the end", *each(lambda m: (m.get("load_avg") or [None])[0]))
     for mode in modes:
         lines.append(f"  upstream requests per second, {mode['mode']}: "

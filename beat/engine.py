@@ -36,12 +36,12 @@ from typing import Callable, ClassVar
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError
+from gateway_tasks.core.errors import ConfigError, Deferred
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import (CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE, CRON_UNKNOWN_TENANT,
-                                      CRON_UNKNOWN_TIER)
+from gateway_tasks.core.stats import (CRON_DEFERRED, CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE,
+                                      CRON_UNKNOWN_TENANT, CRON_UNKNOWN_TIER)
 
 from beat.cron_calls import CronFireCall, CronOutcome, CronRecordCall, CronResyncCall
 from beat.entry import CronEntry
@@ -296,9 +296,10 @@ class CronEngine:
             with self.r.pipeline(transaction=False) as pipe:
                 for record in records:
                     self.scripts.queue(record, pipe)
-                errors = sum(1 for record in records if record.last_status == CRON_FIRE_ERROR)
-                if errors:
-                    pipe.hincrby(self.keys.cron_stats, CRON_FIRE_ERROR, errors)
+                for status in (CRON_FIRE_ERROR, CRON_DEFERRED):
+                    n = sum(1 for record in records if record.last_status == status)
+                    if n:
+                        pipe.hincrby(self.keys.cron_stats, status, n)
                 pipe.execute()
 
     def _load_rows(self, batch: list[Due]) -> list[CronRow]:
@@ -354,21 +355,25 @@ class CronEngine:
         entry = self._entry(step.row, step.due.fire_ms, outcome.payload_json)
         entry.tier = call.tier
         entry.window_s = self._window_s(call.tier)
-        task_id, error = None, None
+        task_id, error, status = None, None, CRON_FIRE_ERROR
         try:
             task_id = task_id_of(self.fire(entry, nominal))
+        except Deferred as exc:
+            # overload: the tier's new work is deferred at this load level -- refused by
+            # design (the run is not retried: the next one comes at its time), not an error
+            error, status = f"{type(exc).__name__}: {exc}"[:500], CRON_DEFERRED
+            log.warning("beat: cron %s (nominal %s) deferred: %s", eid, nominal, exc)
         except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
             error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
         with self._report_lock:            # _fire may run on the fire threads
             if error is not None:
-                report.statuses[CRON_FIRE_ERROR] += 1
+                report.statuses[status] += 1
             report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
                                          time.monotonic() - start, error))
         if error is None:
             return CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "")
-        return CronRecordCall(self.keys, eid, last_error=error, last_task_id="",
-                              last_status=CRON_FIRE_ERROR)
+        return CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status)
 
     def _plan(self, due: Due, row: CronRow, current_tier: dict[str, str | None], now_ms: int,
               pipe: redis.client.Pipeline, report: TickReport) -> Planned | None:

@@ -88,7 +88,7 @@ class CronEntry:
     created_ms: int = 0
     updated_ms: int = 0
     settled_nominal_ms: int | None = None   # latest nominal fired or skipped
-    last_status: str | None = None          # fired / quota / misfire / fire_error / ...
+    last_status: str | None = None          # fired / quota / misfire / deferred / fire_error / ...
     last_nominal_ms: int | None = None      # nominal time of the last fired run
     last_fire_ms: int | None = None         # when it was fired
     last_task_id: str | None = None

@@ -4,7 +4,10 @@
 -- in the same MULTI (gateway_tasks/core/enqueue.py: the body never passes through
 -- Lua) -- unless the tier is at its queue length limit (tail drop: the message is
 -- taken back out); make its tenant active (or park it when the tenant is at its
--- concurrency cap); ring the pool's bell.
+-- concurrency cap), in its head's lane; ring the pool's bell.  A scheduled task's seq
+-- is 's' + 16 hex digits, so it queues behind its tenant's interactive tasks; an
+-- interactive task of a tenant in line behind its scheduled head becomes that head, and
+-- the tenant moves up by the lag (the score's parity says it carried it: no read).
 --
 -- KEYS[1] messages hash (tag -> message)     KEYS[2] the tier's index (sorted set; its size is
 --                                            the tier's queue length)
@@ -20,6 +23,8 @@
 -- ARGV[8] max bell tokens kept
 -- ARGV[9] enqueue time (ms) to record: '' = now on the Redis clock (a given one: tools, tests)
 -- ARGV[10] the pool's shared queue capacity, all tiers together ('' or 0 = none)
+-- ARGV[11] the task's lane: 'scheduled' | 'interactive' (gateway_tasks/core/lanes.py)
+-- ARGV[12] the tier's scheduled lag (weighted tokens; 0 = no lanes: nothing is marked)
 --
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua;
@@ -48,12 +53,19 @@ if capacity > 0 then
 end
 -- [lifecycle: shared capacity] end
 local now = tonumber(ARGV[9]) or gt_now_ms()
+local lag = tonumber(ARGV[12]) or 0
+local scheduled = ARGV[11] == 'scheduled' and lag > 0
 local seq = redis.call('INCR', KEYS[7])
-local entry = tenant .. '|' .. string.format('%016x', seq) .. '|' .. tag .. '|' .. ARGV[4]
-              .. '|' .. now .. '|' .. ARGV[5]
+local entry = tenant .. '|' .. (scheduled and 's' or '') .. string.format('%016x', seq) .. '|' .. tag
+              .. '|' .. ARGV[4] .. '|' .. now .. '|' .. ARGV[5]
 redis.call('ZADD', KEYS[2], '0', entry)
-if not redis.call('ZSCORE', KEYS[3], tenant) and redis.call('HEXISTS', KEYS[5], tenant) == 0 then
-  gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], tier, tenant, tonumber(ARGV[7]))
+local score = tonumber(redis.call('ZSCORE', KEYS[3], tenant))
+if score then
+  if not scheduled and score % 2 == 1 then   -- its head was scheduled: this task is its head now
+    redis.call('ZADD', KEYS[3], gt_lane_score(gt_lane_start(score, lag), false, lag), tenant)
+  end
+elseif redis.call('HEXISTS', KEYS[5], tenant) == 0 then
+  gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], tier, tenant, tonumber(ARGV[7]), scheduled, lag)
 end
 gt_ring(KEYS[9], ARGV[8])
 return {1, now, depth + 1, entry}   -- [lifecycle] the entry: cancel finds the task by it

@@ -9,11 +9,15 @@
 -- KEYS[1] messages hash (tag -> message)   KEYS[2] parked tenants (tenant -> tier)
 -- then for each candidate tier t (T tiers, lowest first), two keys from KEYS[3]:
 --   its index (sorted set of entries), its active tenants (zset)
--- ARGV[1] T   then T tier names, lowest first
+-- ARGV[1] T   then T tier names, lowest first   then T scheduled lags ('' or 0: no lanes)
 --
 -- Returns {1, tier, tag, message} evicted, or {0} when no candidate tier has queued work.
 -- Entries are '<tenant>|<seq: 16 hex digits>|<tag>|...' (gateway_tasks/core/index_entry.py):
 -- the newest task of a tier is the one with the largest seq among its tenants' last entries.
+-- A scheduled task's seq is 's' + 16 hex digits (one sequence for both lanes), after all
+-- of its tenant's interactive tasks: a tenant whose last entry is scheduled has its last
+-- interactive one read too, so the newest task goes whatever its lane.  A tenant whose
+-- last interactive task went waits in line in the scheduled lane (lua/prelude.lua).
 
 local T = tonumber(ARGV[1])
 for t = 1, T do
@@ -24,13 +28,21 @@ for t = 1, T do
     if parked[i + 1] == tier then tenants[#tenants + 1] = parked[i] end
   end
   local best, best_seq, best_tenant = nil, nil, nil
+  local function consider(last, tenant)
+    local _, _, seq = string.find(last, '^[^|]+|s?([^|]+)|')
+    if seq and (best_seq == nil or seq > best_seq) then
+      best, best_seq, best_tenant = last, seq, tenant
+    end
+  end
   for _, tenant in ipairs(tenants) do
     local last = redis.call('ZREVRANGEBYLEX', index_key, '[' .. tenant .. '|\255', '[' .. tenant .. '|',
                             'LIMIT', 0, 1)[1]
     if last then
-      local _, _, seq = string.find(last, '^[^|]+|([^|]+)|')
-      if seq and (best_seq == nil or seq > best_seq) then
-        best, best_seq, best_tenant = last, seq, tenant
+      consider(last, tenant)
+      if gt_scheduled(last, tenant) then
+        local interactive = redis.call('ZREVRANGEBYLEX', index_key, '(' .. tenant .. '|s', '[' .. tenant .. '|',
+                                       'LIMIT', 0, 1)[1]
+        if interactive then consider(interactive, tenant) end
       end
     end
   end
@@ -39,9 +51,15 @@ for t = 1, T do
     redis.call('ZREM', index_key, best)
     local message = redis.call('HGET', KEYS[1], tag) or ''
     redis.call('HDEL', KEYS[1], tag)
-    if gt_tenant_head(index_key, best_tenant) == nil then
+    local head, lag = gt_tenant_head(index_key, best_tenant), tonumber(ARGV[1 + T + t]) or 0
+    if head == nil then
       redis.call('ZREM', active_key, best_tenant)
       if redis.call('HGET', KEYS[2], best_tenant) == tier then redis.call('HDEL', KEYS[2], best_tenant) end
+    elseif lag > 0 and gt_scheduled(head, best_tenant) and not gt_scheduled(best, best_tenant) then
+      local score = tonumber(redis.call('ZSCORE', active_key, best_tenant))
+      if score and score % 2 == 0 then
+        redis.call('ZADD', active_key, gt_lane_score(gt_lane_start(score, lag), true, lag), best_tenant)
+      end
     end
     return {1, tier, tag, message}
   end

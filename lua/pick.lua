@@ -20,7 +20,8 @@
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
 --   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
 -- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[8P+2(q-1)+1]:
---   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag)
+--   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag,
+--   lane-encoded: 2 x tag, or 2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua)
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
 -- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
@@ -32,6 +33,9 @@
 -- [lifecycle] then per queue, 1 value: the tier's queue TTL (ms; 0 = none): a candidate that
 --   waited longer is stale -- dispatched at once, taking no tokens, for its worker to fail it
 --   (Expired) without calling the upstream.
+-- then per queue, 1 value: the tier's scheduled lag (weighted tokens; gateway_tasks/core/lanes.py):
+--   a tenant whose next task is scheduled goes after interactive tenants by this much virtual
+--   time; its real start tag is read back from its score (no extra command)
 -- [lifecycle] the fair hash also holds, per tier: 'b:<tier>' priority inheritance (lua/boost.lua:
 --   '<higher tier>><entry>' lines, dispatched first, at the higher tier's priority and reserve,
 --   charged to their own tenant and tier) and 'd:<tier>' / 'dn:<tier>' deadline boost
@@ -60,7 +64,8 @@ local qarg = 7 + PA * P
 for q = 1, Q do
   local a = qarg + QA * (q - 1)
   queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
-               index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q]}
+               index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q],
+               lag = tonumber(ARGV[qarg + QA * Q + Q + q - 1]) or 0}
 end
 
 -- [lifecycle: boosts] begin -------------------------------------------------------------
@@ -84,11 +89,13 @@ for p = 1, P do
 end
 
 -- a candidate from an index entry taken out of the tier's fair order; its tenant's start
--- tag is its place in line, else (parked) its finish tag
+-- tag is its place in line (its real tag: the lane's lag taken off), else (parked) its
+-- finish tag
 local function entry_candidate(qd, entry)
   local _, _, tenant, tag, est, enq, w = string.find(entry, '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
   if not tenant then return nil end
-  local start = tonumber(redis.call('ZSCORE', qd.active, tenant))
+  local score = tonumber(redis.call('ZSCORE', qd.active, tenant))
+  local start = score and gt_lane_start(score, qd.lag)
                 or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 4], tenant)) or 0
   return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
           enq = tonumber(enq) or now, w = w}
@@ -156,7 +163,8 @@ end
 -- [lifecycle: boosts] end ---------------------------------------------------------------
 
 -- a queue's candidate: the oldest task of the active tenant first in line, with
--- its start tag (false: none).  A tenant in the active set is under its cap (it
+-- its real start tag (false: none) -- first in line by lane: a scheduled head's score
+-- carries the tier's lag.  A tenant in the active set is under its cap (it
 -- is parked when it reaches it) and has queued work (it leaves when it has none).
 -- (known_tenant, known_head: a tenant whose head entry the caller just read)
 local function candidate(qd, known_tenant, known_head)
@@ -171,8 +179,8 @@ local function candidate(qd, known_tenant, known_head)
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return mark_stale(qd, {entry = entry, tenant = tenant, start = tonumber(top[2]), tag = tag,   -- [lifecycle]
-              est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w})
+      return mark_stale(qd, {entry = entry, tenant = tenant, start = gt_lane_start(tonumber(top[2]), qd.lag),
+              tag = tag, est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w})   -- [lifecycle]
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end
@@ -204,10 +212,13 @@ for p = 1, P do
     dispatched = KEYS[base + 7], dispatched_at = KEYS[base + 8],
   }
   pools[p] = pool
-  local fields = {'v'}
+  local fields, lanes = {'v'}, false
   for q = 1, Q do
     local qd = queues[q]
-    if qd.pool == p and qd.c then fields[#fields + 1] = 'f:' .. qd.tier end
+    if qd.pool == p and qd.c then
+      fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, 'tv:' .. qd.tier
+      lanes = lanes or qd.lag > 0
+    end
   end
   if #fields > 1 then
     pool.live = true
@@ -223,13 +234,15 @@ for p = 1, P do
     pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
     pool.blocked_until = tonumber(b[4]) or 0
     pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
-    if wfq then
+    -- (the tiers' tenant virtual times too: with lanes a dispatch's start tag can be below
+    -- the last one -- a scheduled head served after interactive ones -- and tv never moves back)
+    if wfq or lanes then
       local f = redis.call('HMGET', pool.fair, unpack(fields))
       pool.v = tonumber(f[1]) or 0
       local i = 2
       for q = 1, Q do
         local qd = queues[q]
-        if qd.pool == p and qd.c then qd.f, i = tonumber(f[i]) or 0, i + 1 end
+        if qd.pool == p and qd.c then qd.f, qd.tv0, i = tonumber(f[i]) or 0, tonumber(f[i + 1]), i + 2 end
       end
     end
   end
@@ -373,16 +386,18 @@ local function dispatch(q, n, last)
     if not qd.bypass and not c.boost then pool.v = s end
     qd.f = s + est / qd.share
   end
-  -- tenant fair queuing: the tier's tenant virtual time moves to this start tag,
-  -- the tenant's next task starts where this one finishes
+  -- tenant fair queuing: the tier's tenant virtual time moves to this start tag (never
+  -- back: a scheduled head served after interactive tenants that were ahead by at most the
+  -- lag leaves it where they took it), the tenant's next task starts where this one finishes
   -- ([lifecycle] a task taken out of fair order leaves the tier's tenant virtual time alone)
-  if not (c.boost or c.urgent or c.stale) then qd.tv = start end
+  if not (c.boost or c.urgent or c.stale) then qd.tv = math.max(qd.tv or qd.tv0 or start, start) end
   -- whole tokens: a small sorted set (listpack) compares integer scores without
   -- parsing them, so every ZADD/ZSCORE on the active set stays cheap
   local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))
   local next_entry = gt_tenant_head(qd.index, c.tenant)
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
-    redis.call('ZADD', qd.active, finish, c.tenant)   -- its next task, in line at its finish tag
+    -- its next task, in line at its finish tag, in that task's lane
+    redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag), c.tenant)
   else
     -- out of line (no work left, or at its cap: parked until a slot frees, lua/release.lua);
     -- where it comes back in starts from its finish tag

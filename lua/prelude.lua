@@ -42,12 +42,33 @@ local function gt_ring(bell_key, max_tokens)
   redis.call('LTRIM', bell_key, '0', tonumber(max_tokens) - 1)
 end
 
+-- Lanes inside a tier (gateway_tasks/core/lanes.py).  A tenant's score in its tier's
+-- active set is 2 * start tag when its head (next task) is interactive, 2 * (start tag +
+-- lag) + 1 when it is scheduled: scheduled heads go after interactive tenants by `lag`
+-- weighted tokens of virtual time, and the parity says whether a score carries the lag.
+local function gt_lane_score(start, scheduled, lag)
+  if scheduled and lag > 0 then return 2 * (start + lag) + 1 end
+  return 2 * start
+end
+
+-- A tenant's real start tag, from its score in the active set.
+local function gt_lane_start(score, lag)
+  if score % 2 == 1 then return (score - 1) / 2 - lag end
+  return score / 2
+end
+
+-- Whether a tenant's index entry is in the scheduled lane: its seq starts with 's'.
+local function gt_scheduled(entry, tenant)
+  return string.byte(entry, #tenant + 2) == 115
+end
+
 -- Tenant fair queuing inside a tier: make a tenant with queued work eligible.
 -- Under its cap it joins the tier's active set at start tag max(tier virtual
 -- time, its last finish tag) -- an idle tenant banks no credit, a busy one keeps
--- its place; at its cap it is parked until a slot frees.
+-- its place -- in its head's lane (scheduled: the tier's lag behind); at its cap
+-- it is parked until a slot frees.
 local function gt_activate(active_key, finish_key, parked_key, inflight_key, fair_key,
-                           tier, tenant, cap)
+                           tier, tenant, cap, scheduled, lag)
   local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
   if cap > 0 and n >= cap then
     redis.call('HSET', parked_key, tenant, tier)
@@ -55,7 +76,7 @@ local function gt_activate(active_key, finish_key, parked_key, inflight_key, fai
   end
   local v = tonumber(redis.call('HGET', fair_key, 'tv:' .. tier)) or 0
   local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
-  redis.call('ZADD', active_key, math.max(v, f), tenant)
+  redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag), tenant)
   return true
 end
 

@@ -16,7 +16,8 @@
 -- ARGV[5] the dispatch's token (its dispatch ms) or '' for whichever dispatch holds the tag
 -- ARGV[6] stats field counting stale releases (gateway_tasks/core/stats.py)
 -- ARGV[7] '1': only if the task's lease has expired (the sweep of a dead holder's tasks)
--- then per tier, 2 values from ARGV[8]: tier name, its max in-flight per tenant
+-- then per tier, 3 values from ARGV[8]: tier name, its max in-flight per tenant, its scheduled
+-- lag (gateway_tasks/core/lanes.py: a tenant comes back in line in its head's lane)
 --
 -- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched, {2} when the
 -- caller named its token and the tag is dispatched again under another token or not dispatched
@@ -44,10 +45,11 @@ if ARGV[7] == '1' then
 end
 local _, _, tenant = string.find(entry, '^([^|]+)|')
 local index_key, active_key, cap = nil, nil, 0
+local lag = 0
 for t = 1, tonumber(ARGV[4]) do
-  if ARGV[7 + 2 * t - 1] == tier then
+  if ARGV[8 + 3 * (t - 1)] == tier then
     index_key, active_key = KEYS[9 + 2 * t - 1], KEYS[9 + 2 * t]
-    cap = tonumber(ARGV[7 + 2 * t])
+    cap, lag = tonumber(ARGV[9 + 3 * (t - 1)]), tonumber(ARGV[10 + 3 * (t - 1)]) or 0
   end
 end
 redis.call('HDEL', KEYS[1], tag)
@@ -66,13 +68,21 @@ else
 end
 -- a tenant parked at its cap, or one whose task came back, becomes eligible again
 -- if it has work and is not already in line (a tenant with queued work is always
--- in line or parked, so a plain ack of a tenant not parked has nothing to do);
--- the bell rings only when that made work dispatchable (a plain ack wakes nobody)
+-- in line or parked, so a plain ack of a tenant not parked has nothing to do), in its
+-- head's lane; an interactive task put back ahead of a tenant's scheduled head makes the
+-- tenant's place interactive again.  The bell rings only when that made work
+-- dispatchable (a plain ack wakes nobody)
 local woke = false
 local was_parked = redis.call('HDEL', KEYS[5], tenant) == 1
-if (was_parked or mode == 'requeue') and gt_tenant_head(index_key, tenant) ~= nil
-   and not redis.call('ZSCORE', active_key, tenant) then
-  woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap)
+local head = (was_parked or mode == 'requeue') and gt_tenant_head(index_key, tenant)
+if head then
+  local score = tonumber(redis.call('ZSCORE', active_key, tenant))
+  if not score then
+    woke = gt_activate(active_key, KEYS[6], KEYS[5], KEYS[4], KEYS[7], tier, tenant, cap,
+                       gt_scheduled(head, tenant), lag)
+  elseif score % 2 == 1 and not gt_scheduled(head, tenant) then
+    redis.call('ZADD', active_key, gt_lane_score(gt_lane_start(score, lag), false, lag), tenant)
+  end
 end
 if woke or mode == 'requeue' then gt_ring(KEYS[8], ARGV[3]) end
 return {1, tenant, tier}

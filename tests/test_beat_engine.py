@@ -242,6 +242,24 @@ def test_fire_error_is_recorded_and_not_retried(r, settings, tenants):
     assert r.hget(Keys(settings.key_prefix).cron_stats, "fire_error") == b"1"
 
 
+def test_a_run_deferred_by_the_load_level_is_counted_as_deferred_not_as_an_error(r, settings, tenants):
+    from gateway_tasks.core.errors import Deferred
+
+    def deferring(entry, nominal_ms):
+        raise Deferred("load level L3: new batch work is deferred from L3 on; retry after 600 s", 600.0)
+
+    store = CronStore(r, settings)
+    store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    report = make_engine(r, settings, deferring).tick(now_ms=B)
+    assert report.statuses["fired"] == 1 and report.statuses["deferred"] == 1
+    assert "fire_error" not in report.statuses
+    got = store.get("ent", "job")
+    assert got.last_status == "deferred" and got.last_error.startswith("Deferred: load level L3")
+    assert got.next_nominal_ms == B + HOUR                          # not retried: the next run comes
+    stats = r.hgetall(Keys(settings.key_prefix).cron_stats)
+    assert stats[b"deferred"] == b"1" and b"fire_error" not in stats
+
+
 def test_a_deleted_tenant_is_skipped_and_tier_changes_apply_to_the_next_run(r, settings, tenants):
     store = CronStore(r, settings)
     store.add("free1", "job", "0 * * * *", PAYLOAD, now=B - 10_000)

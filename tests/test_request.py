@@ -20,8 +20,12 @@ def test_body_round_trips_through_json():
     body = json.loads(json.dumps(GOOD.to_body()))
     assert InferenceRequest.from_body(body) == GOOD
     assert GOOD.routing_headers() == {"gt_tenant": "acme", "gt_tier": "vip", "gt_est_tokens": 73,
-                                      "gt_source": "api", "gt_weight": 1.0, "gt_deadline_s": 30.0}
+                                      "gt_source": "api", "gt_weight": 1.0, "gt_lane": "interactive",
+                                      "gt_deadline_s": 30.0}
     assert "gt_deadline_s" not in replace(GOOD, deadline_s=None).routing_headers()
+    scheduled = replace(GOOD, lane="scheduled")
+    assert scheduled.routing_headers()["gt_lane"] == "scheduled"
+    assert InferenceRequest.from_body(json.loads(json.dumps(scheduled.to_body()))) == scheduled
     assert "secret" not in GOOD.argsrepr() and "tenant=acme" in GOOD.argsrepr()
 
 
@@ -36,6 +40,7 @@ def test_body_round_trips_through_json():
     ({"deadline_s": 0}, "deadline_s=0"),
     ({"extra_body": [1]}, "extra_body"),
     ({"pool": 3}, "pool=3"),
+    ({"lane": "urgent"}, "lane='urgent'"),
 ])
 def test_a_crafted_body_fails_naming_the_field(change, reason):
     body = {**GOOD.to_body(), **change}

@@ -74,6 +74,17 @@ def test_max_request_bytes_defaults_to_4_mib_and_must_be_positive():
             load_settings(env={}, max_request_bytes=bad)
 
 
+def test_scheduled_lag_defaults_to_8192_tokens_and_must_be_a_whole_number():
+    from dataclasses import replace
+
+    s = load_settings(env={})
+    assert [t.scheduled_lag_tokens for t in s.tiers] == [8192, 8192, 8192]
+    assert s.with_(tiers=(replace(s.tiers[0], scheduled_lag_tokens=0),)).tiers[0].scheduled_lag_tokens == 0
+    for bad in (-1, 1.5, True, "8192", 10**10):
+        with pytest.raises(ConfigError, match="scheduled_lag_tokens"):
+            s.with_(tiers=(replace(s.tiers[0], scheduled_lag_tokens=bad),))
+
+
 def test_unknown_tier_and_model_name_the_choices():
     s = load_settings(env={})
     with pytest.raises(ConfigError, match="known tiers: vip, normal, batch"):

@@ -83,6 +83,40 @@ def test_storm_settings_compress_or_zero_the_windows(settings):
     assert [t.jitter_window_s for t in on.tiers] == [0, 6, 30]
     assert [t.jitter_window_s for t in off.tiers] == [0, 0, 0]
     assert on.key_prefix == "p:" and on.pools == (pool,)
+    assert [t.scheduled_lag_tokens for t in on.tiers] == [8192] * 3          # the settings' own
+
+
+def test_storm_lanes_can_be_set_or_compared(settings):
+    pool = settings.pools[0]
+    spec = storm.StormSpec(scheduled_lag_tokens=100)
+    assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool).tiers] == [100] * 3
+    assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool, 0).tiers] == [0] * 3
+    assert storm.storm_modes(storm.StormSpec()) == [("jitter_off", False, None), ("jitter_on", True, None)]
+    assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == ("jitter_on_no_lanes", True, 0)
+
+
+def fake_mode(mode: str, lag: int) -> dict:
+    lat = {"count": 1, "missing": 0, "p50_ms": 100.0, "p99_ms": 200.0, "max_ms": 200.0}
+    tier = {"runs": 1, "completed": 1, "e2e": lat, "from_scheduled": lat, "queue_wait_p99_ms": 1.0,
+            "deferred": 0, "fire_lag_p99_ms": 1.0, "jitter_window_s": 6}
+    rate = {"bin_s": 1, "peak_per_s": 10.0, "mean_per_s": 9.0, "peak_over_mean": 1.1}
+    return {"mode": mode, "runs": 3, "completed": 3, "storm_s": 30.0, "quota": {"tpm": 1, "rpm": 1, "burst_s": 1},
+            "scheduled_lag_tokens": {"vip": lag}, "load_avg": [2.5, 2.0, 1.5],
+            "upstream": {"rate": rate, "rate_5s": rate, "requests_429": 0, "rate_429_pct": 0.0, "series": [1, 2]},
+            "requeued_after_429": 0, "deferred": 0, "tiers": {t: tier for t in ("vip", "normal", "batch")},
+            "vip_probe": {"quiet": lat, "storm": {**lat, "queue_wait_p99_ms": 5.0, "upstream_p99_ms": 170.0}, "p99_ratio": 1.0}}
+
+
+def test_the_report_shows_every_mode_side_by_side():
+    from gateway_tasks.devtools.bench.storm_report import format_storm_report
+
+    modes = {m: fake_mode(m, 0 if "no_lanes" in m else 8192)
+             for m in ("jitter_off", "jitter_on", "jitter_on_no_lanes")}
+    text = format_storm_report({"spec": {"tenants": 1, "compress": 20, "workers": 2, "concurrency": 16,
+                                         "beats": 2}, "modes": modes, "targets": targets(modes["jitter_on"])})
+    assert "on, no lanes" in text and "scheduled lane lag vip 8192 tokens" in text
+    assert "load average (1 min) at the end" in text and text.count("2.50") == 3
+    assert "VIP probe upstream call p99 before / during, ms" in text and "-/170" in text
 
 
 def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):
@@ -100,4 +134,7 @@ def test_cron_bench_takes_the_storm_flags():
     beat_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["cron", "bench", "--storm", "--tenants", "50", "--compress", "10"])
     assert args.storm and args.tenants == 50 and args.compress == 10 and args.quota_fill == 1.0
+    assert args.scheduled_lag_tokens is None and not args.compare_lanes
+    args = parser.parse_args(["cron", "bench", "--storm", "--scheduled-lag-tokens", "0", "--compare-lanes"])
+    assert args.scheduled_lag_tokens == 0 and args.compare_lanes
     assert not parser.parse_args(["cron", "bench"]).storm

@@ -51,7 +51,7 @@ class ReleaseCall:
         args: list[str | int] = [self.tag, self.mode, self.bell_max, len(self.settings.tiers),
                                  self.token, STALE_RELEASES, 1 if self.expired_only else 0]
         for tier in self.settings.tiers:
-            args += [tier.name, tier.max_concurrency_per_tenant]
+            args += [tier.name, tier.max_concurrency_per_tenant, tier.scheduled_lag_tokens]
         return args
 
     def parse(self, reply: Any) -> Released:

@@ -102,7 +102,8 @@ class Rescuer:
             tier = replace(tier, queue_max_len=sys.maxsize)
         done = enqueue(self.client, EnqueueCall(self.keys, tier, pool, tenant=entry.tenant, tag=entry.tag,
                                                 est_tokens=entry.est_tokens, message_json=json.dumps(message),
-                                                tenant_weight=entry.weight, enqueued_ms=entry.enqueued_ms))
+                                                tenant_weight=entry.weight, enqueued_ms=entry.enqueued_ms,
+                                                lane=entry.lane))
         return done.accepted
 
     def _place(self, pool: Pool, record: dict[str, Any], target: Pool | None, reason: str) -> bool:

@@ -107,6 +107,8 @@ class PickPlan:
                      1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
         # [lifecycle] per queue: the tier's queue TTL (ms): a stale candidate takes no tokens
         argv += [int(q.tier.queue_ttl_s * 1000) for q in self.queues]
+        # per queue: the tier's scheduled lag (gateway_tasks.core.lanes)
+        argv += [q.tier.scheduled_lag_tokens for q in self.queues]
         self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]

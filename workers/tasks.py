@@ -340,6 +340,7 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         "pool": used_pool.name,
         "model": used_model,
         "source": req.source,
+        "lane": req.lane,
         "response": reply.body,
         "timing": {
             "enqueued_ms": enq_ms,

@@ -28,7 +28,9 @@ from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
-from gateway_tasks.core.request import HEADER_DEADLINE_S, HEADER_EST_TOKENS, HEADER_TENANT, HEADER_TENANT_WEIGHT
+from gateway_tasks.core.lanes import INTERACTIVE, SCHEDULED
+from gateway_tasks.core.request import (HEADER_DEADLINE_S, HEADER_EST_TOKENS, HEADER_LANE, HEADER_TENANT,
+                                         HEADER_TENANT_WEIGHT)
 from gateway_tasks.core.tenants import TENANT_ID_RE
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.scripts import Scripts, scripts_for
@@ -96,7 +98,8 @@ class Channel(kredis.Channel):
                            message_json=json.dumps(message),
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
                            pool_capacity=self._gt_pool_capacity(parts[1]),
-                           pool_tiers=tuple(t.name for t in self._gt_settings.tiers))
+                           pool_tiers=tuple(t.name for t in self._gt_settings.tiers),
+                           lane=SCHEDULED if headers.get(HEADER_LANE) == SCHEDULED else INTERACTIVE)
         done = enqueue(self._gt_raw, call)
         task_id = headers.get("id")
         if done.accepted and isinstance(task_id, str) and task_id:

@@ -71,6 +71,7 @@ class CancelCall:
     ref: TaskRef
     entry: str          # '' when find_entry found none
     mark_ttl_ms: int
+    lag_tokens: int = 0  # the tier's scheduled lag (gateway_tasks.core.lanes)
 
     @property
     def script_keys(self) -> list[str]:
@@ -80,7 +81,7 @@ class CancelCall:
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.entry, self.ref.tag, self.ref.tier, self.ref.tenant, self.mark_ttl_ms]
+        return [self.entry, self.ref.tag, self.ref.tier, self.ref.tenant, self.mark_ttl_ms, self.lag_tokens]
 
     def parse(self, reply: Any) -> str:
         return {1: QUEUED, 2: RUNNING}.get(int(reply), GONE)

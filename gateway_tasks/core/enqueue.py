@@ -16,6 +16,7 @@ import redis
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.lanes import INTERACTIVE
 from gateway_tasks.core.scripts import Scripts, scripts_for, text
 from gateway_tasks.core.settings import Tier
 
@@ -45,6 +46,7 @@ class EnqueueCall:
     enqueued_ms: int | None = None   # None: now on the Redis clock (a given time: tools, tests)
     pool_capacity: int = 0           # the pool's shared queue capacity (0: none)
     pool_tiers: tuple[str, ...] = ()  # every tier of the pool: their queues count against it
+    lane: str = INTERACTIVE          # gateway_tasks.core.lanes: scheduled work queues behind
 
     @property
     def script_keys(self) -> list[str]:
@@ -57,7 +59,8 @@ class EnqueueCall:
     def script_args(self) -> list[str | int | float]:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
                 self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
-                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity]
+                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity,
+                self.lane, self.tier.scheduled_lag_tokens]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:

@@ -53,6 +53,7 @@ class EvictCall:
     keys: Keys
     pool: str
     candidates: tuple[str, ...]     # tier names, lowest first
+    lags: tuple[int, ...] = ()      # their scheduled lags (gateway_tasks.core.lanes; none: 0)
 
     @property
     def script_keys(self) -> list[str]:
@@ -64,7 +65,8 @@ class EvictCall:
 
     @property
     def script_args(self) -> list[str | int]:
-        return [len(self.candidates), *self.candidates]
+        lags = [self.lags[i] if i < len(self.lags) else 0 for i in range(len(self.candidates))]
+        return [len(self.candidates), *self.candidates, *lags]
 
     def parse(self, reply: Any) -> Victim | None:
         if int(reply[0]) == 0:

@@ -5,9 +5,11 @@
 Entries live in one sorted set per tier and pool (``Keys.index``), every score
 0, so Redis orders them by their bytes: a tenant's entries form one contiguous
 range (tenant ids never contain '|', which sorts after every character they
-may contain), in enqueue order inside it (``seq`` is 16 hex digits).  A task
-put back (requeue, crash restore) re-enters with its original entry, so it
-returns to the front of its tenant's line with its original enqueue time.
+may contain), in enqueue order inside it (``seq`` is 16 hex digits), its
+interactive tasks first: a scheduled task's seq is ``'s'`` + 16 hex digits
+(``gateway_tasks.core.lanes``), after every hex digit.  A task put back
+(requeue, crash restore) re-enters with its original entry, so it returns to
+the front of its tenant's line (of its lane) with its original enqueue time.
 lua/enqueue.lua builds entries, lua/pick.lua and lua/release.lua read them;
 this module is the same format for Python (tests, tools).
 """
@@ -15,6 +17,8 @@ this module is the same format for Python (tests, tools).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gateway_tasks.core.lanes import INTERACTIVE, SCHEDULED, SCHEDULED_SEQ_PREFIX
 
 SEP = "|"
 
@@ -27,9 +31,11 @@ class IndexEntry:
     est_tokens: int
     enqueued_ms: int
     weight: float
+    lane: str = INTERACTIVE
 
     def encode(self) -> str:
-        return SEP.join([self.tenant, f"{self.seq:016x}", self.tag, str(self.est_tokens),
+        mark = SCHEDULED_SEQ_PREFIX if self.lane == SCHEDULED else ""
+        return SEP.join([self.tenant, f"{mark}{self.seq:016x}", self.tag, str(self.est_tokens),
                          str(self.enqueued_ms), _num(self.weight)])
 
     @classmethod
@@ -37,7 +43,10 @@ class IndexEntry:
         if isinstance(text, bytes):
             text = text.decode()
         tenant, seq, tag, est, enq, weight = text.split(SEP)
-        return cls(tenant, int(seq, 16), tag, int(est), int(enq), float(weight))
+        lane = INTERACTIVE
+        if seq.startswith(SCHEDULED_SEQ_PREFIX):
+            seq, lane = seq[len(SCHEDULED_SEQ_PREFIX):], SCHEDULED
+        return cls(tenant, int(seq, 16), tag, int(est), int(enq), float(weight), lane)
 
 
 def tenant_range(tenant: str) -> tuple[str, str]:

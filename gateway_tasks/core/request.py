@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from gateway_tasks.core.errors import InvalidRequest
+from gateway_tasks.core.lanes import INTERACTIVE, LANES
 
 # message headers (set by the producer and enqueue.lua / pick.lua; read by the router and the task)
 HEADER_TENANT = "gt_tenant"
@@ -23,6 +24,7 @@ HEADER_EST_TOKENS = "gt_est_tokens"
 HEADER_SOURCE = "gt_source"
 HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (registry, default 1)
 HEADER_DEADLINE_S = "gt_deadline_s"  # the request's deadline_s, when it has one (deadline boost)
+HEADER_LANE = "gt_lane"              # interactive | scheduled (gateway_tasks.core.lanes)
 HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
 HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
 HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
@@ -55,6 +57,7 @@ class InferenceRequest:
     # what overload changed at submit (gateway_tasks.core.overload_actions): level,
     # requested_max_tokens, requested_model, requested_pool, failover reason; {} = nothing
     degradation: dict[str, Any] = field(default_factory=dict)
+    lane: str = INTERACTIVE   # gateway_tasks.core.lanes: scheduled work queues behind interactive
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -65,7 +68,7 @@ class InferenceRequest:
     def routing_headers(self) -> dict[str, Any]:
         headers = {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,
                    HEADER_EST_TOKENS: self.est_tokens, HEADER_SOURCE: self.source,
-                   HEADER_TENANT_WEIGHT: self.tenant_weight}
+                   HEADER_TENANT_WEIGHT: self.tenant_weight, HEADER_LANE: self.lane}
         if self.deadline_s is not None:
             headers[HEADER_DEADLINE_S] = self.deadline_s
         return headers
@@ -110,7 +113,9 @@ class InferenceRequest:
                "tenant_weight", weight, "> 0")
         degradation = body.get("degradation") or {}
         _check(isinstance(degradation, dict), "degradation", "...", "an object")
-        return cls(degradation=dict(degradation), tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
+        lane = body.get("lane", INTERACTIVE)
+        _check(lane in LANES, "lane", lane, f"one of {list(LANES)}")
+        return cls(lane=lane, degradation=dict(degradation), tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,

@@ -20,6 +20,8 @@ from gateway_tasks.core.keys import queue_name
 from gateway_tasks.core.urls import REDIS_SCHEMES, TLS_CERT_REQS, with_redis_auth_and_tls, without_credentials
 
 MIN_SECRET_CHARS = 16
+# a tier's scheduled lag, at most: a tag this far ahead still compares exactly as an integer score
+MAX_SCHEDULED_LAG_TOKENS = 1_000_000_000
 POLICIES = ("fifo", "strict", "aging", "wfq")
 CHARGE_MODES = ("reserve", "actual")
 
@@ -52,6 +54,10 @@ class Tier:
     # refused at submit with Deferred(retry_after_s=defer_retry_after_s); 0 = never deferred
     defer_from_level: int = 0
     defer_retry_after_s: float = 0.0
+    # lanes (gateway_tasks/core/lanes.py): inside the tier, a tenant whose next task is
+    # scheduled (a cron run) waits behind interactive work by this many weighted tokens of
+    # virtual time at most, then goes in fair order; 0 = no lanes (one fair order for all)
+    scheduled_lag_tokens: int = 8192
 
     def validate(self) -> None:
         where = f"tier {self.name!r}"
@@ -83,6 +89,10 @@ class Tier:
                  "> 0 seconds when defer_from_level is set")
         _require(self.defer_from_level == 0 or self.reserved_share == 0, where, "defer_from_level",
                  self.defer_from_level, "0 for a tier with reserved_share (reserved tiers are never deferred)")
+        _require(isinstance(self.scheduled_lag_tokens, int) and not isinstance(self.scheduled_lag_tokens, bool)
+                 and 0 <= self.scheduled_lag_tokens <= MAX_SCHEDULED_LAG_TOKENS, where, "scheduled_lag_tokens",
+                 self.scheduled_lag_tokens, f"a whole number of tokens in [0, {MAX_SCHEDULED_LAG_TOKENS:_}] "
+                 f"(0 = no scheduled lane)")
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,5 @@ CRON_MISFIRE = "misfire"           # skipped: later than the misfire grace
 CRON_UNKNOWN_TENANT = "unknown_tenant"  # skipped: the tenant is no longer registered
 CRON_UNKNOWN_TIER = "unknown_tier"      # skipped: the tenant's tier is not configured
 CRON_FIRE_ERROR = "fire_error"     # beat.engine: the fire function raised
+CRON_DEFERRED = "deferred"         # beat.engine: the submit was deferred by the load level (Deferred,
+                                   # overload): refused by design, not an error; the run is not retried

@@ -33,6 +33,7 @@ from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCa
                                       tiers_below)
 from gateway_tasks.core.health import choose_pool, read_health
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.lanes import INTERACTIVE, lane_for
 from gateway_tasks.core.overload_actions import degrade, deferral
 from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.core.scripts import scripts_for
@@ -91,6 +92,7 @@ class TaskHandle:
     prompt_tokens: int
     est_tokens: int
     app: Celery
+    lane: str = INTERACTIVE   # interactive | scheduled (gateway_tasks.core.lanes)
 
     @property
     def async_result(self) -> AsyncResult:
@@ -223,9 +225,14 @@ class Gateway:
                deadline_s: float | None = None, source: str = "api",
                idempotency_key: str | None = None,
                extra_body: dict[str, Any] | None = None, stream: bool = False,
-               count_quota: bool = True, depends_on: Sequence[str] | None = None) -> TaskHandle:
+               count_quota: bool = True, depends_on: Sequence[str] | None = None,
+               lane: str | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.core.chunks``).
+
+        ``lane``: "interactive" (someone waits) or "scheduled" (it tolerates seconds of delay:
+        inside its tier it yields to interactive work by the tier's ``scheduled_lag_tokens``,
+        ``gateway_tasks.core.lanes``); None: scheduled for ``source="cron"``, else interactive.
         Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued.
 
         The tenant's quotas are taken first, atomically (``gateway_tasks.core.quota``):
@@ -241,13 +248,13 @@ class Gateway:
             return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
                                 deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
                                 extra_body=extra_body, stream=stream, count_quota=count_quota,
-                                depends_on=depends_on)
+                                depends_on=depends_on, lane=lane)
 
     def _submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                 model: str | None, max_tokens: int | None, deadline_s: float | None, source: str,
                 idempotency_key: str | None, extra_body: dict[str, Any] | None,
                 stream: bool = False, count_quota: bool = True,
-                depends_on: Sequence[str] | None = None) -> TaskHandle:
+                depends_on: Sequence[str] | None = None, lane: str | None = None) -> TaskHandle:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not 0 < deadline_s <= MAX_DEADLINE_S):
             raise InvalidRequest(f"deadline_s must be a positive number of seconds up to {MAX_DEADLINE_S} "
@@ -258,6 +265,7 @@ class Gateway:
             clash = set(extra_body) & {"model", "messages", "max_tokens", "stream", "stream_options"}
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
+        lane = lane_for(source, lane)
         self.memory.check()
         task_id = str(uuid.uuid4())
         if idempotency_key is not None:
@@ -277,7 +285,7 @@ class Gateway:
                                         tenant=TenantRegistry.from_record(tenant_id, record),
                                         level=level_now, reason=reason),
                           deadline_s=deadline_s, source=source, extra_body=extra_body or {},
-                          stream=bool(stream))
+                          stream=bool(stream), lane=lane)
             deps = self._dependencies(depends_on)
         except Exception:
             if owned:
@@ -363,7 +371,9 @@ class Gateway:
     def _send(self, req: InferenceRequest, task_id: str) -> None:
         """Publish the task; when its pool's shared queue capacity is full, evict the newest
         queued task of the lowest tier below it and try again (``gateway_tasks.core.evict``)."""
-        lower = tuple(t.name for t in tiers_below(self.settings, req.tier))
+        below = tiers_below(self.settings, req.tier)
+        lower = tuple(t.name for t in below)
+        lags = tuple(t.scheduled_lag_tokens for t in below)
         for attempt in range(EVICT_TRIES + 1):
             try:
                 self.app.send_task(
@@ -373,7 +383,7 @@ class Gateway:
             except QueueFull as exc:
                 if exc.reason != POOL_FULL or not lower or attempt == EVICT_TRIES:
                     raise
-                victim = scripts_for(self.r).run(EvictCall(self.keys, req.pool, lower))
+                victim = scripts_for(self.r).run(EvictCall(self.keys, req.pool, lower, lags))
                 if victim is None:      # nothing below it queued: only its peers (or higher) fill the pool
                     raise QueueFull(f"{exc}; no lower-tier task is queued to make room for this "
                                     f"{req.tier} request", exc.retry_after_s, POOL_FULL) from None
@@ -408,7 +418,7 @@ class Gateway:
 
     def _handle(self, task_id: str, req: InferenceRequest) -> TaskHandle:
         return TaskHandle(task_id, req.tenant_id, req.tier, self._queue(req), req.model,
-                          req.prompt_tokens, req.est_tokens, self.app)
+                          req.prompt_tokens, req.est_tokens, self.app, req.lane)
 
     def result(self, task_id: str) -> AsyncResult:
         return AsyncResult(task_id, app=self.app)
@@ -441,9 +451,10 @@ class Gateway:
         was = GONE
         if raw_ref is not None:
             ref = TaskRef.decode(raw_ref)
+            lag = next((t.scheduled_lag_tokens for t in self.settings.tiers if t.name == ref.tier), 0)
             for _ in range(CANCEL_TRIES):
                 was = scripts_for(self.r).run(CancelCall(self.keys, task_id, ref, find_entry(self.r, self.keys, ref),
-                                                         self.settings.result_ttl_s * 1000))
+                                                         self.settings.result_ttl_s * 1000, lag))
                 if was != GONE or self._status(task_id) in states.READY_STATES:
                     break
         if was == GONE:

@@ -100,10 +100,11 @@ def create_app(gateway: Gateway) -> FastAPI:
         handle = gateway.submit(
             tenant.tenant_id, [m.model_dump() for m in body.messages], model=body.model,
             max_tokens=body.max_tokens, deadline_s=body.deadline_s, source="api",
-            idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on)
+            idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on,
+            lane=body.lane)
         status_url = _status_url(request, handle.id)
         response.headers["Location"] = status_url
-        return {"task_id": handle.id, "tier": handle.tier, "queue": handle.queue,
+        return {"task_id": handle.id, "tier": handle.tier, "lane": handle.lane, "queue": handle.queue,
                 "model": handle.model, "prompt_tokens": handle.prompt_tokens,
                 "est_tokens": handle.est_tokens, "status_url": status_url}
 

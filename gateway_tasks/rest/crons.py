@@ -70,7 +70,7 @@ class CronRow(BaseModel):
     nominal_next: str | None = Field(description="when the expression next matches")
     actual_next: str | None = Field(description="nominal_next + jitter_offset_s: when it fires")
     last_fired: str | None = Field(description="when the last run was fired (null: never)")
-    last_status: str | None = Field(description="fired, quota, misfire, fire_error, ... (null: never)")
+    last_status: str | None = Field(description="fired, quota, misfire, deferred, fire_error, ... (null: never)")
     last_task_id: str | None = Field(description="the task id of the last run "
                                                  "(GET /v1/tasks/{id} shows its result)")
 

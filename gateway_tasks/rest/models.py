@@ -48,6 +48,11 @@ class TaskRequest(BaseModel):
     depends_on: list[str] | None = Field(
         default=None, max_length=32,
         description="task ids that must finish first; the task is held until they have")
+    lane: Literal["interactive", "scheduled"] | None = Field(
+        default=None,
+        description="interactive (default: someone waits) or scheduled (background work that "
+                    "tolerates seconds of delay: inside its tier it yields to interactive work, "
+                    "by a bounded lag)")
 
     _messages = field_validator("messages", mode="before")(_prompt_to_messages)
 

@@ -1,7 +1,8 @@
 """Benchmark: a cron storm end to end (``gateway cron bench --storm``).
 
-Many tenants x 3 crons at the same minute, jitter off and then on, side by
-side in one run, through the whole system: real beat replicas
+Many tenants x 3 crons at the same minute, jitter off and then on (and, with
+``--compare-lanes``, jitter on with the scheduled lane off: every tier's
+``scheduled_lag_tokens`` 0), side by side in one run, through the whole system: real beat replicas
 (``celery -A beat.app beat`` x 2: one leads, one waits), real workers
 (``celery -A workers.app worker`` x 2, threads), the upstream simulator with a
 TPM/RPM limit, results read back from the Celery result backend.
@@ -40,6 +41,9 @@ What is measured, per mode:
 * the VIP probe's p99 before B and during the storm, and beat's fire lag
   (enqueue time - scheduled jittered time) p99.
 
+Beat submits the cron runs with ``source="cron"``: the scheduled lane
+(``gateway_tasks.core.lanes``); the probe's requests are interactive.
+
 Targets (judged on jitter on): peak/mean <= 1.25, 429 <= 0.3 %, VIP p99 during
 the storm <= 1.5 x its p99 just before it.
 """
@@ -61,7 +65,7 @@ import redis
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
-from gateway_tasks.core.stats import UPSTREAM_429
+from gateway_tasks.core.stats import CRON_DEFERRED, UPSTREAM_429
 from gateway_tasks.core.tokens import count_prompt_tokens
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.load import count_results, read_results
@@ -82,6 +86,7 @@ TIER_MIX = (("vip", 0.10), ("normal", 0.30), ("batch", 0.60))
 CRONS_PER_TENANT = 3
 PROBE_TENANT = "storm-probe"
 QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 10 s, B)
+NO_LANES_MODE = "jitter_on_no_lanes"
 Progress = Callable[[str], None]
 
 
@@ -100,6 +105,8 @@ class StormSpec:
     lead_s: float = 22.0
     probe_rate: float = 2.0
     timeout_s: float = 150.0
+    scheduled_lag_tokens: int | None = None   # every tier's lag (None: the settings' own)
+    compare_lanes: bool = False               # a third mode: jitter on, lanes off (lag 0)
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -142,10 +149,24 @@ def quota(spec: StormSpec, base: Settings) -> tuple[int, int]:
             math.ceil(requests_per_s * 60 / spec.quota_fill * 1.5))
 
 
-def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool) -> Settings:
-    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0))
+def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
+                   lag: int | None = None) -> Settings:
+    """The storm's settings: the jitter windows compressed (or 0), the scheduled lag of every
+    tier ``lag`` (None: the spec's, else the settings' own)."""
+    lag = spec.scheduled_lag_tokens if lag is None else lag
+    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0),
+                          scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
                   for t in base.tiers)
     return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq")
+
+
+def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None]]:
+    """(mode, jitter, lag override) of each run: jitter off, jitter on, and with
+    ``compare_lanes`` jitter on with no scheduled lane."""
+    modes: list[tuple[str, bool, int | None]] = [("jitter_off", False, None), ("jitter_on", True, None)]
+    if spec.compare_lanes:
+        modes.append((NO_LANES_MODE, True, 0))
+    return modes
 
 
 def task_id_of(tenant: str, entry_id: str, nominal_ms: int) -> str:
@@ -191,17 +212,36 @@ def beat_child(settings: Settings, name: str, log_dir: str) -> processes.Child:
     return processes.Child(argv, processes.child_env(settings), os.path.join(log_dir, f"{name}.log"))
 
 
+def deferred_runs(client: redis.Redis, keys: Keys, specs: Any) -> list[str]:
+    """The tenants of the runs beat recorded as deferred at submit (one per run: each entry
+    fires once in the storm)."""
+    specs = list(specs)
+    with client.pipeline(transaction=False) as pipe:
+        for spec in specs:
+            pipe.hget(keys.cron(f"{spec.tenant_id}:{spec.task_id}"), "last_status")
+        statuses = pipe.execute()
+    return [spec.tenant_id for spec, status in zip(specs, statuses) if status == CRON_DEFERRED.encode()]
+
+
+def _load_avg() -> list[float] | None:
+    """The machine's 1/5/15-minute load average (None where the OS does not tell)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _wall_to_mono(wall_s: float) -> float:
     return time.monotonic() - time.time() + wall_s
 
 
 def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
-             log_dir: str, progress: Progress = lambda _: None) -> dict[str, Any]:
+             log_dir: str, progress: Progress = lambda _: None, lag: int | None = None) -> dict[str, Any]:
     tpm, rpm = quota(spec, base)
     prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
                 rpm=rpm, burst_s=spec.burst_s)
-    settings = storm_settings(base, spec, jitter, prefix, pool)
+    settings = storm_settings(base, spec, jitter, prefix, pool, lag)
     gw = Gateway(settings, client=client)
     children: list[processes.Child] = []
     probe: Probe | None = None
@@ -233,12 +273,16 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         probe.start()
         progress(f"  {mode}: {len(specs)} crons of {len(tenants)} tenants at {at:%H:%M}:00 UTC "
                  f"(in {boundary_s - time.time():.0f} s); upstream {tpm} TPM, {rpm} RPM, "
-                 f"burst {spec.burst_s:g} s")
+                 f"burst {spec.burst_s:g} s; vip scheduled lag {settings.tier('vip').scheduled_lag_tokens} tokens")
         ids = list(expected)
         deadline = boundary_s + spec.timeout_s
         window_s = max(t.jitter_window_s for t in settings.tiers)
+        stats_key = Keys(prefix).cron_stats
         while time.time() < deadline:
-            if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) >= len(ids):
+            # done when every run has a result or was deferred at submit (overload: its tier's
+            # new work is refused at this load level; beat counts it, it never runs)
+            if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) + \
+                    int(client.hget(stats_key, CRON_DEFERRED) or 0) >= len(ids):
                 break
             time.sleep(0.5)
         time.sleep(1.0)
@@ -250,7 +294,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         time.sleep(1.05)                                    # the simulator's last second closes
         upstream = sim.stats()
         requeued_429 = int(client.hget(Keys(prefix).stats(pool.name), UPSTREAM_429) or 0)
-        fired = {k.decode(): int(v) for k, v in client.hgetall(Keys(prefix).cron_stats).items()}
+        fired = {k.decode(): int(v) for k, v in client.hgetall(stats_key).items()}
+        deferred_at_submit = deferred_runs(client, Keys(prefix), expected.values())
         results = read_results(client, gw.app, ids)
         probe_results = {res["task_id"]: res for res in read_results(client, gw.app, [p for p, _ in probe_ids])}
     finally:
@@ -271,6 +316,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
     for tier in TIERS:
         mine = [res for res in results if tier_of.get(res["tenant_id"]) == tier]
         n_expected = sum(1 for s in expected.values() if tier_of[s.tenant_id] == tier)
+        n_deferred = sum(1 for t in deferred_at_submit if tier_of.get(t) == tier)
+        missing = n_expected - n_deferred - len(mine)    # neither run nor deferred: lost, or too late
         e2e = [res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"] for res in mine]
         waits = [res["timing"]["queue_wait_ms"] for res in mine if res["timing"]["queue_wait_ms"] is not None]
         lag, from_scheduled = [], []
@@ -282,31 +329,53 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
             scheduled_ms = boundary_ms + jitter_offset_s(res["tenant_id"], run.task_id, window, 86_400) * 1000
             lag.append(res["timing"]["enqueued_ms"] - scheduled_ms)
             from_scheduled.append(res["timing"]["completed_ms"] - scheduled_ms)
-        per_tier[tier] = {"runs": n_expected, "completed": len(mine),
-                          "e2e": latency_stats(e2e, missing=n_expected - len(mine)),
-                          "from_scheduled": latency_stats(from_scheduled, missing=n_expected - len(mine)),
+        per_tier[tier] = {"runs": n_expected, "completed": len(mine), "deferred_at_submit": n_deferred,
+                          "e2e": latency_stats(e2e, missing=missing),
+                          "from_scheduled": latency_stats(from_scheduled, missing=missing),
                           "queue_wait_p99_ms": round(percentile(waits, 99, default=0.0), 1) if waits else None,
                           "deferred": deferred(waits),
                           "fire_lag_p99_ms": round(percentile(lag, 99, default=0.0), 1) if lag else None,
                           "jitter_window_s": window}
-    quiet, storm, storm_waits = [], [], []
+    # the probe's latency before B ("quiet"), during the storm, and during the VIP runs (B
+    # to the last VIP run's result: the part of the storm in its own tier, which the
+    # scheduled lane is for), and where it goes: queue wait (enqueued -> dispatched), the
+    # upstream call, and the rest of the worker's time
+    vip_done = [res["timing"]["completed_ms"] for res in results if tier_of.get(res["tenant_id"]) == "vip"]
+    vip_end_s = max(vip_done) / 1000.0 if vip_done else boundary_s
+    windows: dict[str, dict[str, list[float]]] = {
+        w: {"e2e": [], "queue_wait": [], "upstream": [], "worker": []} for w in ("quiet", "storm", "vip_runs")}
     for task_id, sent_s in probe_ids:
         res = probe_results.get(task_id)
         if res is None:
             continue
-        e2e = res["timing"]["completed_ms"] - res["timing"]["enqueued_ms"]
         if boundary_s - QUIET_WINDOW_S <= sent_s < boundary_s:
-            quiet.append(e2e)
+            mine = [windows["quiet"]]
         elif boundary_s <= sent_s <= end_wall_s:
-            storm.append(e2e)
-            storm_waits.append(res["timing"]["queue_wait_ms"] or 0)
-    quiet_stats, storm_stats = latency_stats(quiet), latency_stats(storm)
-    storm_stats["queue_wait_p99_ms"] = round(percentile(storm_waits, 99), 1) if storm_waits else None
+            mine = [windows["storm"]] + ([windows["vip_runs"]] if sent_s <= vip_end_s else [])
+        else:
+            continue
+        t = res["timing"]
+        upstream_ms = float(t.get("upstream_ms") or 0.0)
+        for window in mine:
+            window["e2e"].append(t["completed_ms"] - t["enqueued_ms"])
+            window["queue_wait"].append(t["queue_wait_ms"] or 0)
+            window["upstream"].append(upstream_ms)
+            window["worker"].append(t["completed_ms"] - t["dispatched_ms"] - upstream_ms)
+    probe_stats = {w: latency_stats(parts["e2e"]) for w, parts in windows.items()}
+    for w, stats in probe_stats.items():
+        for part in ("queue_wait", "upstream", "worker"):
+            values = windows[w][part]
+            stats[f"{part}_p99_ms"] = round(percentile(values, 99), 1) if values else None
+    quiet_stats, storm_stats = probe_stats["quiet"], probe_stats["storm"]
+    probe_stats["vip_runs"]["window_s"] = round(vip_end_s - boundary_s, 1)
     return {
         "mode": mode, "jitter": jitter,
+        "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
+        "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
         "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},
         "runs": len(expected), "completed": len(results), "fired": fired,
+        "deferred_at_submit": len(deferred_at_submit),
         "storm_s": round(end_wall_s - boundary_s, 1),
         "upstream": {
             "rate": rate_stats(series, 1), "rate_5s": rate_stats(series, 5),
@@ -318,8 +387,10 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "tiers": per_tier,
         "deferred": sum(t["deferred"] for t in per_tier.values()),
         "requeued_after_429": requeued_429,
-        "vip_probe": {"quiet": quiet_stats, "storm": storm_stats, "errors": probe.errors if probe else 0,
-                      "p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], storm_stats["p99_ms"])},
+        "vip_probe": {"quiet": quiet_stats, "storm": storm_stats, "vip_runs": probe_stats["vip_runs"],
+                      "errors": probe.errors if probe else 0,
+                      "p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], storm_stats["p99_ms"]),
+                      "vip_runs_p99_ratio": vip_p99_ratio(quiet_stats["p99_ms"], probe_stats["vip_runs"]["p99_ms"])},
         "runtime_s": round(time.monotonic() - started, 1),
     }
 
@@ -335,7 +406,7 @@ def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec()
                             ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
         with SimulatorProcess(sim_cfg) as sim:
             modes = {}
-            for mode, jitter in (("jitter_off", False), ("jitter_on", True)):
-                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress)
+            for mode, jitter, lag in storm_modes(spec):
+                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress, lag)
     return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
             "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

@@ -22,50 +22,65 @@ def _v(value: Any, unit: str = "") -> str:
     return f"{value:,}{unit}" if isinstance(value, int) else f"{value}{unit}"
 
 
+MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes"}
+
+
 def format_storm_report(result: dict[str, Any]) -> str:
     spec = result["spec"]
+    modes = list(result["modes"].values())
     off, on = result["modes"]["jitter_off"], result["modes"]["jitter_on"]
+    lags = on.get("scheduled_lag_tokens") or {}
     lines = [
         f"== cron storm: {off['runs']} runs ({spec['tenants']} tenants x 3 crons, vip/normal/batch "
         f"10/30/60 %) at one minute; time compressed {spec['compress']}x (jitter windows "
         f"{on['tiers']['normal']['jitter_window_s']} s / {on['tiers']['batch']['jitter_window_s']} s); "
         f"upstream {on['quota']['tpm']:,} TPM, {on['quota']['rpm']:,} RPM, burst {on['quota']['burst_s']:g} s; "
-        f"{spec['workers']} workers x {spec['concurrency']} threads, {spec['beats']} beat replicas",
-        f"{'':<44}{'jitter off':>14}{'jitter on':>14}",
+        f"{spec['workers']} workers x {spec['concurrency']} threads, {spec['beats']} beat replicas; "
+        f"scheduled lane lag {', '.join(f'{t} {n}' for t, n in lags.items()) or '-'} tokens",
+        f"{'':<44}" + "".join(f"{MODE_TITLES.get(m['mode'], m['mode']):>14}" for m in modes),
     ]
 
-    def row(label: str, a: Any, b: Any) -> None:
-        lines.append(f"  {label:<42}{_v(a):>14}{_v(b):>14}")
+    def row(label: str, *values: Any) -> None:
+        lines.append(f"  {label:<42}" + "".join(f"{_v(v):>14}" for v in values))
 
-    row("runs completed", f"{off['completed']}/{off['runs']}", f"{on['completed']}/{on['runs']}")
-    row("storm length (B to last result), s", off["storm_s"], on["storm_s"])
-    row("upstream requests/s peak (1 s bins)", off["upstream"]["rate"]["peak_per_s"],
-        on["upstream"]["rate"]["peak_per_s"])
-    row("upstream requests/s mean", off["upstream"]["rate"]["mean_per_s"], on["upstream"]["rate"]["mean_per_s"])
-    row("upstream peak/mean (1 s bins)", off["upstream"]["rate"]["peak_over_mean"],
-        on["upstream"]["rate"]["peak_over_mean"])
-    row("upstream peak/mean (5 s bins)", off["upstream"]["rate_5s"]["peak_over_mean"],
-        on["upstream"]["rate_5s"]["peak_over_mean"])
-    row("upstream 429s (% of answers)", f"{off['upstream']['requests_429']} ({off['upstream']['rate_429_pct']} %)",
-        f"{on['upstream']['requests_429']} ({on['upstream']['rate_429_pct']} %)")
-    row("gateway requeues after a 429", off["requeued_after_429"], on["requeued_after_429"])
-    row("tasks deferred (queued >= 1 s)", off["deferred"], on["deferred"])
+    def each(get: Any) -> list[Any]:
+        return [get(m) for m in modes]
+
+    row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
+    row("runs deferred at submit (load level)", *each(lambda m: m.get("deferred_at_submit", 0)))
+    row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
+    row("upstream requests/s peak (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_per_s"]))
+    row("upstream requests/s mean", *each(lambda m: m["upstream"]["rate"]["mean_per_s"]))
+    row("upstream peak/mean (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_over_mean"]))
+    row("upstream peak/mean (5 s bins)", *each(lambda m: m["upstream"]["rate_5s"]["peak_over_mean"]))
+    row("upstream 429s (% of answers)",
+        *each(lambda m: f"{m['upstream']['requests_429']} ({m['upstream']['rate_429_pct']} %)"))
+    row("gateway requeues after a 429", *each(lambda m: m["requeued_after_429"]))
+    row("tasks held in the queue >= 1 s", *each(lambda m: m["deferred"]))
     for tier in ("vip", "normal", "batch"):
-        a, b = off["tiers"][tier], on["tiers"][tier]
-        row(f"{tier} end-to-end p50, ms", a["e2e"]["p50_ms"], b["e2e"]["p50_ms"])
-        row(f"{tier} end-to-end p99, ms", a["e2e"]["p99_ms"], b["e2e"]["p99_ms"])
-        row(f"{tier} from scheduled time p50, ms", a["from_scheduled"]["p50_ms"], b["from_scheduled"]["p50_ms"])
-        row(f"{tier} from scheduled time p99, ms", a["from_scheduled"]["p99_ms"], b["from_scheduled"]["p99_ms"])
-        row(f"{tier} deferred", a["deferred"], b["deferred"])
-        row(f"{tier} beat fire lag p99, ms", a["fire_lag_p99_ms"], b["fire_lag_p99_ms"])
-    row("VIP probe p99 before the storm, ms", off["vip_probe"]["quiet"]["p99_ms"],
-        on["vip_probe"]["quiet"]["p99_ms"])
-    row("VIP probe p99 during the storm, ms", off["vip_probe"]["storm"]["p99_ms"],
-        on["vip_probe"]["storm"]["p99_ms"])
-    row("VIP probe queue wait p99 during it, ms", off["vip_probe"]["storm"].get("queue_wait_p99_ms"),
-        on["vip_probe"]["storm"].get("queue_wait_p99_ms"))
-    row("VIP probe p99 storm/quiet", off["vip_probe"]["p99_ratio"], on["vip_probe"]["p99_ratio"])
-    for mode in (off, on):
+        row(f"{tier} end-to-end p50, ms", *each(lambda m: m["tiers"][tier]["e2e"]["p50_ms"]))
+        row(f"{tier} end-to-end p99, ms", *each(lambda m: m["tiers"][tier]["e2e"]["p99_ms"]))
+        row(f"{tier} from scheduled time p50, ms", *each(lambda m: m["tiers"][tier]["from_scheduled"]["p50_ms"]))
+        row(f"{tier} from scheduled time p99, ms", *each(lambda m: m["tiers"][tier]["from_scheduled"]["p99_ms"]))
+        row(f"{tier} held >= 1 s / deferred at submit",
+            *each(lambda m: f"{m['tiers'][tier]['deferred']}/{m['tiers'][tier].get('deferred_at_submit', 0)}"))
+        row(f"{tier} beat fire lag p99, ms", *each(lambda m: m["tiers"][tier]["fire_lag_p99_ms"]))
+    row("VIP probe p99 before the storm, ms", *each(lambda m: m["vip_probe"]["quiet"]["p99_ms"]))
+    row("VIP probe p99 during the storm, ms", *each(lambda m: m["vip_probe"]["storm"]["p99_ms"]))
+    for part, label in (("queue_wait", "queue wait"), ("upstream", "upstream call"),
+                        ("worker", "rest of the worker")):
+        row(f"VIP probe {label} p99 before / during, ms",
+            *each(lambda m: f"{_v(m['vip_probe']['quiet'].get(part + '_p99_ms'))}/"
+                            f"{_v(m['vip_probe']['storm'].get(part + '_p99_ms'))}"))
+    row("VIP probe p99 storm/quiet", *each(lambda m: m["vip_probe"]["p99_ratio"]))
+    row("... while VIP runs were queued: p99, ms", *each(lambda m: (m["vip_probe"].get("vip_runs") or {}).get("p99_ms")))
+    row("... its queue wait p99, ms",
+        *each(lambda m: (m["vip_probe"].get("vip_runs") or {}).get("queue_wait_p99_ms")))
+    row("... p99 / quiet p99 (window, s)",
+        *each(lambda m: f"{_v(m['vip_probe'].get('vip_runs_p99_ratio'))} "
+                        f"({_v((m['vip_probe'].get('vip_runs') or {}).get('window_s'))})"))
+    row("load average (1 min) at the end", *each(lambda m: (m.get("load_avg") or [None])[0]))
+    for mode in modes:
         lines.append(f"  upstream requests per second, {mode['mode']}: "
                      + " ".join(str(n) for n in mode["upstream"]["series"]))
     lines += format_targets(result["targets"])
@@ -86,6 +101,10 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
                    help="storm tokens / quota over the compressed batch window (%(default)s)")
     g.add_argument("--storm-workers", type=int, default=d.workers, help="worker processes (%(default)s)")
     g.add_argument("--storm-beats", type=int, default=d.beats, help="beat replicas (%(default)s)")
+    g.add_argument("--scheduled-lag-tokens", type=int, default=None,
+                   help="every tier's scheduled lane lag (default: the settings'; 0 = no lanes)")
+    g.add_argument("--compare-lanes", action="store_true",
+                   help="a third run: jitter on with no scheduled lane (lag 0), side by side (~+100 s)")
 
 
 def run_storm_from_args(args: argparse.Namespace) -> int:
@@ -93,7 +112,8 @@ def run_storm_from_args(args: argparse.Namespace) -> int:
 
     clock = Stopwatch()
     spec = StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
-                     workers=args.storm_workers, beats=args.storm_beats)
+                     workers=args.storm_workers, beats=args.storm_beats,
+                     scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes)
     settings = load_settings()
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         progress = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))

@@ -13,8 +13,8 @@ One ``tick``:
 4. call the fire function for the runs the script admitted -- VIP first, one
    at a time or up to ``fire_concurrency`` at once on a thread pool -- and
    record their task ids (or errors) on the entries;
-5. return the seconds until the next due entry, capped at the tick interval
-   (the lock's TTL is two tick intervals, so the leader must come back sooner).
+5. return the seconds until the next due entry, capped at half a tick interval
+   (the lock's TTL is 1.5 ticks: ``beat.lock`` gives the timing).
 
 Runs are at most once per (entry, nominal time): they are settled before the
 fire function is called, so a crash between the two loses that run rather
@@ -47,15 +47,13 @@ from beat.cron_calls import CronFireCall, CronOutcome, CronRecordCall, CronResyn
 from beat.entry import CronEntry
 from beat.fire import FireFn, gateway_fire, task_id_of
 from beat.jitter import jitter_offset_s
-from beat.lock import BeatLock
+from beat.lock import BeatLock, follower_retry_s, leader_renew_s, lock_ttl_ms
 from beat.schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
 from beat.store import CronStore, Due
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TICK_INTERVAL_S = 1.0
-FOLLOWER_RETRY_TICKS = 0.25  # a follower tries the lock every quarter tick: it takes over within
-                             # a quarter tick of the lock lapsing (a SET NX each time)
 DEFAULT_BATCH_SIZE = 500
 PRIORITY_CHUNKS = 8           # due entries ordered by tier are read this many chunks at a time
 DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (gateway_beat_fire_concurrency)
@@ -162,7 +160,7 @@ class CronEngine:
         self.batch_size = int(batch_size)
         self.idempotency_ttl_ms = int(idempotency_ttl_s * 1000)
         self.quota_ttl_ms = int(quota_ttl_s * 1000)
-        self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=int(2000 * self.tick_interval_s),
+        self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=lock_ttl_ms(self.tick_interval_s),
                              token=token)
         self.scripts = scripts_for(client)
         self.fire_concurrency = int(fire_concurrency)
@@ -186,7 +184,7 @@ class CronEngine:
             log.info("beat: %s the tenant-cron leader lock (%s)",
                      "took" if leader else "lost", self.lock.token)
         if not leader:
-            return TickReport(now, leader=False, delay_s=self.tick_interval_s * FOLLOWER_RETRY_TICKS)
+            return TickReport(now, leader=False, delay_s=follower_retry_s(self.tick_interval_s))
         report = self.run_due(now, budget_s=self.tick_interval_s, keep_leading=self.lock.renew)
         if report.statuses:
             log.info("beat: tenant crons %s in %.1f ms", dict(report.statuses),
@@ -195,11 +193,12 @@ class CronEngine:
             report.delay_s = 0.0
         else:
             report.next_fire_ms = self.store.next_fire_ms()
+            renew_s = leader_renew_s(self.tick_interval_s)
             if report.next_fire_ms is None:
-                report.delay_s = self.tick_interval_s
+                report.delay_s = renew_s
             else:
                 after = self.now_ms() if now_ms is None else now
-                report.delay_s = min(self.tick_interval_s,
+                report.delay_s = min(renew_s,
                                      max(0.0, (report.next_fire_ms - after) / 1000.0))
         return report
 
@@ -328,7 +327,7 @@ class CronEngine:
 
         def renew_if_due() -> None:
             nonlocal renewed
-            if keep_leading is not None and time.monotonic() - renewed > self.tick_interval_s / 2:
+            if keep_leading is not None and time.monotonic() - renewed > leader_renew_s(self.tick_interval_s):
                 keep_leading()
                 renewed = time.monotonic()
 

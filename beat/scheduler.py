@@ -4,7 +4,7 @@
 
 (``beat.app`` sets ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``).  Run as
 many beat processes as you like: one is active (the Redis lock), the others
-wait and take over within two ticks if it stops.
+wait and take over within 1.75 ticks if it stops (``beat.lock``).
 
 Configuration (all optional):
 
@@ -12,7 +12,7 @@ Configuration (all optional):
   else the settings the app was built with (``gateway_tasks.core.celery_app.
   settings_of``), else ``gateway_tasks.core.settings.get_settings()`` (needs REDIS_URL);
 * ``app.conf.gateway_beat_tick_interval_s``: the tick interval (default 1 s;
-  the leader lock's TTL is twice this);
+  the leader lock's TTL is 1.5 times this, renewed every half tick);
 * ``app.conf.gateway_beat_misfire_grace_s``: default 600 s;
 * ``app.conf.gateway_beat_fire_concurrency``: submits in flight at once when
   many runs are due together (default 1, one after the other: against a local

@@ -40,7 +40,7 @@ def test_scheduler_ticks_fire_due_crons_and_close_releases_the_lock(r, settings,
     app = make_app(gateway_settings=settings, gateway_beat_fire=f"{__name__}:recording_fire",
                    gateway_beat_tick_interval_s=0.5)
     s = TenantCronScheduler(app=app, client=r, clock=lambda: clock[0])
-    assert s.engine.tick_interval_s == 0.5 and s.engine.lock.ttl_ms == 1000
+    assert s.engine.tick_interval_s == 0.5 and s.engine.lock.ttl_ms == 750
     delay = s.tick()
     assert s.is_leader and FIRED == [("ent:job", B)]
     assert 0 <= delay <= 0.5

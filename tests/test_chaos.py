@@ -1,7 +1,9 @@
 """`gateway chaos` at reduced size (``QUICK``), one test per fault: real Redis
 servers (private, AOF everysec), workers, beat, the simulator and the REST API.
-Every row must meet its target: nothing lost, upstream calls duplicated only
-for calls in flight at a fault, counters back to zero, clear errors."""
+Every row must meet its correctness targets: nothing lost, upstream calls
+duplicated only for calls in flight at a fault, counters back to zero, clear
+errors, a recovery seen.  How fast it recovered is printed and judged by
+`make chaos`, not here (no timing asserts on a shared machine)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def test_fault_meets_its_target_at_reduced_size(fault, monkeypatch):
         assert o.lost == 0, o.as_json()
         assert o.duplicated <= o.allowed_duplicates, o.as_json()
         assert all(o.checks.values()), o.as_json()
-        assert o.passed, o.failures
+        assert o.correctness_failures == [], o.as_json()
 
 
 # -- the pure parts, table-tested ---------------------------------------------------
@@ -78,6 +80,9 @@ def test_outcome_fails_on_lost_duplicates_recovery_and_checks():
                   recovery_s=11.0, recovery_target_s=10.0)
     bad.check("counters back to zero", False, "inflight=1")
     assert not bad.passed and len(bad.failures) == 4
+    assert bad.timing_failures == ["recovery 11.00 s > 10 s"] and len(bad.correctness_failures) == 3
+    never = Outcome("f", recovery_target_s=2.0)
+    assert never.correctness_failures == ["no recovery seen"] and never.timing_failures == []
     table = render([ok, bad])
     assert "| f | 3 | 2 | 1 UpstreamError | 0 | 1 / 1 | 2.00 s (< 10 s) | PASS |" in table
     assert "FAIL because" in table and "inflight=1" in table

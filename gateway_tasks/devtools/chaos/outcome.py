@@ -43,8 +43,8 @@ class Outcome:
         return bool(ok)
 
     @property
-    def failures(self) -> list[str]:
-        """Why the row fails its target (empty: PASS)."""
+    def correctness_failures(self) -> list[str]:
+        """What went wrong apart from how long recovery took."""
         why = [f"check {name}" for name, ok in self.checks.items() if not ok]
         if self.error:
             why.append(f"error {self.error}")
@@ -52,12 +52,25 @@ class Outcome:
             why.append(f"{self.lost} lost")
         if self.duplicated > self.allowed_duplicates:
             why.append(f"{self.duplicated} duplicated > {self.allowed_duplicates} in flight at the fault")
-        if self.recovery_target_s is not None and (self.recovery_s is None
-                                                   or self.recovery_s > self.recovery_target_s):
-            why.append(f"recovery {self.recovery_s} s > {self.recovery_target_s} s")
+        if self.recovery_target_s is not None and self.recovery_s is None:
+            why.append("no recovery seen")
         if self.completed + sum(self.failed.values()) + self.lost != self.submitted:
             why.append("accounting: completed + failed + lost != submitted")
         return why
+
+    @property
+    def timing_failures(self) -> list[str]:
+        """Recovery slower than its target: a speed figure, judged by ``gateway chaos``
+        (not by the test suite, whose machines are shared and noisy)."""
+        if self.recovery_target_s is not None and self.recovery_s is not None \
+                and self.recovery_s > self.recovery_target_s:
+            return [f"recovery {self.recovery_s:.2f} s > {self.recovery_target_s:g} s"]
+        return []
+
+    @property
+    def failures(self) -> list[str]:
+        """Why the row fails its target (empty: PASS)."""
+        return self.correctness_failures + self.timing_failures
 
     @property
     def passed(self) -> bool:

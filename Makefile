@@ -18,9 +18,12 @@ demo: $(STAMP)
 	$(PY) -m gateway_tasks.devtools.demo
 
 # the suite spread over TEST_PROCESSES processes (pytest-xdist): most of its time is spent
-# waiting on real workers, Redis servers and simulators, so 3 processes fit 2 cores
-TEST_PROCESSES ?= 3
-PYTEST := $(PY) -m pytest -q -n $(TEST_PROCESSES) --dist load
+# waiting on real workers, Redis servers and simulators, so 4 processes fit 2 cores.  One
+# test at a time to each (--maxschedchunk 1), the multi-process ones first (tests/conftest.py):
+# xdist's default first hands each process a contiguous run of ~1/16 of the suite, which put
+# every slow test on one or two of them (10.5 min, where this takes under 4)
+TEST_PROCESSES ?= 4
+PYTEST := $(PY) -m pytest -q -n $(TEST_PROCESSES) --dist load --maxschedchunk 1
 
 test: $(STAMP)
 	$(PYTEST) tests

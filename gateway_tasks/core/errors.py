@@ -42,6 +42,10 @@ class StartupError(GatewayError):
     """A process cannot start: a required service or setting is not there."""
 
 
+class PortTaken(StartupError):
+    """A child server could not bind its port: something else took it first."""
+
+
 class InvalidRequest(GatewayError):
     """A request was rejected before anything was enqueued."""
 

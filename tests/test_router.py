@@ -359,6 +359,33 @@ def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, setting
     assert followed.tokens <= 500 + 5 and followed.requests <= 49
 
 
+def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scripts(settings):
+    """The worker settles and reads the task's cancel mark in one pipeline; a server that
+    lost its scripts (restart, SCRIPT FLUSH) gets the script loaded, settles once, reads again."""
+    import redis as redis_lib
+
+    from gateway_tasks.devtools.redis_server import EmbeddedRedis
+    from workers.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)
+    keys = Keys(settings.key_prefix)
+    with EmbeddedRedis() as server:          # private: flushing its scripts disturbs nobody
+        client = redis_lib.Redis.from_url(server.url)
+        bucket = PoolBucket(client, keys, pool)
+        client.set("mark", "running")
+        common = dict(tier="vip", tenant_id="a", model="m", completion_tokens=0)
+        first, reads = bucket.settle_reply_and_read([("GET", "mark"), ("GET", "none")], est_tokens=100,
+                                                    actual_tokens=3_000, **common)   # 2,900 more used
+        assert 3_100 - 5 <= first.tokens <= 3_100 + 50
+        assert reads == [b"running", None]
+        client.script_flush()
+        second, reads = bucket.settle_reply_and_read([("GET", "mark")], est_tokens=1_000, actual_tokens=0,
+                                                     **common)
+        assert reads == [b"running"]
+        assert 1_000 - 5 <= second.tokens - first.tokens <= 1_000 + 50   # refunded once, not twice
+        client.close()
+
+
 def test_drain_blocks_the_pool_until_retry_after(r, settings):
     from workers.bucket import PoolBucket
     s, plan = make(settings, "wfq")

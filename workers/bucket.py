@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import redis
 
@@ -97,14 +97,40 @@ class PoolBucket:
         """Correct the bucket to the real usage and, in the same call, follow the reply's
         x-ratelimit-remaining-* (``headers``; minus what was dispatched after the task:
         pass the pool's totals pick.lua reported with it)."""
+        return self.scripts.run(self._settle_call(
+            est_tokens=est_tokens, actual_tokens=actual_tokens, tier=tier, tenant_id=tenant_id, model=model,
+            completion_tokens=completion_tokens, learn=learn, reached_upstream=reached_upstream,
+            headers=headers, debited_tokens_at_dispatch=debited_tokens_at_dispatch,
+            dispatches_at_dispatch=dispatches_at_dispatch))
+
+    def settle_reply_and_read(self, reads: Sequence[tuple[str, ...]], **settle: Any) -> tuple[Settled, list[Any]]:
+        """``settle_reply(**settle)`` and, in the same round trip, the read-only commands
+        ``reads`` (sent again, after the script is loaded, when the server had lost it)."""
+        call = self._settle_call(**settle)
+        try:
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*self.scripts.command(call))
+                for command in reads:
+                    pipe.execute_command(*command)
+                got = pipe.execute()
+        except redis.exceptions.NoScriptError:   # the script did not run: load it, run it, read again
+            self.scripts.lost()
+            return self.scripts.run(call), [self.r.execute_command(*command) for command in reads]
+        return call.parse(got[0]), got[1:]
+
+    def _settle_call(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
+                     model: str, completion_tokens: int, learn: bool = True,
+                     reached_upstream: bool = True, headers: Mapping[str, str] | None = None,
+                     debited_tokens_at_dispatch: float | None = None,
+                     dispatches_at_dispatch: int | None = None) -> SettleCall:
         rem = remaining_from_headers(headers or {})
-        return self.scripts.run(SettleCall(
+        return SettleCall(
             self.keys, self.pool, tier=tier, tenant_id=tenant_id, model=model,
             est_tokens=est_tokens, actual_tokens=actual_tokens, completion_tokens=completion_tokens,
             learn_weight=LEARN_EWMA_WEIGHT if learn else 0, give_back_request=not reached_upstream,
             remaining_tokens=rem.tokens, remaining_requests=rem.requests,
             debited_tokens_at_dispatch=debited_tokens_at_dispatch,
-            dispatches_at_dispatch=dispatches_at_dispatch))
+            dispatches_at_dispatch=dispatches_at_dispatch)
 
     def sync(self, headers: Mapping[str, str], debited_tokens_at_dispatch: float | None = None,
              dispatches_at_dispatch: int | None = None) -> tuple[float, float] | None:

@@ -65,6 +65,20 @@ class CircuitCall:
         return CircuitReply(text(reply[0]), text(reply[1]), int(reply[2]), int(reply[3]))
 
 
+CLOSED = "closed"
+READ_FIELDS = ("state", "failures")   # what closed_verdict needs of the circuit hash
+
+
+def closed_verdict(raw: list[Any]) -> CircuitReply | None:
+    """allow's verdict from an HMGET of ``READ_FIELDS``, when the circuit is closed -- then
+    circuit.lua's allow only reads (it writes nothing), so a plain read in the caller's own
+    round trip says the same; None when it is open or half-open: run the script (pure)."""
+    state = text(raw[0]) if raw[0] is not None else CLOSED
+    if state != CLOSED:
+        return None
+    return CircuitReply(CLOSED, CALL, 0, int(raw[1] or 0))
+
+
 class PoolCircuit:
     """One pool's breaker for one client."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -29,11 +29,9 @@ from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.overload_actions import degrade, record
-from gateway_tasks.core.overload_state import read_level
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
 from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
-from gateway_tasks.core.scripts import scripts_for
-from workers.circuit import ALLOW, CircuitCall, CircuitReply, PoolCircuit
+from workers.circuit import READ_FIELDS, CircuitReply, PoolCircuit, closed_verdict
 from workers.dead_letter import dispatched_queue, refund_unrunnable
 from workers.failover import Served, fail_over
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
@@ -109,20 +107,26 @@ def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskC
 QUEUE_TTL, DEADLINE = "queue_ttl", "deadline"   # Expired / DeadlineExceeded reasons
 
 
-def level_and_gate(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool) -> tuple[int, CircuitReply]:
-    """The load level in force and the pool's circuit verdict for this call, in one round trip."""
-    call = CircuitCall(keys, pool.name, ALLOW, settings.circuit)
-    scripts = scripts_for(r)
-    try:
-        with r.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.overload_state, "level")
-            pipe.execute_command(*scripts.command(call))
-            raw_level, raw_gate = pipe.execute()
-    except redis.exceptions.NoScriptError:   # the server lost its scripts: load and run again
-        scripts.lost()
-        return (read_level(r, keys) if settings.overload.enabled else 0), scripts.run(call)
+@dataclass(frozen=True)
+class BeforeCall:
+    """What a task reads before its upstream call, in one round trip."""
+    level: int                  # the load level in force (0 when overload is off)
+    gate: CircuitReply | None   # the pool's circuit verdict when it is closed; None: ask circuit.lua
+    cancel_mark: str | None     # what the task was when cancelled, None if it was not
+
+
+def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task_id: str) -> BeforeCall:
+    """The load level, the task's cancel mark and the pool's circuit state in one pipeline of
+    plain reads.  A closed circuit's verdict is known from the read; when it is open or
+    half-open the caller asks circuit.lua (``PoolCircuit.allow``: whether this call is the
+    probe is its decision) once it knows the call will be made."""
+    with r.pipeline(transaction=False) as pipe:
+        pipe.hget(keys.overload_state, "level")
+        pipe.get(keys.cancelled(task_id))
+        pipe.hmget(keys.circuit(pool.name), *READ_FIELDS)
+        raw_level, raw_mark, raw_circuit = pipe.execute()
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
-    return level, call.parse(raw_gate)
+    return BeforeCall(level, closed_verdict(raw_circuit), raw_mark.decode() if raw_mark is not None else None)
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -186,10 +190,10 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
                       model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
 
-    mark = _cancel_mark(r, keys, self.request.id)
-    if mark is not None:     # cancelled after it was taken (or put back): never call the upstream
+    before = before_call(r, keys, settings, pool, self.request.id)
+    if before.cancel_mark is not None:   # cancelled after it was taken (or put back): never call the upstream
         refund()
-        raise _cancelled_error(self.request.id, mark)
+        raise _cancelled_error(self.request.id, before.cancel_mark)
 
     ttl_s = settings.tier(req.tier).queue_ttl_s
     limit_s, why = effective_deadline_s(req.deadline_s, ttl_s)
@@ -205,13 +209,13 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     tier = settings.tier(req.tier)
     overload = settings.overload
-    level, gate = level_and_gate(r, keys, settings, pool)
+    circuit = PoolCircuit(r, keys, settings.circuit, pool)
+    level, gate = before.level, before.gate or circuit.allow()
     # the level may have risen since submit: degrade again (never un-degrade)
     d = degrade(overload, tier, level, req.model, req.max_tokens,
                 lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models)
     model, max_tokens = d.model, d.max_tokens
     backups = [settings.pool(n) for n in pool.backup_pools] if tier.reserved_share > 0 else []
-    circuit = PoolCircuit(r, keys, settings.circuit, pool)
 
     def call(target: Pool, target_model: str) -> UpstreamReply:
         if req.stream:   # issue 12: chunks go to the waiting API process (workers/streaming.py)
@@ -298,25 +302,26 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 
     # one call on the pool that served it: the real usage, the reply's rate-limit headers
     # (minus what was dispatched after it), and the Redis clock; the upstream answered (and
-    # charged): a Redis restart now must not drop the answer
+    # charged): a Redis restart now must not drop the answer.  In the same round trip: whether
+    # the task was cancelled while the call ran
+    read_mark = [("GET", keys.cancelled(self.request.id))]
     if served is None:
         used_pool, used_model = pool, model
-        settled = through_restarts(lambda: bucket.settle_reply(
-            est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+        settled, (raw_mark,) = through_restarts(lambda: bucket.settle_reply_and_read(
+            read_mark, est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
             model=model, completion_tokens=reply.completion_tokens, headers=reply.headers,
             debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
             dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
     else:
         reply, used_pool, used_model = served.reply, served.pool, served.model
-        settled = through_restarts(lambda: PoolBucket(r, keys, used_pool).settle_reply(
-            est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
+        settled, (raw_mark,) = through_restarts(lambda: PoolBucket(r, keys, used_pool).settle_reply_and_read(
+            read_mark, est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
             tenant_id=req.tenant_id, model=used_model, completion_tokens=reply.completion_tokens,
             headers=reply.headers, debited_tokens_at_dispatch=served.taken.debited_tokens,
             dispatches_at_dispatch=served.taken.dispatches), f"settle of task {self.request.id}")
     kill_point(AFTER_SETTLE)
-    mark = _cancel_mark(r, keys, self.request.id)
-    if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
-        raise _cancelled_error(self.request.id, mark, after_call=True)
+    if raw_mark is not None:   # cancelled while the call ran: the tokens are spent, the result is not kept
+        raise _cancelled_error(self.request.id, raw_mark.decode(), after_call=True)
     # what was asked for: the producer's record when it changed anything, else the request
     submitted = {"requested_max_tokens": req.max_tokens, "requested_model": req.model, **(req.degradation or {})}
     requested_pool = str(submitted.get("requested_pool", req.pool))

@@ -27,7 +27,7 @@
 -- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
 -- ARGV[5] largest message (bytes) handed back inline   ARGV[6] most tasks to dispatch (>= 1)
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
---                          reserve_tokens (head-room only reserved tiers may use)
+--                          reserve_tokens (head-room only reserved tiers' interactive work may use)
 -- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
 --                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
 -- [lifecycle] then per queue, 1 value: the tier's queue TTL (ms; 0 = none): a candidate that
@@ -267,14 +267,21 @@ local function score(qd, pool)
 end
 
 -- ms until a pool's bucket admits a queue's candidate (0 = now)
+-- whether a queue's candidate may use the reserve: a reserved tier's interactive work, and
+-- ([lifecycle]) an inherited dispatch whose higher tier may; a reserved tier's scheduled
+-- work (cron runs) leaves it to the interactive work of its tier (lanes)
+local function may_use_reserve(qd)
+  if qd.c.boost_reserved then return true end
+  return qd.reserved and not gt_scheduled(qd.c.entry, qd.c.tenant)
+end
+
 local function admit_wait(qd, pool)
   if qd.c.stale then return 0 end           -- [lifecycle] a stale task takes no tokens
   local est = math.min(qd.c.est, pool.tcap)
-  -- non-reserved tiers leave the reserve to vip; a request too big to fit
-  -- beside the reserve waits for a full bucket instead of waiting forever
+  -- the others leave the reserve to reserved interactive work; a request too big to
+  -- fit beside the reserve waits for a full bucket instead of waiting forever
   local headroom = 0
-  -- ([lifecycle] an inherited dispatch may use the reserve when its higher tier may)
-  if not (qd.reserved or qd.c.boost_reserved) then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
+  if not may_use_reserve(qd) then headroom = math.min(pool.reserve, math.max(0, pool.tcap - est)) end
   local need_t = est + headroom - pool.tokens
   local need_r = 1 - pool.requests
   local w = 0
@@ -300,7 +307,7 @@ local function choose()
     end
     if win then
       local w = admit_wait(queues[win], pool)
-      if w > 0 and wfq and not queues[win].reserved then
+      if w > 0 and wfq and not may_use_reserve(queues[win]) then
         -- the winner waits for tokens (its own plus the reserve): a reserved tier
         -- that fits now goes around it, as long as it is within its reservation
         -- (at most `reserve` tokens ahead of its fair share).  v does not move
@@ -308,7 +315,7 @@ local function choose()
         local alt = nil
         for q = 1, Q do
           local qd = queues[q]
-          if qd.pool == p and qd.c and qd.reserved
+          if qd.pool == p and qd.c and may_use_reserve(qd)
              and (qd.start - pool.v) * qd.share <= pool.reserve
              and admit_wait(qd, pool) == 0
              and (alt == nil or qd.score > queues[alt].score) then

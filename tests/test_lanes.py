@@ -377,3 +377,23 @@ def test_the_rest_api_takes_a_lane(gw):
         assert client.post("/v1/tasks", json={"messages": "x", "lane": "fast"}, headers=auth).status_code == 400
         schema = client.get("/openapi.json").json()["components"]["schemas"]["TaskRequest"]
         assert "lane" in schema["properties"]
+
+
+def test_the_vip_reserve_is_for_interactive_vip_work_not_vip_cron_runs(r, settings):
+    """VIP cron runs (scheduled lane) leave the reserve to interactive VIP requests, as the
+    other tiers do: a storm of VIP crons cannot take the head-room a VIP user finds."""
+    small = replace(BIG, tpm=1_000, rpm=10_000)   # capacity 1000 tokens, vip reserves 20% = 200
+    s = lane_settings(settings).with_(pools=(small,))
+    plan = plan_of(s)
+    push(r, s, "cron-a", SCHEDULED, tier="vip", est=450)
+    push(r, s, "cron-b", SCHEDULED, tier="vip", est=450)
+    assert served(r, plan, 1)[0].tenant == "cron-a"            # 1000 -> 550
+    got = pick_now(scripts_for(r), plan)
+    assert not isinstance(got, Picked) and got.wait_ms > 0      # 550 - 450 < the 200 reserve
+    user, _ = push(r, s, "user", tier="vip", est=500)           # interactive: may use the reserve
+    assert served(r, plan, 1)[0].tag == user
+    # with no lanes (D = 0) nothing is marked scheduled: vip crons use the reserve as before
+    flat = lane_settings(settings, lag=0).with_(pools=(small,), key_prefix=s.key_prefix + "flat:")
+    push(r, flat, "cron-c", SCHEDULED, tier="vip", est=450)
+    push(r, flat, "cron-d", SCHEDULED, tier="vip", est=450)
+    assert [p.tenant for p in served(r, plan_of(flat), 2)] == ["cron-c", "cron-d"]

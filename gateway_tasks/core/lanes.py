@@ -18,6 +18,10 @@ waiting.  Inside each tier and pool:
   virtual time past S -- D x its weight in tokens, plus the one task that crosses the
   line -- ahead of it.  Nothing starves, and with only scheduled work queued it is served
   at once (work-conserving: the lag orders, it never waits for time).
+* **The reserve.** A reserved tier's scheduled work leaves the pool's reserve to the
+  interactive work of its tier, as non-reserved tiers do (lua/pick.lua, ``may_use_reserve``):
+  VIP cron runs all land on the boundary (a VIP jitter window is 0) and would otherwise
+  drain the head-room a VIP user's request finds.
 * **Score encoding.** ``2 x tag`` for an interactive head, ``2 x (tag + D) + 1`` for a
   scheduled one: the parity says whether a score carries D, so the scripts read a tenant's
   real start tag back from its score alone (``start_tag``), without reading its head.

@@ -46,10 +46,15 @@ def run(size: Size) -> Outcome:
             time.sleep(0.05)
         survivor = dep.worker("survivor", concurrency=4)
         dep.wait_workers(2)
-        victims = {t for t in victims if t not in final_ids(dep.gw.app, victims)}
         pause_ms = dep.redis_now_ms()
         os.kill(paused.process.pid, signal.SIGSTOP)   # type: ignore[union-attr]
-        allowed = in_flight_at(dep.sim.calls(), final_ids(dep.gw.app, sub.ids)) & victims
+        # the victims are the paused worker's calls the upstream has at the pause -- read
+        # after it, not from the sighting above: a call the worker sent meanwhile (the
+        # survivor's start takes seconds) is in flight too and may finish twice
+        at_pause = in_flight_at(dep.sim.calls(), final_ids(dep.gw.app, sub.ids))
+        victims = {t for t in at_pause
+                   if t in victims or started_pid(dep.gw.app, t) == paused.process.pid}  # type: ignore[union-attr]
+        allowed = victims
         time.sleep(2 * dep.settings.lease_s + 2)      # type: ignore[union-attr]  # swept, run again
         sub.many(max(2, size.tasks // 2))
         os.kill(paused.process.pid, signal.SIGCONT)   # type: ignore[union-attr]

@@ -646,3 +646,35 @@ def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neithe
     with pytest.raises(ResponseError, match="not in the messages hash"):
         scripts_for(r).run(EnqueueCall(keys, s.tier("normal"), "default", "a", "tag-3", 10, '{}'))
     assert r.zcard(keys.index("default", "normal")) == 0
+
+
+def test_a_dispatch_knows_whether_it_still_holds_its_lease_before_the_upstream_call(r, settings):
+    """The worker's pre-call read says whether the task's dispatched record is still this
+    dispatch's (same token): not once it was released or restored and dispatched again."""
+    from gateway_tasks.core.request import HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS
+    from workers.release import ACK, ReleaseCall
+    from workers.tasks import before_call
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    pool = s.pools[0]
+    push(r, s, "vip", est=10, tenant="a")
+    got = pick(r, plan)
+    headers = got.payload["headers"]
+    assert headers[HEADER_DELIVERY_TAG] == got.tag and headers[HEADER_DISPATCHED_MS] == got.dispatched_ms
+    assert before_call(r, keys, s, pool, "t", got.tag, got.dispatched_ms).lease_held
+    assert not before_call(r, keys, s, pool, "t", got.tag, got.dispatched_ms - 1).lease_held   # another dispatch's
+    assert before_call(r, keys, s, pool, "t").lease_held          # no tag (not a gateway dispatch): no check
+    assert scripts_for(r).run(ReleaseCall(keys, s, pool.name, got.tag, ACK)).released
+    assert not before_call(r, keys, s, pool, "t", got.tag, got.dispatched_ms).lease_held   # gone
+
+
+@pytest.mark.parametrize("record, token, held", [
+    (b"vip|1700000000123|a|s1|t|10|1|1", 1700000000123, True),
+    (b"vip|1700000000123|a|s1|t|10|1|1", "1700000000123", True),
+    (b"vip|1700000000124|a|s1|t|10|1|1", 1700000000123, False),
+    (None, 1700000000123, False),
+    (b"garbage", 1700000000123, False),
+])
+def test_holds_lease(record, token, held):
+    from workers.tasks import holds_lease
+    assert holds_lease(record, token) is held

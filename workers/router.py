@@ -15,8 +15,8 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
-from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_POOL_DEBITED,
-                                         HEADER_POOL_DISPATCHES)
+from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS,
+                                         HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES)
 from gateway_tasks.core.scripts import Scripts, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 
@@ -154,6 +154,7 @@ class PickPlan:
             headers = payload["headers"]
         headers[HEADER_ENQUEUED_MS] = picked.enqueued_ms
         headers[HEADER_DISPATCHED_MS] = picked.dispatched_ms
+        headers[HEADER_DELIVERY_TAG] = picked.tag
         headers[HEADER_POOL_DEBITED] = picked.pool_debited
         headers[HEADER_POOL_DISPATCHES] = picked.pool_dispatches
         return replace(picked, payload=payload, undecodable=undecodable)

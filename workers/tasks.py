@@ -18,15 +18,16 @@ from typing import Any
 import openai
 import redis
 from celery import shared_task
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, InvalidRequest, RetryBudgetExceeded,
                                        TaskCancelled, UpstreamError)
 from gateway_tasks.core import depends
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.request import (HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS, HEADER_EST_TOKENS, HEADER_TENANT,
-                                         HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES, InferenceRequest)
+from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS,
+                                         HEADER_EST_TOKENS, HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES,
+                                         HEADER_TENANT, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.overload_actions import degrade, record
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
@@ -113,9 +114,20 @@ class BeforeCall:
     level: int                  # the load level in force (0 when overload is off)
     gate: CircuitReply | None   # the pool's circuit verdict when it is closed; None: ask circuit.lua
     cancel_mark: str | None     # what the task was when cancelled, None if it was not
+    lease_held: bool = True     # False: this dispatch lost its lease (the task was restored)
 
 
-def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task_id: str) -> BeforeCall:
+def holds_lease(record: bytes | None, dispatched_ms: Any) -> bool:
+    """Whether the dispatched-hash record of a task's tag ('<tier>|<dispatch ms>|<entry>') is
+    still this dispatch's: gone (swept and restored) or another dispatch's token, it is not (pure)."""
+    if record is None:
+        return False
+    parts = record.split(b"|", 2)
+    return len(parts) == 3 and parts[1] == str(dispatched_ms).encode()
+
+
+def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task_id: str,
+                tag: str | None = None, dispatched_ms: Any = None) -> BeforeCall:
     """The load level, the task's cancel mark and the pool's circuit state in one pipeline of
     plain reads.  A closed circuit's verdict is known from the read; when it is open or
     half-open the caller asks circuit.lua (``PoolCircuit.allow``: whether this call is the
@@ -124,9 +136,14 @@ def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task
         pipe.hget(keys.overload_state, "level")
         pipe.get(keys.cancelled(task_id))
         pipe.hmget(keys.circuit(pool.name), *READ_FIELDS)
-        raw_level, raw_mark, raw_circuit = pipe.execute()
+        check_lease = isinstance(tag, str) and bool(tag) and dispatched_ms is not None
+        if check_lease:
+            pipe.hget(keys.dispatched(pool.name), tag)
+        raw_level, raw_mark, raw_circuit, *raw_lease = pipe.execute()
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
-    return BeforeCall(level, closed_verdict(raw_circuit), raw_mark.decode() if raw_mark is not None else None)
+    held = holds_lease(raw_lease[0], dispatched_ms) if check_lease else True
+    return BeforeCall(level, closed_verdict(raw_circuit), raw_mark.decode() if raw_mark is not None else None,
+                      held)
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -142,7 +159,7 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     """One inference; when it ends (not requeued), the tasks held on it are released."""
     try:
         result = _infer(self, body)
-    except Reject:
+    except (Reject, Ignore):   # requeued, or another dispatch of it runs: not finished here
         raise
     except Exception:
         _finished(self, ok=False)
@@ -190,10 +207,18 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
                       model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
 
-    before = before_call(r, keys, settings, pool, self.request.id)
+    before = before_call(r, keys, settings, pool, self.request.id, get(HEADER_DELIVERY_TAG), disp_ms)
     if before.cancel_mark is not None:   # cancelled after it was taken (or put back): never call the upstream
         refund()
         raise _cancelled_error(self.request.id, before.cancel_mark)
+    if not before.lease_held:
+        # this worker stalled past its lease before the call (paused, starved of CPU): the sweep
+        # put the task back and another dispatch runs it -- calling now would call twice.  No
+        # result is stored (the other dispatch's stands); the ack is counted stale (release.lua)
+        refund()
+        logger.warning("task %s lost its lease before its upstream call (the task was restored and "
+                       "runs elsewhere); not called", self.request.id)
+        raise Ignore()
 
     ttl_s = settings.tier(req.tier).queue_ttl_s
     limit_s, why = effective_deadline_s(req.deadline_s, ttl_s)

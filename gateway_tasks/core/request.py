@@ -26,7 +26,8 @@ HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (regis
 HEADER_DEADLINE_S = "gt_deadline_s"  # the request's deadline_s, when it has one (deadline boost)
 HEADER_LANE = "gt_lane"              # interactive | scheduled (gateway_tasks.core.lanes)
 HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
-HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua)
+HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua): the dispatch's lease token
+HEADER_DELIVERY_TAG = "gt_tag"        # the message's delivery tag (the worker's router, at dispatch)
 HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
 HEADER_POOL_DISPATCHES = "gt_pool_dispatches"  # the pool's dispatches so far, at dispatch
 # HTTP header of every upstream call: the task id, so an upstream (or the simulator) can tell

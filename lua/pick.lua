@@ -266,7 +266,6 @@ local function score(qd, pool)
   return -(qd.start - pool.v) * 1e6 + qd.weight - c.enq * 1e-13
 end
 
--- ms until a pool's bucket admits a queue's candidate (0 = now)
 -- whether a queue's candidate may use the reserve: a reserved tier's interactive work, and
 -- ([lifecycle]) an inherited dispatch whose higher tier may; a reserved tier's scheduled
 -- work (cron runs) leaves it to the interactive work of its tier (lanes)
@@ -275,6 +274,7 @@ local function may_use_reserve(qd)
   return qd.reserved and not gt_scheduled(qd.c.entry, qd.c.tenant)
 end
 
+-- ms until a pool's bucket admits a queue's candidate (0 = now)
 local function admit_wait(qd, pool)
   if qd.c.stale then return 0 end           -- [lifecycle] a stale task takes no tokens
   local est = math.min(qd.c.est, pool.tcap)

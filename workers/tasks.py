@@ -92,10 +92,15 @@ def _retry_refusal(r: redis.Redis, keys: Keys, settings: Settings, req: Inferenc
     return ""
 
 
+def _mark_of(raw: bytes | None) -> str | None:
+    """A read of a task's cancel mark: what it was when cancelled ('queued', 'running',
+    'gone'), or None when it was not cancelled."""
+    return raw.decode() if raw is not None else None
+
+
 def _cancel_mark(r: redis.Redis, keys: Keys, task_id: str) -> str | None:
-    """What a cancelled task was when it was cancelled ('queued', 'running', 'gone'), else None."""
-    mark = r.get(keys.cancelled(task_id))
-    return mark.decode() if mark is not None else None
+    """What a cancelled task was when it was cancelled, else None."""
+    return _mark_of(r.get(keys.cancelled(task_id)))
 
 
 def _cancelled_error(task_id: str, mark: str, after_call: bool = False) -> TaskCancelled:
@@ -114,7 +119,7 @@ class BeforeCall:
     level: int                  # the load level in force (0 when overload is off)
     gate: CircuitReply | None   # the pool's circuit verdict when it is closed; None: ask circuit.lua
     cancel_mark: str | None     # what the task was when cancelled, None if it was not
-    lease_held: bool = True     # False: this dispatch lost its lease (the task was restored)
+    lease_held: bool            # False: this dispatch lost its lease (the task was restored)
 
 
 def holds_lease(record: bytes | None, dispatched_ms: Any) -> bool:
@@ -142,8 +147,7 @@ def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task
         raw_level, raw_mark, raw_circuit, *raw_lease = pipe.execute()
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
     held = holds_lease(raw_lease[0], dispatched_ms) if check_lease else True
-    return BeforeCall(level, closed_verdict(raw_circuit), raw_mark.decode() if raw_mark is not None else None,
-                      held)
+    return BeforeCall(level, closed_verdict(raw_circuit), _mark_of(raw_mark), held)
 
 
 def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[float | None, str]:
@@ -345,8 +349,9 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
             headers=reply.headers, debited_tokens_at_dispatch=served.taken.debited_tokens,
             dispatches_at_dispatch=served.taken.dispatches), f"settle of task {self.request.id}")
     kill_point(AFTER_SETTLE)
-    if raw_mark is not None:   # cancelled while the call ran: the tokens are spent, the result is not kept
-        raise _cancelled_error(self.request.id, raw_mark.decode(), after_call=True)
+    mark = _mark_of(raw_mark)
+    if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept
+        raise _cancelled_error(self.request.id, mark, after_call=True)
     # what was asked for: the producer's record when it changed anything, else the request
     submitted = {"requested_max_tokens": req.max_tokens, "requested_model": req.model, **(req.degradation or {})}
     requested_pool = str(submitted.get("requested_pool", req.pool))

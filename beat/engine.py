@@ -16,6 +16,13 @@ One ``tick``:
 5. return the seconds until the next due entry, capped at half a tick interval
    (the lock's TTL is 1.5 ticks: ``beat.lock`` gives the timing).
 
+A run the load level deferred (``Deferred`` from the submit: overload refuses its
+tier's new work) is tried again after the error's ``retry_after_s`` when that
+comes before the entry's next run (``beat.schedule.deferred_retry_ms``), else
+the next run supersedes it.  Retries wait in ``Keys.cron_retry``; each tick
+first claims the due ones (ZREM: one process gets each) and fires them with
+the same idempotency key -- the hourly quota was counted at the first try.
+
 Runs are at most once per (entry, nominal time): they are settled before the
 fire function is called, so a crash between the two loses that run rather
 than repeating it.  The lock makes one process active; the idempotency key and
@@ -41,14 +48,14 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import (CRON_DEFERRED, CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE,
-                                      CRON_UNKNOWN_TENANT, CRON_UNKNOWN_TIER)
+                                      CRON_RETRIED, CRON_SUPERSEDED, CRON_UNKNOWN_TENANT, CRON_UNKNOWN_TIER)
 
-from beat.cron_calls import CronFireCall, CronOutcome, CronRecordCall, CronResyncCall
+from beat.cron_calls import CronFireCall, CronRecordCall, CronResyncCall
 from beat.entry import CronEntry
 from beat.fire import FireFn, gateway_fire, task_id_of
 from beat.jitter import jitter_offset_s
 from beat.lock import BeatLock, follower_retry_s, leader_renew_s, lock_ttl_ms
-from beat.schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, plan_fire
+from beat.schedule import FIRE, MISFIRE_GRACE_S, NOT_DUE, actual_ms, deferred_retry_ms, iso_utc, plan_fire
 from beat.store import CronStore, Due
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,44 @@ class Planned:
     due: Due
     row: CronRow
     call: CronFireCall | CronResyncCall
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run to fire: a due entry cron_fire.lua admitted, or a deferred run tried again."""
+
+    entry_id: str
+    entry: CronEntry         # with the run's tier and jitter window
+    nominal_ms: int
+    scheduled_ms: int        # the actual (jittered) time it was due at
+    next_fire_ms: int        # the entry's next due time: a retry must come before it
+    retry: bool = False      # a deferred run tried again
+
+    @property
+    def member(self) -> str:
+        """Its member in ``Keys.cron_retry``."""
+        return retry_member(self.entry_id, self.nominal_ms)
+
+
+def retry_member(entry_id: str, nominal_ms: int) -> str:
+    return f"{entry_id}|{nominal_ms}"
+
+
+def parse_retry_member(member: bytes | str) -> tuple[str, int] | None:
+    """'<entry id>|<nominal ms>' -> (entry id, nominal ms); None when malformed."""
+    text = member.decode() if isinstance(member, bytes) else member
+    entry_id, sep, nominal = text.rpartition("|")
+    if not sep or not entry_id or not nominal.isdigit():
+        return None
+    return entry_id, int(nominal)
+
+
+@dataclass(frozen=True)
+class Fired:
+    """What firing a run left to write: its record, and when to try it again (deferred)."""
+
+    record: CronRecordCall
+    retry_at_ms: int | None = None
 
 
 @dataclass
@@ -212,6 +257,7 @@ class CronEngine:
         """
         report = TickReport(now_ms, leader=True)
         start = time.monotonic()
+        self._retry_due(now_ms, report, start, keep_leading)
         first = True
         stop = False
         while not stop:
@@ -281,25 +327,95 @@ class CronEngine:
                 planned.append(step)
             results = pipe.execute()
 
-        admitted: list[tuple[Planned, CronFireCall, CronOutcome]] = []
+        runs: list[Run] = []
         for step, position in zip(planned, positions):
             outcome = step.call.parse(results[position])
             report.statuses[outcome.status] += 1
             if outcome.status == CRON_FIRED and isinstance(step.call, CronFireCall):
-                admitted.append((step, step.call, outcome))
-        # runs due together fire in tier order (vip first), then in due order
+                call = step.call
+                entry = self._entry(step.row, step.due.fire_ms, outcome.payload_json)
+                entry.tier = call.tier
+                entry.window_s = self._window_s(call.tier)
+                runs.append(Run(step.due.entry_id, entry, call.nominal_ms, step.due.fire_ms,
+                                call.next_fire_ms))
+        self._fire_and_record(runs, report, start, keep_leading)
+
+    def _fire_and_record(self, runs: list[Run], report: TickReport, start: float,
+                         keep_leading: Callable[[], bool] | None) -> None:
+        """Fire runs due together in tier order (vip first), then in due order; write their
+        records, the deferred ones' retries and the outcome counters in one pipeline."""
         rank = {t.name: i for i, t in enumerate(self.settings.tiers)}
-        admitted.sort(key=lambda a: rank.get(a[1].tier, len(rank)))
-        records = self._fire_all(admitted, report, start, keep_leading)
-        if records:
-            with self.r.pipeline(transaction=False) as pipe:
-                for record in records:
-                    self.scripts.queue(record, pipe)
-                for status in (CRON_FIRE_ERROR, CRON_DEFERRED):
-                    n = sum(1 for record in records if record.last_status == status)
-                    if n:
-                        pipe.hincrby(self.keys.cron_stats, status, n)
-                pipe.execute()
+        runs = sorted(runs, key=lambda run: rank.get(run.entry.tier, len(rank)))
+        fired = self._fire_all(runs, report, start, keep_leading)
+        if not fired:
+            return
+        with self.r.pipeline(transaction=False) as pipe:
+            for run, done in zip(runs, fired):
+                self.scripts.queue(done.record, pipe)
+                if done.retry_at_ms is not None:
+                    pipe.zadd(self.keys.cron_retry, {run.member: done.retry_at_ms})
+            counts = Counter(done.record.last_status for done in fired
+                             if done.record.last_status in (CRON_FIRE_ERROR, CRON_DEFERRED))
+            counts[CRON_RETRIED] = sum(1 for run, done in zip(runs, fired)
+                                       if run.retry and not done.record.last_error)
+            counts[CRON_SUPERSEDED] = sum(1 for done in fired if done.record.last_status == CRON_DEFERRED
+                                          and done.retry_at_ms is None)
+            for status, n in counts.items():
+                if n:
+                    pipe.hincrby(self.keys.cron_stats, status, n)
+            pipe.execute()
+
+    # -- deferred runs, tried again ----------------------------------------------
+    def _retry_due(self, now_ms: int, report: TickReport, start: float,
+                   keep_leading: Callable[[], bool] | None) -> None:
+        """Fire the deferred runs whose retry time has come (up to batch_size a tick).
+        Each is claimed with ZREM first, so one process fires it; one whose entry's next
+        run is due by now (or whose entry, tenant or tier is gone) is superseded."""
+        members = self.r.zrangebyscore(self.keys.cron_retry, "-inf", now_ms, start=0, num=self.batch_size)
+        if not members:
+            return
+        with self.r.pipeline(transaction=False) as pipe:
+            for m in members:
+                pipe.zrem(self.keys.cron_retry, m)
+            claimed = [m for m, n in zip(members, pipe.execute()) if n]
+        parsed = [p for p in (parse_retry_member(m) for m in claimed) if p is not None]
+        report.statuses[CRON_SUPERSEDED] += len(claimed) - len(parsed)   # malformed: dropped
+        if not parsed:
+            return
+        with self.r.pipeline(transaction=False) as pipe:
+            for eid, _ in parsed:
+                pipe.hmget(self.keys.cron(eid), CronRow.FIELDS)
+                pipe.get(self.keys.cron_payload(eid))
+                pipe.zscore(self.keys.cron_due, eid)
+            raw = pipe.execute()
+        rows = [CronRow.from_reply(raw[3 * i]) for i in range(len(parsed))]
+        current_tier = self._current_tiers(rows)
+        runs: list[Run] = []
+        superseded = 0
+        for i, ((eid, nominal), row) in enumerate(zip(parsed, rows)):
+            payload, next_fire = raw[3 * i + 1], raw[3 * i + 2]
+            tier = current_tier.get(row.tenant_id or "")
+            run = None
+            if (row.tenant_id is not None and row.cron is not None and payload is not None
+                    and next_fire is not None and now_ms < int(next_fire) and tier is not None):
+                try:
+                    entry = self._entry(row, int(next_fire), payload.decode())
+                    entry.tier = self.settings.tier(tier).name
+                except (ConfigError, ValueError, TypeError):
+                    entry = None
+                if entry is not None:
+                    entry.window_s = self._window_s(entry.tier)
+                    run = Run(eid, entry, nominal, now_ms, int(next_fire), retry=True)
+            if run is None:
+                superseded += 1
+                log.info("beat: deferred cron run %s (nominal %s) not tried again: its next run "
+                         "is due, or the entry, its tenant or its tier is gone", eid, iso_utc(nominal))
+            else:
+                runs.append(run)
+        if superseded:
+            report.statuses[CRON_SUPERSEDED] += superseded
+            self.r.hincrby(self.keys.cron_stats, CRON_SUPERSEDED, superseded)
+        self._fire_and_record(runs, report, start, keep_leading)
 
     def _load_rows(self, batch: list[Due]) -> list[CronRow]:
         with self.r.pipeline(transaction=False) as pipe:
@@ -316,13 +432,13 @@ class CronEngine:
             return {t: (v.decode() if v is not None else None)
                     for t, v in zip(tenant_ids, pipe.execute())}
 
-    def _fire_all(self, admitted: list[tuple[Planned, CronFireCall, CronOutcome]], report: TickReport,
-                  start: float, keep_leading: Callable[[], bool] | None) -> list[CronRecordCall]:
-        """Fire the admitted runs, ``fire_concurrency`` at a time, renewing the lock meanwhile.
+    def _fire_all(self, runs: list[Run], report: TickReport, start: float,
+                  keep_leading: Callable[[], bool] | None) -> list[Fired]:
+        """Fire the runs, ``fire_concurrency`` at a time, renewing the lock meanwhile; what
+        each left to write, in the order of ``runs``.
 
-        The runs are settled already (cron_fire.lua), so they are fired even if
-        the lock is lost while they go out."""
-        records: list[CronRecordCall] = []
+        The runs are settled already (cron_fire.lua, or claimed from the retries), so they
+        are fired even if the lock is lost while they go out."""
         renewed = time.monotonic()
 
         def renew_if_due() -> None:
@@ -331,48 +447,53 @@ class CronEngine:
                 keep_leading()
                 renewed = time.monotonic()
 
-        if self.fire_concurrency <= 1 or len(admitted) <= 1:
-            for step, call, outcome in admitted:
+        if self.fire_concurrency <= 1 or len(runs) <= 1:
+            out = []
+            for run in runs:
                 renew_if_due()
-                records.append(self._fire(step, call, outcome, report, start))
-            return records
+                out.append(self._fire(run, report, start))
+            return out
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.fire_concurrency,
                                             thread_name_prefix="beat-fire")
-        pending = {self._pool.submit(self._fire, step, call, outcome, report, start)
-                   for step, call, outcome in admitted}
+        futures = [self._pool.submit(self._fire, run, report, start) for run in runs]
+        pending = set(futures)
         while pending:
-            done, pending = wait(pending, timeout=self.tick_interval_s / 4, return_when=FIRST_COMPLETED)
-            records.extend(f.result() for f in done)
+            _, pending = wait(pending, timeout=self.tick_interval_s / 4, return_when=FIRST_COMPLETED)
             renew_if_due()
-        return records
+        return [f.result() for f in futures]
 
-    def _fire(self, step: Planned, call: CronFireCall, outcome: CronOutcome, report: TickReport,
-              start: float) -> CronRecordCall:
-        """Call the fire function for a run cron_fire.lua admitted; the record of its outcome."""
-        eid, nominal = step.due.entry_id, call.nominal_ms
-        entry = self._entry(step.row, step.due.fire_ms, outcome.payload_json)
-        entry.tier = call.tier
-        entry.window_s = self._window_s(call.tier)
-        task_id, error, status = None, None, CRON_FIRE_ERROR
+    def _fire(self, run: Run, report: TickReport, start: float) -> Fired:
+        """Call the fire function for a run; the record of its outcome (and, deferred, when
+        to try it again: ``beat.schedule.deferred_retry_ms``)."""
+        eid, nominal, entry = run.entry_id, run.nominal_ms, run.entry
+        task_id, error, status, retry_at = None, None, CRON_FIRE_ERROR, None
         try:
             task_id = task_id_of(self.fire(entry, nominal))
         except Deferred as exc:
             # overload: the tier's new work is deferred at this load level -- refused by
-            # design (the run is not retried: the next one comes at its time), not an error
-            error, status = f"{type(exc).__name__}: {exc}"[:500], CRON_DEFERRED
-            log.warning("beat: cron %s (nominal %s) deferred: %s", eid, nominal, exc)
+            # design, not an error; tried again after its retry time unless the next run
+            # comes first
+            retry_at = deferred_retry_ms(report.now_ms, exc.retry_after_s, run.next_fire_ms)
+            then = (f"; tried again at {iso_utc(retry_at)}" if retry_at is not None
+                    else "; not tried again: the next run comes first")
+            error, status = f"{type(exc).__name__}: {exc}"[:480] + then, CRON_DEFERRED
+            log.warning("beat: cron %s (nominal %s) deferred%s: %s", eid, nominal, then, exc)
         except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
             error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
         with self._report_lock:            # _fire may run on the fire threads
             if error is not None:
                 report.statuses[status] += 1
-            report.fired.append(FiredRun(eid, entry.tier, nominal, step.due.fire_ms, task_id,
+            elif run.retry:
+                report.statuses[CRON_RETRIED] += 1
+            report.fired.append(FiredRun(eid, entry.tier, nominal, run.scheduled_ms, task_id,
                                          time.monotonic() - start, error))
         if error is None:
-            return CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "")
-        return CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status)
+            return Fired(CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "",
+                                        last_status=CRON_FIRED if run.retry else None))
+        return Fired(CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status),
+                     retry_at)
 
     def _plan(self, due: Due, row: CronRow, current_tier: dict[str, str | None], now_ms: int,
               pipe: redis.client.Pipeline, report: TickReport) -> Planned | None:

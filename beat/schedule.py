@@ -196,3 +196,14 @@ def plan_fire(cron: str, pending_nominal_ms: int, offset_s: int, now_ms: int,
     late_ms = now_ms - (latest + offset_ms)
     action = FIRE if late_ms <= misfire_grace_s * 1000 else MISFIRE
     return FirePlan(action, latest, following, late_ms, latest != pending_nominal_ms)
+
+
+def deferred_retry_ms(now_ms: int, retry_after_s: float | None, next_fire_ms: int | None) -> int | None:
+    """When a run the load level deferred at ``now_ms`` is tried again: ``retry_after_s``
+    later (the Deferred error's advice), provided that comes before the entry's next
+    (jittered) fire time -- past it the next run supersedes this one, and None is returned.
+    None too when no retry time was given or the entry has no next fire time."""
+    if retry_after_s is None or retry_after_s <= 0 or next_fire_ms is None:
+        return None
+    at_ms = now_ms + int(round(retry_after_s * 1000))
+    return at_ms if at_ms < next_fire_ms else None

@@ -242,22 +242,95 @@ def test_fire_error_is_recorded_and_not_retried(r, settings, tenants):
     assert r.hget(Keys(settings.key_prefix).cron_stats, "fire_error") == b"1"
 
 
-def test_a_run_deferred_by_the_load_level_is_counted_as_deferred_not_as_an_error(r, settings, tenants):
-    from gateway_tasks.core.errors import Deferred
+class Deferring(Recorder):
+    """A fire function that defers (overload) its first ``times`` calls, then fires."""
 
-    def deferring(entry, nominal_ms):
-        raise Deferred("load level L3: new batch work is deferred from L3 on; retry after 600 s", 600.0)
+    def __init__(self, retry_after_s: float, times: int = 10**9):
+        super().__init__()
+        self.retry_after_s, self.times = retry_after_s, times
 
+    def __call__(self, entry, nominal_ms):
+        from gateway_tasks.core.errors import Deferred
+        got = super().__call__(entry, nominal_ms)
+        if len(self.calls) <= self.times:
+            raise Deferred(f"load level L3: new batch work is deferred from L3 on; retry after "
+                           f"{self.retry_after_s:g} s", self.retry_after_s)
+        return got
+
+
+def retries(r, settings):
+    return [(m.decode(), int(s)) for m, s in r.zrange(Keys(settings.key_prefix).cron_retry, 0, -1,
+                                                      withscores=True)]
+
+
+def test_a_deferred_run_is_counted_as_deferred_and_fired_again_after_its_retry_time(r, settings, tenants):
     store = CronStore(r, settings)
     store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
-    report = make_engine(r, settings, deferring).tick(now_ms=B)
+    fire = Deferring(600.0, times=1)
+    eng = make_engine(r, settings, fire)
+    report = eng.tick(now_ms=B)
     assert report.statuses["fired"] == 1 and report.statuses["deferred"] == 1
     assert "fire_error" not in report.statuses
     got = store.get("ent", "job")
     assert got.last_status == "deferred" and got.last_error.startswith("Deferred: load level L3")
-    assert got.next_nominal_ms == B + HOUR                          # not retried: the next run comes
+    assert "tried again at 2024-03-01T11:10:00" in got.last_error
+    assert got.next_nominal_ms == B + HOUR                          # the schedule moved on meanwhile
+    assert retries(r, settings) == [(f"ent:job|{B}", B + 600_000)]
+    assert eng.tick(now_ms=B + 599_999).fired == [] and len(fire.calls) == 1   # not yet
+    again = eng.tick(now_ms=B + 600_000)
+    assert fire.calls == [("ent:job", B), ("ent:job", B)]                   # the same nominal run
+    assert again.statuses["retried"] == 1 and again.fired[0].task_id == "task-2"
+    got = store.get("ent", "job")
+    assert got.last_status == "fired" and got.last_task_id == "task-2" and got.last_error is None
+    assert retries(r, settings) == []
+    assert eng.tick(now_ms=B + 600_001).fired == []                         # once
     stats = r.hgetall(Keys(settings.key_prefix).cron_stats)
-    assert stats[b"deferred"] == b"1" and b"fire_error" not in stats
+    assert stats[b"deferred"] == b"1" and stats[b"retried"] == b"1" and b"fire_error" not in stats
+    assert b"superseded" not in stats
+
+
+def test_a_deferred_run_whose_retry_time_is_past_the_next_run_is_superseded(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    eng = make_engine(r, settings, Deferring(3600.0))       # B + 1 h is the next run itself
+    eng.tick(now_ms=B)
+    got = store.get("ent", "job")
+    assert got.last_status == "deferred" and "not tried again: the next run comes first" in got.last_error
+    assert retries(r, settings) == []
+    stats = r.hgetall(Keys(settings.key_prefix).cron_stats)
+    assert stats[b"deferred"] == b"1" and stats[b"superseded"] == b"1"
+
+
+def test_a_run_deferred_again_is_tried_until_the_next_run_supersedes_it(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    fire = Deferring(1500.0)                                # always deferred
+    eng = make_engine(r, settings, fire)
+    for at in (B, B + 1_500_000, B + 3_000_000):            # the third retry would be at B + 75 min
+        eng.tick(now_ms=at)
+    assert fire.calls == [("ent:job", B)] * 3
+    assert retries(r, settings) == []
+    eng.tick(now_ms=B + HOUR)                               # the next run, on its own schedule
+    assert fire.calls[-1] == ("ent:job", B + HOUR) and retries(r, settings) == [
+        (f"ent:job|{B + HOUR}", B + HOUR + 1_500_000)]
+    stats = r.hgetall(Keys(settings.key_prefix).cron_stats)
+    assert stats[b"deferred"] == b"4" and stats[b"superseded"] == b"1" and b"retried" not in stats
+
+
+def test_the_retry_of_a_deleted_cron_is_dropped_and_two_schedulers_fire_a_retry_once(r, settings, tenants):
+    store = CronStore(r, settings)
+    store.add("ent", "gone", "0 * * * *", PAYLOAD, now=B - 10_000)
+    store.add("ent", "kept", "0 * * * *", PAYLOAD, now=B - 10_000)
+    fire = Deferring(600.0, times=2)
+    first, second = make_engine(r, settings, fire), make_engine(r, settings, fire)
+    first.tick(now_ms=B)
+    assert sorted(m for m, _ in retries(r, settings)) == [f"ent:gone|{B}", f"ent:kept|{B}"]
+    store.delete("ent", "gone")
+    report = first.run_due(B + 600_000)
+    assert second.run_due(B + 600_000).fired == []          # claimed by the first: fired once
+    assert [(f.entry_id, f.error) for f in report.fired] == [("ent:kept", None)]
+    assert fire.calls[2:] == [("ent:kept", B)] and report.statuses["superseded"] == 1
+    assert retries(r, settings) == []
 
 
 def test_a_deleted_tenant_is_skipped_and_tier_changes_apply_to_the_next_run(r, settings, tenants):

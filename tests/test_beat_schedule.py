@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from beat.schedule import (FIRE, MISFIRE, NOT_DUE, actual_ms, cron_period_s, first_nominal_ms,
+from beat.schedule import (FIRE, MISFIRE, NOT_DUE, actual_ms, cron_period_s, deferred_retry_ms, first_nominal_ms,
                            iso_utc, latest_nominal_ms, next_nominal_ms, plan_fire, validate_cron)
 from gateway_tasks.core.errors import CronError
 
@@ -147,3 +147,17 @@ def test_iso_utc():
     assert iso_utc(ms("2024-03-01T10:07:31")) == "2024-03-01T10:07:31Z"
     assert iso_utc(ms("2024-03-01T10:07:31") + 250) == "2024-03-01T10:07:31.250Z"
     assert iso_utc(None) is None
+
+
+@pytest.mark.parametrize("now,retry_after_s,next_fire,expected", [
+    (1_000, 600.0, 3_600_000, 601_000),        # well before the next run
+    (1_000, 0.25, 3_600_000, 1_250),           # fractions of a second kept (ms)
+    (1_000, 3599.0, 3_600_000, None),          # exactly at the next run: that run supersedes it
+    (1_000, 3600.0, 3_600_000, None),          # past it
+    (1_000, None, 3_600_000, None),            # no advice given
+    (1_000, 0.0, 3_600_000, None),
+    (1_000, -5.0, 3_600_000, None),
+    (1_000, 600.0, None, None),                # no next run known
+])
+def test_a_deferred_run_is_retried_only_before_the_next_run(now, retry_after_s, next_fire, expected):
+    assert deferred_retry_ms(now, retry_after_s, next_fire) == expected

@@ -234,6 +234,12 @@ class Keys:
         """Sorted set: entry id -> next actual fire time (ms since epoch)."""
         return f"{self.prefix}cron:due"
 
+    @property
+    def cron_retry(self) -> str:
+        """Sorted set: '<entry id>|<nominal ms>' of a run the load level deferred -> when beat
+        tries it again (ms since epoch; beat.engine, beat.schedule.deferred_retry_ms)."""
+        return f"{self.prefix}cron:retry"
+
     def cron_tenant(self, tenant_id: str) -> str:
         """Set: entry ids of one tenant."""
         return f"{self.prefix}cron-tenant:{tenant_id}"

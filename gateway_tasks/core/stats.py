@@ -67,4 +67,8 @@ CRON_UNKNOWN_TENANT = "unknown_tenant"  # skipped: the tenant is no longer regis
 CRON_UNKNOWN_TIER = "unknown_tier"      # skipped: the tenant's tier is not configured
 CRON_FIRE_ERROR = "fire_error"     # beat.engine: the fire function raised
 CRON_DEFERRED = "deferred"         # beat.engine: the submit was deferred by the load level (Deferred,
-                                   # overload): refused by design, not an error; the run is not retried
+                                   # overload): refused by design, not an error; tried again after the
+                                   # error's retry_after_s when that comes before the entry's next run
+CRON_RETRIED = "retried"           # beat.engine: a deferred run fired on a later try
+CRON_SUPERSEDED = "superseded"     # beat.engine: a deferred run not tried again: its entry's next run
+                                   # comes first (or the entry, its tenant or its tier is gone)

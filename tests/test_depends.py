@@ -75,6 +75,31 @@ def test_cancelling_a_dependency_fails_its_dependent_and_a_held_task_can_be_canc
     assert queued_ids(gw, "vip") == []                # dropped, not released
 
 
+def test_marked_done_in_the_settle_round_trip_then_finished(gw):
+    """The worker marks a task done in its settle round trip (``done_call``: the waiters stay);
+    its end then needs nothing more when nobody waits, hands the waiters over when some do, and
+    marks it again when it failed after all."""
+    scripts = depends.scripts_for(gw.r)
+    alone = gw.submit("bulk", "nobody waits", max_tokens=5)
+    done = scripts.run(depends.done_call(gw.keys, alone.id))
+    assert done == depends.Done("ok", ()) and gw.r.get(gw.keys.done(alone.id)) == b"ok"
+    assert depends.finish(gw.app, gw.r, gw.keys, 60, alone.id, True, done) == 0
+    waited = gw.submit("bulk", "one waits", max_tokens=5)
+    child = gw.submit("acme", "after it", max_tokens=5, depends_on=[waited.id])
+    done = scripts.run(depends.done_call(gw.keys, waited.id))
+    assert done == depends.Done("ok", (child.id,)) and queued_ids(gw, "vip") == []
+    late = gw.submit("acme", "submitted after the mark", max_tokens=5, depends_on=[waited.id])
+    assert depends.finish(gw.app, gw.r, gw.keys, 60, waited.id, True, done) == 1
+    assert sorted(queued_ids(gw, "vip")) == sorted([child.id, late.id])   # the late one: not held
+    failing = gw.submit("bulk", "fails after its settle", max_tokens=5)
+    doomed = gw.submit("acme", "after the failure", max_tokens=5, depends_on=[failing.id])
+    done = scripts.run(depends.done_call(gw.keys, failing.id))
+    assert depends.finish(gw.app, gw.r, gw.keys, 60, failing.id, False, done) == 1
+    assert gw.r.get(gw.keys.done(failing.id)) == b"failed"
+    with pytest.raises(DependencyFailed):
+        doomed.get(timeout=5)
+
+
 def test_finished_and_unknown_dependencies(gw):
     a = gw.submit("bulk", "done already", max_tokens=5)
     finish(gw, a.id, ok=True)

@@ -360,10 +360,12 @@ def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, setting
 
 
 def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scripts(settings):
-    """The worker settles and reads the task's cancel mark in one pipeline; a server that
-    lost its scripts (restart, SCRIPT FLUSH) gets the script loaded, settles once, reads again."""
+    """The worker settles, marks the task done for its dependants and reads its cancel mark in
+    one pipeline; a server that lost its scripts (restart, SCRIPT FLUSH) gets them loaded, each
+    script runs once, the reads are sent again."""
     import redis as redis_lib
 
+    from gateway_tasks.core.depends import Done, done_call
     from gateway_tasks.devtools.redis_server import EmbeddedRedis
     from workers.bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
@@ -374,15 +376,24 @@ def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scrip
         bucket = PoolBucket(client, keys, pool)
         client.set("mark", "running")
         common = dict(tier="vip", tenant_id="a", model="m", completion_tokens=0)
-        first, reads = bucket.settle_reply_and_read([("GET", "mark"), ("GET", "none")], est_tokens=100,
-                                                    actual_tokens=3_000, **common)   # 2,900 more used
+        first, done, reads = bucket.settle_reply_and_read([("GET", "mark"), ("GET", "none")], est_tokens=100,
+                                                          actual_tokens=3_000, **common)   # 2,900 more used
         assert 3_100 - 5 <= first.tokens <= 3_100 + 50
-        assert reads == [b"running", None]
+        assert reads == [b"running", None] and done == []
+        client.sadd(keys.waiters("t1"), "child-a")
+        client.sadd(keys.waiters("t2"), "child-b")
+        client.set(keys.cancelled("t2"), "running")
         client.script_flush()
-        second, reads = bucket.settle_reply_and_read([("GET", "mark")], est_tokens=1_000, actual_tokens=0,
-                                                     **common)
+        second, done, reads = bucket.settle_reply_and_read(
+            [("GET", "mark")], [done_call(keys, "t1"), done_call(keys, "t2")], est_tokens=1_000,
+            actual_tokens=0, **common)
         assert reads == [b"running"]
         assert 1_000 - 5 <= second.tokens - first.tokens <= 1_000 + 50   # refunded once, not twice
+        # t1 succeeded; t2 was cancelled while its call ran: its dependants hear it failed
+        assert done == [Done("ok", ("child-a",)), Done("failed", ("child-b",))]
+        assert client.get(keys.done("t1")) == b"ok" and client.get(keys.done("t2")) == b"failed"
+        # only marked: the waiters stay until the task's end hands them over (depends.finish)
+        assert client.smembers(keys.waiters("t1")) == {b"child-a"}
         client.close()
 
 

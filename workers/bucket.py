@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import redis
 
 from gateway_tasks.core.keys import Keys, learned_field
-from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.scripts import ScriptCall, scripts_for
 from gateway_tasks.core.settings import Pool
 from workers.bucket_calls import DrainCall, SettleCall, Settled, SyncLimitsCall
 
@@ -103,20 +103,13 @@ class PoolBucket:
             headers=headers, debited_tokens_at_dispatch=debited_tokens_at_dispatch,
             dispatches_at_dispatch=dispatches_at_dispatch))
 
-    def settle_reply_and_read(self, reads: Sequence[tuple[str, ...]], **settle: Any) -> tuple[Settled, list[Any]]:
-        """``settle_reply(**settle)`` and, in the same round trip, the read-only commands
-        ``reads`` (sent again, after the script is loaded, when the server had lost it)."""
-        call = self._settle_call(**settle)
-        try:
-            with self.r.pipeline(transaction=False) as pipe:
-                pipe.execute_command(*self.scripts.command(call))
-                for command in reads:
-                    pipe.execute_command(*command)
-                got = pipe.execute()
-        except redis.exceptions.NoScriptError:   # the script did not run: load it, run it, read again
-            self.scripts.lost()
-            return self.scripts.run(call), [self.r.execute_command(*command) for command in reads]
-        return call.parse(got[0]), got[1:]
+    def settle_reply_and_read(self, reads: Sequence[tuple[str, ...]], also: Sequence[ScriptCall[Any]] = (),
+                              **settle: Any) -> tuple[Settled, list[Any], list[Any]]:
+        """``settle_reply(**settle)`` and, in the same round trip, the script calls ``also``
+        and the read-only commands ``reads``: (settled, also's replies, reads' replies).
+        Each script runs exactly once (``Scripts.run_together``)."""
+        (settled, *done), got = self.scripts.run_together([self._settle_call(**settle), *also], reads)
+        return settled, done, got
 
     def _settle_call(self, *, est_tokens: int, actual_tokens: int, tier: str, tenant_id: str,
                      model: str, completion_tokens: int, learn: bool = True,

@@ -172,12 +172,16 @@ def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+DEPS_DONE = "gt_deps_done"   # on the task's request: deps_done.lua's reply from the settle round trip
+
+
 def _finished(task: Any, ok: bool) -> None:
     settings = _settings(task)
+    done = getattr(task.request, DEPS_DONE, None)   # marked done already, in the settle round trip
     try:
         through_restarts(lambda: depends.finish(task.app, redis_for(task.app.conf.broker_url),
                                                 Keys(settings.key_prefix), settings.result_ttl_s,
-                                                task.request.id, ok),
+                                                task.request.id, ok, done),
                          f"release of the tasks depending on {task.request.id}")
     except redis.RedisError:   # the result still stands; its dependents wait for their TTL
         logger.warning("could not release the tasks depending on %s", task.request.id, exc_info=True)
@@ -332,22 +336,25 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     # one call on the pool that served it: the real usage, the reply's rate-limit headers
     # (minus what was dispatched after it), and the Redis clock; the upstream answered (and
     # charged): a Redis restart now must not drop the answer.  In the same round trip: whether
-    # the task was cancelled while the call ran
+    # the task was cancelled while the call ran, and the task marked done for the tasks that
+    # depend on it (deps_done.lua: failed if it was cancelled; ``_finished`` completes it)
     read_mark = [("GET", keys.cancelled(self.request.id))]
+    mark_done = [depends.done_call(keys, self.request.id)]
     if served is None:
         used_pool, used_model = pool, model
-        settled, (raw_mark,) = through_restarts(lambda: bucket.settle_reply_and_read(
-            read_mark, est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
+        settled, (done,), (raw_mark,) = through_restarts(lambda: bucket.settle_reply_and_read(
+            read_mark, mark_done, est_tokens=est, actual_tokens=reply.total_tokens, tier=req.tier, tenant_id=req.tenant_id,
             model=model, completion_tokens=reply.completion_tokens, headers=reply.headers,
             debited_tokens_at_dispatch=get(HEADER_POOL_DEBITED),
             dispatches_at_dispatch=get(HEADER_POOL_DISPATCHES)), f"settle of task {self.request.id}")
     else:
         reply, used_pool, used_model = served.reply, served.pool, served.model
-        settled, (raw_mark,) = through_restarts(lambda: PoolBucket(r, keys, used_pool).settle_reply_and_read(
-            read_mark, est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
+        settled, (done,), (raw_mark,) = through_restarts(lambda: PoolBucket(r, keys, used_pool).settle_reply_and_read(
+            read_mark, mark_done, est_tokens=served.est_tokens, actual_tokens=reply.total_tokens, tier=req.tier,
             tenant_id=req.tenant_id, model=used_model, completion_tokens=reply.completion_tokens,
             headers=reply.headers, debited_tokens_at_dispatch=served.taken.debited_tokens,
             dispatches_at_dispatch=served.taken.dispatches), f"settle of task {self.request.id}")
+    setattr(self.request, DEPS_DONE, done)
     kill_point(AFTER_SETTLE)
     mark = _mark_of(raw_mark)
     if mark is not None:     # cancelled while the call ran: the tokens are spent, the result is not kept

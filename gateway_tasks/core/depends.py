@@ -70,24 +70,45 @@ class DependCall:
 
 
 @dataclass(frozen=True)
+class Done:
+    """What deps_done.lua did: the outcome it marked, the tasks waiting on it (handed over,
+    unless the call only marked: ``done_call``)."""
+
+    outcome: str
+    waiting: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DepsDoneCall:
     SCRIPT: ClassVar[str] = "deps_done"
-
     keys: Keys
     task_id: str
     outcome: str
     ttl_ms: int
+    check_cancelled: bool = False   # a cancel mark on the task makes the outcome 'failed'
+    hand_over: bool = True          # False: only mark, and say who waits (the set stays)
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.done(self.task_id), self.keys.waiters(self.task_id)]
+        out = [self.keys.done(self.task_id), self.keys.waiters(self.task_id)]
+        if self.check_cancelled:
+            out.append(self.keys.cancelled(self.task_id))
+        return out
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.outcome, self.ttl_ms]
+        return [self.outcome, self.ttl_ms, 1 if self.hand_over else 0]
 
-    def parse(self, reply: Any) -> list[str]:
-        return [text(x) for x in reply]
+    def parse(self, reply: Any) -> Done:
+        return Done(text(reply[0]), tuple(text(x) for x in reply[1]))
+
+
+def done_call(keys: Keys, task_id: str) -> DepsDoneCall:
+    """deps_done.lua marking a task that succeeded -- failed, if it was cancelled -- in the
+    worker's settle round trip, without handing its waiters over: ``finish(..., done=its
+    reply)`` at the task's end needs no round trip when nobody waits and the end is the
+    outcome marked; a worker that dies in between leaves the waiters for the task's rerun."""
+    return DepsDoneCall(keys, task_id, OK, DONE_MARK_TTL_S * 1000, check_cancelled=True, hand_over=False)
 
 
 @dataclass(frozen=True)
@@ -155,13 +176,19 @@ def send(app: Celery, spec: dict[str, Any]) -> None:
                   headers=spec["headers"], argsrepr=spec["argsrepr"], kwargsrepr="{}")
 
 
-def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: str, ok: bool) -> int:
+def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: str, ok: bool,
+           done: Done | None = None) -> int:
     """A task has finished: release the held tasks that were waiting on it and on nothing
-    else now.  Returns how many were released (sent, or failed for a failed dependency)."""
-    scripts = scripts_for(client)
+    else now.  Returns how many were released (sent, or failed for a failed dependency).
+
+    ``done``: the reply of ``done_call``, which marked the task in the worker's settle round
+    trip: when that is the end's outcome and nobody waits, nothing is left to do."""
     outcome = OK if ok else FAILED
+    if done is not None and done.outcome == outcome and not done.waiting:
+        return 0
+    scripts = scripts_for(client)
     released = 0
-    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000)):
+    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000)).waiting:
         got = scripts.run(DepsReleaseCall(keys, dependent, task_id, outcome))
         if got is None:
             continue

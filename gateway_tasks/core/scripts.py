@@ -118,6 +118,36 @@ class Scripts:
         keys = call.script_keys
         return ("EVALSHA", self.sha(name), len(keys), *keys, *call.script_args)
 
+    def run_together(self, calls: Sequence[ScriptCall[Any]],
+                     reads: Sequence[tuple[Arg, ...]] = ()) -> tuple[list[Any], list[Any]]:
+        """Script calls and read-only commands in one round trip (one pipeline): the parsed
+        replies of ``calls`` and the raw replies of ``reads``, in order.
+
+        Each script runs exactly once: one the server had lost (NOSCRIPT: it did not run)
+        is loaded and run alone, the others' replies stand; the reads are sent again after
+        it, so they see it.  Any other error of a call is raised once every reply is in."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                keys = call.script_keys
+                pipe.execute_command("EVALSHA", self.sha(call.SCRIPT), len(keys), *keys, *call.script_args)
+            for command in reads:
+                pipe.execute_command(*command)
+            got = pipe.execute(raise_on_error=False)
+        replies, lost = [], False
+        for call, reply in zip(calls, got):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                self.lost()
+                lost = True
+                replies.append(self.run(call))
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                replies.append(call.parse(reply))
+        read = got[len(calls):]
+        if lost:
+            read = [self.client.execute_command(*command) for command in reads]
+        return replies, read
+
     def lost(self) -> None:
         """A reply said NOSCRIPT: the server lost its scripts; ``command`` loads them again."""
         self._loaded.clear()

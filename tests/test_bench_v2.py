@@ -214,8 +214,9 @@ def test_rate_of_concurrent_runs():
 def test_per_task_and_cpu_rows():
     rows = dispatch_cpu.per_task({"a": Cost(100, 500), "b": Cost(300, 3000)}, 100)
     assert list(rows) == ["b", "a"] and rows["b"] == {"calls_per_task": 3.0, "us_per_task": 30.0}
-    row = dispatch_cpu.cpu_of("plain", 200, 200, 199, 0.1, {"evalsha": Cost(400, 8000)})
+    row = dispatch_cpu.cpu_of("plain", 200, 200, 199, 0.1, {"evalsha": Cost(400, 8000)}, reads=2_300)
     assert row["redis_cpu_us_per_task"] == 500.0 and row["evalsha_per_task"] == 2.0
+    assert row["round_trips_per_task"] == 11.5
     assert row["evalsha_usec"] == 8000 and row["succeeded"] == 199
 
 

@@ -155,7 +155,7 @@ def run_flow(client: redis.Redis, flow: Flow, tasks: int, *, timeout_s: float,
         flow.app.close()
     ok = sum(1 for m in metas if m.get("status") == "SUCCESS")
     return cpu_of(flow.name, tasks, len(metas), ok, p1.cpu_s - p0.cpu_s,
-                  redis_stats.stats_delta(p0.commands, p1.commands)), entries
+                  redis_stats.stats_delta(p0.commands, p1.commands), p1.reads - p0.reads), entries
 
 
 def wait_all(client: redis.Redis, keys: list[str], timeout_s: float,
@@ -215,12 +215,14 @@ def per_task(costs: dict[str, redis_stats.Cost], tasks: int) -> dict[str, dict[s
 
 
 def cpu_of(flow: str, tasks: int, done: int, ok: int, cpu_s: float,
-           commands: dict[str, redis_stats.Cost]) -> dict[str, Any]:
-    """A flow's window in numbers (pure)."""
+           commands: dict[str, redis_stats.Cost], reads: int = 0) -> dict[str, Any]:
+    """A flow's window in numbers (pure).  ``reads``: the server's read events over the
+    window, about one per client round trip (idle pollers' included)."""
     evalsha = commands.get("evalsha", redis_stats.Cost())
     return {"flow": flow, "tasks": tasks, "results": done, "succeeded": ok,
             "redis_cpu_s": round(cpu_s, 4),
             "redis_cpu_us_per_task": round(1e6 * cpu_s / tasks, 1) if tasks else None,
+            "round_trips_per_task": round(reads / tasks, 2) if tasks else None,
             "evalsha_per_task": round(evalsha.calls / tasks, 2) if tasks else None,
             "evalsha_us_per_task": round(evalsha.usec / tasks, 1) if tasks else None,
             "evalsha_usec": evalsha.usec}

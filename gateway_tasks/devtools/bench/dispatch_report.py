@@ -135,12 +135,15 @@ def format_cpu(cpu: Mapping[str, Any]) -> list[str]:
     out = [f"== 3. Redis CPU per task, end to end ({cpu['tasks']} tasks a run, task events on; "
            f"INFO cpu over submit -> result)",
            f"     {'flow':<14} {'prompt B':>8} {'CPU us/task':>12} {'x plain':>8} {'EVALSHA/task':>13} "
-           f"{'ok':>5}"]
+           f"{'trips/task':>11} {'ok':>5}"]
     for f in flows:
         x = ratios[f["flow"]].get(f["prompt_b"])
         out.append(f"     {f['flow']:<14} {f['prompt_b']:>8} {_v(f['redis_cpu_us_per_task']):>12} "
-                   f"{_v(x, '.2f'):>8} {_v(f['evalsha_per_task'], '.2f'):>13} {f['succeeded']:>5}")
+                   f"{_v(x, '.2f'):>8} {_v(f['evalsha_per_task'], '.2f'):>13} "
+                   f"{_v(f.get('round_trips_per_task'), '.2f'):>11} {f['succeeded']:>5}")
     lines = [format_breakdown(f) + f" [{f['prompt_b']} B]" for f in flows if f.get("breakdown")]
+    out.append("     (trips/task: the server's read events -- client round trips, a pipeline is one -- "
+               "over the window, idle pollers' included)")
     if lines:
         out.append("     where the time goes (us per task, slowlog run; EVALSHA calibrated):")
         out += lines

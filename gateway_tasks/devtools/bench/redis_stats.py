@@ -64,16 +64,23 @@ def cpu_s(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
+def reads_processed(client: redis.Redis) -> int:
+    """Read events the server handled so far (INFO stats total_reads_processed, Redis 6+):
+    one per client round trip -- a pipeline is one -- whatever it carried (0 when not told)."""
+    return int(client.info("stats").get("total_reads_processed", 0))
+
+
 @dataclass(frozen=True)
 class Point:
-    """One moment of a server: its CPU seconds and its commandstats."""
+    """One moment of a server: its CPU seconds, its commandstats and its read events."""
 
     cpu_s: float
     commands: dict[str, Cost]
+    reads: int = 0
 
 
 def point(client: redis.Redis) -> Point:
-    return Point(cpu_s(client), commandstats(client))
+    return Point(cpu_s(client), commandstats(client), reads_processed(client))
 
 
 # -- the slowlog, as a per-command recorder ------------------------------------------

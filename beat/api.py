@@ -22,7 +22,7 @@ from beat.schedule import iso_utc
 from beat.store import CronStore
 
 ROW_FIELDS = ("tenant_id", "task_id", "cron", "tier", "jitter_offset_s", "nominal_next",
-              "actual_next", "last_fired", "last_status", "last_task_id")
+              "actual_next", "last_fired", "last_status", "last_task_id", "retry_at")
 
 
 def cron_row(entry: CronEntry) -> dict[str, Any]:
@@ -38,6 +38,7 @@ def cron_row(entry: CronEntry) -> dict[str, Any]:
         "last_fired": iso_utc(entry.last_fire_ms),
         "last_status": entry.last_status,
         "last_task_id": entry.last_task_id,
+        "retry_at": iso_utc(entry.retry_at_ms) if entry.retry_at_ms else None,
     }
 
 

@@ -111,9 +111,10 @@ class CronRecordCall(EntryCall):
 
     SCRIPT: ClassVar[str] = "cron_record"
 
-    last_error: str                   # "" = none
+    last_error: str | None = None     # "" = none; None: left as it is
     last_task_id: str | None = None   # None: left as it is
     last_status: str | None = None    # None: left as cron_fire.lua set it
+    retry_at_ms: int | None = None    # a deferred run's retry time, 0 = none pending; None: left
 
     @property
     def script_keys(self) -> list[str]:
@@ -121,8 +122,9 @@ class CronRecordCall(EntryCall):
 
     @property
     def script_args(self) -> list[str]:
+        retry = None if self.retry_at_ms is None else str(self.retry_at_ms)
         fields = (("last_status", self.last_status), ("last_task_id", self.last_task_id),
-                  ("last_error", self.last_error))
+                  ("last_error", self.last_error), ("retry_at_ms", retry))
         return [item for name, value in fields if value is not None for item in (name, value)]
 
     def parse(self, reply: Any) -> bool:

@@ -391,7 +391,7 @@ class CronEngine:
         rows = [CronRow.from_reply(raw[3 * i]) for i in range(len(parsed))]
         current_tier = self._current_tiers(rows)
         runs: list[Run] = []
-        superseded = 0
+        superseded: list[str] = []   # entries still there whose retry is dropped
         for i, ((eid, nominal), row) in enumerate(zip(parsed, rows)):
             payload, next_fire = raw[3 * i + 1], raw[3 * i + 2]
             tier = current_tier.get(row.tenant_id or "")
@@ -407,14 +407,19 @@ class CronEngine:
                     entry.window_s = self._window_s(entry.tier)
                     run = Run(eid, entry, nominal, now_ms, int(next_fire), retry=True)
             if run is None:
-                superseded += 1
+                superseded.append(eid)
                 log.info("beat: deferred cron run %s (nominal %s) not tried again: its next run "
                          "is due, or the entry, its tenant or its tier is gone", eid, iso_utc(nominal))
             else:
                 runs.append(run)
         if superseded:
-            report.statuses[CRON_SUPERSEDED] += superseded
-            self.r.hincrby(self.keys.cron_stats, CRON_SUPERSEDED, superseded)
+            report.statuses[CRON_SUPERSEDED] += len(superseded)
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.hincrby(self.keys.cron_stats, CRON_SUPERSEDED, len(superseded))
+                for eid in superseded:   # (cron_record.lua writes nothing on a deleted entry)
+                    self.scripts.queue(CronRecordCall(self.keys, eid, last_status=CRON_SUPERSEDED,
+                                                      retry_at_ms=0), pipe)
+                pipe.execute()
         self._fire_and_record(runs, report, start, keep_leading)
 
     def _load_rows(self, batch: list[Due]) -> list[CronRow]:
@@ -491,9 +496,9 @@ class CronEngine:
                                          time.monotonic() - start, error))
         if error is None:
             return Fired(CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "",
-                                        last_status=CRON_FIRED if run.retry else None))
-        return Fired(CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status),
-                     retry_at)
+                                        last_status=CRON_FIRED if run.retry else None, retry_at_ms=0))
+        return Fired(CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status,
+                                    retry_at_ms=retry_at or 0), retry_at)
 
     def _plan(self, due: Due, row: CronRow, current_tier: dict[str, str | None], now_ms: int,
               pipe: redis.client.Pipeline, report: TickReport) -> Planned | None:

@@ -23,7 +23,7 @@ TIMEZONE = "UTC"
 
 INT_FIELDS = ("window_s", "period_s", "jitter_offset_s", "next_nominal_ms", "next_fire_ms",
               "created_ms", "updated_ms", "settled_nominal_ms", "last_nominal_ms",
-              "last_fire_ms", "last_skip_ms", "fired_count", "skipped_count")
+              "last_fire_ms", "last_skip_ms", "fired_count", "skipped_count", "retry_at_ms")
 
 
 def entry_id(tenant_id: str, task_id: str) -> str:
@@ -96,6 +96,7 @@ class CronEntry:
     last_skip_ms: int | None = None
     fired_count: int = 0
     skipped_count: int = 0
+    retry_at_ms: int = 0     # when a deferred run is tried again (beat.engine); 0: none pending
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property

@@ -276,13 +276,17 @@ def test_a_deferred_run_is_counted_as_deferred_and_fired_again_after_its_retry_t
     assert "tried again at 2024-03-01T11:10:00" in got.last_error
     assert got.next_nominal_ms == B + HOUR                          # the schedule moved on meanwhile
     assert retries(r, settings) == [(f"ent:job|{B}", B + 600_000)]
+    assert got.retry_at_ms == B + 600_000
+    from beat.api import get_cron
+    assert get_cron(settings, r, "ent", "job")["retry_at"] == "2024-03-01T11:10:00Z"
     assert eng.tick(now_ms=B + 599_999).fired == [] and len(fire.calls) == 1   # not yet
     again = eng.tick(now_ms=B + 600_000)
     assert fire.calls == [("ent:job", B), ("ent:job", B)]                   # the same nominal run
     assert again.statuses["retried"] == 1 and again.fired[0].task_id == "task-2"
     got = store.get("ent", "job")
     assert got.last_status == "fired" and got.last_task_id == "task-2" and got.last_error is None
-    assert retries(r, settings) == []
+    assert retries(r, settings) == [] and got.retry_at_ms == 0
+    assert get_cron(settings, r, "ent", "job")["retry_at"] is None
     assert eng.tick(now_ms=B + 600_001).fired == []                         # once
     stats = r.hgetall(Keys(settings.key_prefix).cron_stats)
     assert stats[b"deferred"] == b"1" and stats[b"retried"] == b"1" and b"fire_error" not in stats
@@ -309,7 +313,7 @@ def test_a_run_deferred_again_is_tried_until_the_next_run_supersedes_it(r, setti
     for at in (B, B + 1_500_000, B + 3_000_000):            # the third retry would be at B + 75 min
         eng.tick(now_ms=at)
     assert fire.calls == [("ent:job", B)] * 3
-    assert retries(r, settings) == []
+    assert retries(r, settings) == [] and store.get("ent", "job").retry_at_ms == 0
     eng.tick(now_ms=B + HOUR)                               # the next run, on its own schedule
     assert fire.calls[-1] == ("ent:job", B + HOUR) and retries(r, settings) == [
         (f"ent:job|{B + HOUR}", B + HOUR + 1_500_000)]

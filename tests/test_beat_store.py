@@ -160,7 +160,7 @@ def test_api_register_list_delete(r, settings, store):
         "tenant_id": "acme", "task_id": "digest", "cron": "0 * * * *", "tier": "batch",
         "jitter_offset_s": off, "nominal_next": iso_utc(nominal),
         "actual_next": iso_utc(nominal + off * 1000), "last_fired": None, "last_status": None,
-        "last_task_id": None,
+        "last_task_id": None, "retry_at": None,
     }
     register_cron(settings, r, "bigco", "b", "@daily", PAYLOAD, now_ms=T0)
     assert [x["task_id"] for x in list_crons(settings, r)] == ["digest", "b"]

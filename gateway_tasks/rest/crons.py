@@ -73,6 +73,8 @@ class CronRow(BaseModel):
     last_status: str | None = Field(description="fired, quota, misfire, deferred, fire_error, ... (null: never)")
     last_task_id: str | None = Field(description="the task id of the last run "
                                                  "(GET /v1/tasks/{id} shows its result)")
+    retry_at: str | None = Field(None, description="when a run the load level deferred is tried "
+                                                   "again (null: none pending)")
 
 
 class CronList(BaseModel):

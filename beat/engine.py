@@ -131,10 +131,11 @@ def parse_retry_member(member: bytes | str) -> tuple[str, int] | None:
 
 @dataclass(frozen=True)
 class Fired:
-    """What firing a run left to write: its record, and when to try it again (deferred)."""
+    """What firing a run left to write: its record (a deferred run's retry time in it) and
+    the ``Keys.cron_stats`` counters it adds."""
 
     record: CronRecordCall
-    retry_at_ms: int | None = None
+    counted: tuple[str, ...] = ()
 
 
 @dataclass
@@ -352,17 +353,10 @@ class CronEngine:
         with self.r.pipeline(transaction=False) as pipe:
             for run, done in zip(runs, fired):
                 self.scripts.queue(done.record, pipe)
-                if done.retry_at_ms is not None:
-                    pipe.zadd(self.keys.cron_retry, {run.member: done.retry_at_ms})
-            counts = Counter(done.record.last_status for done in fired
-                             if done.record.last_status in (CRON_FIRE_ERROR, CRON_DEFERRED))
-            counts[CRON_RETRIED] = sum(1 for run, done in zip(runs, fired)
-                                       if run.retry and not done.record.last_error)
-            counts[CRON_SUPERSEDED] = sum(1 for done in fired if done.record.last_status == CRON_DEFERRED
-                                          and done.retry_at_ms is None)
-            for status, n in counts.items():
-                if n:
-                    pipe.hincrby(self.keys.cron_stats, status, n)
+                if done.record.retry_at_ms:
+                    pipe.zadd(self.keys.cron_retry, {run.member: done.record.retry_at_ms})
+            for status, n in Counter(c for done in fired for c in done.counted).items():
+                pipe.hincrby(self.keys.cron_stats, status, n)
             pipe.execute()
 
     # -- deferred runs, tried again ----------------------------------------------
@@ -379,9 +373,7 @@ class CronEngine:
                 pipe.zrem(self.keys.cron_retry, m)
             claimed = [m for m, n in zip(members, pipe.execute()) if n]
         parsed = [p for p in (parse_retry_member(m) for m in claimed) if p is not None]
-        report.statuses[CRON_SUPERSEDED] += len(claimed) - len(parsed)   # malformed: dropped
-        if not parsed:
-            return
+        dropped = len(claimed) - len(parsed)   # malformed members: superseded too
         with self.r.pipeline(transaction=False) as pipe:
             for eid, _ in parsed:
                 pipe.hmget(self.keys.cron(eid), CronRow.FIELDS)
@@ -412,10 +404,10 @@ class CronEngine:
                          "is due, or the entry, its tenant or its tier is gone", eid, iso_utc(nominal))
             else:
                 runs.append(run)
-        if superseded:
-            report.statuses[CRON_SUPERSEDED] += len(superseded)
+        if superseded or dropped:
+            report.statuses[CRON_SUPERSEDED] += len(superseded) + dropped
             with self.r.pipeline(transaction=False) as pipe:
-                pipe.hincrby(self.keys.cron_stats, CRON_SUPERSEDED, len(superseded))
+                pipe.hincrby(self.keys.cron_stats, CRON_SUPERSEDED, len(superseded) + dropped)
                 for eid in superseded:   # (cron_record.lua writes nothing on a deleted entry)
                     self.scripts.queue(CronRecordCall(self.keys, eid, last_status=CRON_SUPERSEDED,
                                                       retry_at_ms=0), pipe)
@@ -487,18 +479,20 @@ class CronEngine:
         except Exception as exc:  # noqa: BLE001 -- one failing submit must not stop beat
             error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("beat: firing cron %s (nominal %s) failed", eid, nominal)
+        if error is None:
+            done = Fired(CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "",
+                                        last_status=CRON_FIRED if run.retry else None, retry_at_ms=0),
+                         (CRON_RETRIED,) if run.retry else ())
+        else:
+            superseded = (CRON_SUPERSEDED,) if status == CRON_DEFERRED and retry_at is None else ()
+            done = Fired(CronRecordCall(self.keys, eid, last_error=error, last_task_id="",
+                                        last_status=status, retry_at_ms=retry_at or 0),
+                         (status, *superseded))
         with self._report_lock:            # _fire may run on the fire threads
-            if error is not None:
-                report.statuses[status] += 1
-            elif run.retry:
-                report.statuses[CRON_RETRIED] += 1
+            report.statuses.update(done.counted)
             report.fired.append(FiredRun(eid, entry.tier, nominal, run.scheduled_ms, task_id,
                                          time.monotonic() - start, error))
-        if error is None:
-            return Fired(CronRecordCall(self.keys, eid, last_error="", last_task_id=task_id or "",
-                                        last_status=CRON_FIRED if run.retry else None, retry_at_ms=0))
-        return Fired(CronRecordCall(self.keys, eid, last_error=error, last_task_id="", last_status=status,
-                                    retry_at_ms=retry_at or 0), retry_at)
+        return done
 
     def _plan(self, due: Due, row: CronRow, current_tier: dict[str, str | None], now_ms: int,
               pipe: redis.client.Pipeline, report: TickReport) -> Planned | None:

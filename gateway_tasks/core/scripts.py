@@ -115,8 +115,11 @@ class Scripts:
         if name not in self._loaded:
             self.client.script_load(source(name))
             self._loaded.add(name)
+        return self._evalsha(call)
+
+    def _evalsha(self, call: ScriptCall[Any]) -> tuple[Arg, ...]:
         keys = call.script_keys
-        return ("EVALSHA", self.sha(name), len(keys), *keys, *call.script_args)
+        return ("EVALSHA", self.sha(call.SCRIPT), len(keys), *keys, *call.script_args)
 
     def run_together(self, calls: Sequence[ScriptCall[Any]],
                      reads: Sequence[tuple[Arg, ...]] = ()) -> tuple[list[Any], list[Any]]:
@@ -128,8 +131,7 @@ class Scripts:
         it, so they see it.  Any other error of a call is raised once every reply is in."""
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
-                keys = call.script_keys
-                pipe.execute_command("EVALSHA", self.sha(call.SCRIPT), len(keys), *keys, *call.script_args)
+                pipe.execute_command(*self._evalsha(call))
             for command in reads:
                 pipe.execute_command(*command)
             got = pipe.execute(raise_on_error=False)

@@ -13,13 +13,15 @@
 -- read once (HMGET) and written once (HSET).  Per-tier dispatch statistics are
 -- counted by the dispatcher from the reply (workers/transport.py), not here.
 --
--- for each pool p (P pools), eight keys KEYS[8(p-1)+1] .. KEYS[8p] (the first pool's: KEYS[1] ..
--- KEYS[8]), all under the pool's hash tag:
---   bucket hash (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
---   fair hash (v, f:<tier>, tv:<tier>)   messages hash (tag -> message)   finish tags (tenant -> F)
+-- for each pool p (P pools), seven keys KEYS[7(p-1)+1] .. KEYS[7p] (the first pool's: KEYS[1] ..
+-- KEYS[7]), all under the pool's hash tag:
+--   state hash: the bucket (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
+--     and the fair state beside it (v, f:<tier>, tv:<tier>; Keys.fair): read by one HMGET,
+--     written by one HSET
+--   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
 --   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
--- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[8P+2(q-1)+1]:
+-- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[7P+2(q-1)+1]:
 --   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag,
 --   lane-encoded: 2 x tag, or 2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua)
 --
@@ -54,7 +56,7 @@ local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local wfq = policy == 'wfq'
 local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
-local PK, QK, PA, QA = 8, 2, 5, 8  -- keys and values per pool and per queue
+local PK, QK, PA, QA = 7, 2, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
 
@@ -70,10 +72,12 @@ end
 
 -- [lifecycle: boosts] begin -------------------------------------------------------------
 -- each queue's TTL, inheritance lines and first deadline-urgent time, with the pool's fair
--- state (virtual time, each tier's finish tag and tenant virtual time): one HMGET per pool
+-- state (virtual time, each tier's finish tag and tenant virtual time) and its bucket's fields
+-- (2 .. 7, used below once the pool has a candidate): one HMGET of its state hash per pool
 local fair_v = {}
+local pool_state = {}
 for p = 1, P do
-  local fields, mine = {'v'}, {}
+  local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches'}, {}
   for q = 1, Q do
     local qd = queues[q]
     qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
@@ -85,10 +89,11 @@ for p = 1, P do
     end
   end
   if #mine > 0 then
-    local got = redis.call('HMGET', KEYS[PK * (p - 1) + 2], unpack(fields))
+    local got = redis.call('HMGET', KEYS[PK * (p - 1) + 1], unpack(fields))
     fair_v[p] = tonumber(got[1]) or 0
+    pool_state[p] = got
     for i, qd in ipairs(mine) do
-      local j = 4 * i - 2
+      local j = 4 * i + 4
       qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
       qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
     end
@@ -103,7 +108,7 @@ local function entry_candidate(qd, entry)
   if not tenant then return nil end
   local score = tonumber(redis.call('ZSCORE', qd.active, tenant))
   local start = score and gt_lane_start(score, qd.lag)
-                or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 4], tenant)) or 0
+                or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 3], tenant)) or 0
   return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
           enq = tonumber(enq) or now, w = w}
 end
@@ -136,7 +141,7 @@ local function boosted_candidate(qd)
     if found then return found end
   end
   if qd.urgent_at and qd.urgent_at <= now then
-    local raw = redis.call('HGET', KEYS[PK * (qd.pool - 1) + 2], 'd:' .. qd.tier) or ''
+    local raw = redis.call('HGET', KEYS[PK * (qd.pool - 1) + 1], 'd:' .. qd.tier) or ''
     local cap = tonumber(ARGV[qd.a + 7])
     local kept, found = {}, nil
     for line in string.gmatch(raw, '[^\n]+') do
@@ -147,7 +152,7 @@ local function boosted_candidate(qd)
         kept[#kept + 1] = line
         if not found then
           local c = entry_candidate(qd, entry)
-          local n = c and (tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 6], c.tenant)) or 0)
+          local n = c and (tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 5], c.tenant)) or 0)
           if c and (cap <= 0 or n < cap) then c.urgent, found = true, c end
         end
       end
@@ -214,9 +219,9 @@ local pools = {}
 for p = 1, P do
   local base, a = PK * (p - 1), 7 + PA * (p - 1)
   local pool = {
-    bucket = KEYS[base + 1], fair = KEYS[base + 2], messages = KEYS[base + 3],
-    finish = KEYS[base + 4], parked = KEYS[base + 5], inflight = KEYS[base + 6],
-    dispatched = KEYS[base + 7], dispatched_at = KEYS[base + 8],
+    state = KEYS[base + 1], messages = KEYS[base + 2],
+    finish = KEYS[base + 3], parked = KEYS[base + 4], inflight = KEYS[base + 5],
+    dispatched = KEYS[base + 6], dispatched_at = KEYS[base + 7],
   }
   pools[p] = pool
   local live = false
@@ -228,15 +233,14 @@ for p = 1, P do
     pool.tcap, pool.trate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     pool.rcap, pool.rrate = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     pool.reserve = tonumber(ARGV[a + 4])
-    local b = redis.call('HMGET', pool.bucket, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms',
-                         'debited_tokens', 'dispatches')
-    local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
+    local b = pool_state[p]   -- the bucket's fields, read with the fair state above (from 2)
+    local tokens, requests, ts = tonumber(b[2]), tonumber(b[3]), tonumber(b[4])
     if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
     local dt = math.max(0, now - ts)
     pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
     pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
-    pool.blocked_until = tonumber(b[4]) or 0
-    pool.debited, pool.dispatches = tonumber(b[5]) or 0, tonumber(b[6]) or 0
+    pool.blocked_until = tonumber(b[5]) or 0
+    pool.debited, pool.dispatches = tonumber(b[6]) or 0, tonumber(b[7]) or 0
     -- (the fair state, read above with the boosts: with lanes a dispatch's start tag can be
     -- below the last one -- a scheduled head served after interactive ones -- and tv never
     -- moves back)
@@ -435,10 +439,9 @@ end
 for p = 1, P do
   local pool = pools[p]
   if pool.touched then
-    redis.call('HSET', pool.bucket, 'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now_s,
-               'debited_tokens', pool.debited, 'dispatches', pool.dispatches)
-    local fields = {}
-    if wfq then fields = {'v', pool.v} end
+    local fields = {'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now_s,
+               'debited_tokens', pool.debited, 'dispatches', pool.dispatches}
+    if wfq then fields[#fields + 1], fields[#fields + 2] = 'v', pool.v end
     for q = 1, Q do
       local qd = queues[q]
       if qd.pool == p and qd.taken and qd.taken > 0 then
@@ -447,14 +450,14 @@ for p = 1, P do
         if qd.tv then fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv end
       end
     end
-    if #fields > 0 then redis.call('HSET', pool.fair, unpack(fields)) end   -- [lifecycle] (may be empty)
+    redis.call('HSET', pool.state, unpack(fields))   -- the bucket and the fair state, one write
   end
 end
 
 -- [lifecycle: boosts] write back the inheritance and deadline lines that changed
 for q = 1, Q do
   local qd = queues[q]
-  local fair = KEYS[PK * (qd.pool - 1) + 2]
+  local fair = KEYS[PK * (qd.pool - 1) + 1]
   if qd.boosts_dirty then
     if qd.boosts == '' then redis.call('HDEL', fair, 'b:' .. qd.tier)
     else redis.call('HSET', fair, 'b:' .. qd.tier, qd.boosts) end

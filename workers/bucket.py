@@ -15,6 +15,9 @@ from gateway_tasks.core.scripts import ScriptCall, scripts_for
 from gateway_tasks.core.settings import Pool
 from workers.bucket_calls import DrainCall, SettleCall, Settled, SyncLimitsCall
 
+# the bucket's own fields: its hash also holds the pool's fair-queuing state (Keys.fair)
+BUCKET_FIELDS = frozenset({"tokens", "requests", "ts_ms", "blocked_until_ms", "debited_tokens", "dispatches"})
+
 LEARN_EWMA_WEIGHT = 0.2
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -141,7 +144,7 @@ class PoolBucket:
 
     def level(self) -> dict[str, float]:
         raw = self.r.hgetall(self.keys.bucket(self.pool.name))
-        return {k.decode(): float(v) for k, v in raw.items()}
+        return {k.decode(): float(v) for k, v in raw.items() if k.decode() in BUCKET_FIELDS}
 
     def learned_completion(self, tenant_id: str, model: str) -> float | None:
         v = self.r.hget(self.keys.learned(self.pool.name), learned_field(tenant_id, model))

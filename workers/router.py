@@ -97,7 +97,7 @@ class PickPlan:
                            INLINE_MESSAGE_MAX_B, 1]
         for pool in pools:
             p = pool.name
-            keys += [k.bucket(p), k.fair(p), k.messages(p), k.finish(p), k.parked(p),
+            keys += [k.fair(p), k.messages(p), k.finish(p), k.parked(p),
                      k.inflight(p), k.dispatched(p), k.dispatched_at(p)]
             argv += [*pool.rates(), pool.token_capacity * reserve_share]
         for q in self.queues:

@@ -78,9 +78,11 @@ class Keys:
         return f"{self.pool_tag(pool)}bucket"
 
     def fair(self, pool: str) -> str:
-        """Hash: tier WFQ virtual time 'v', per-tier finish tags 'f:<tier>' and per-tier
-        tenant virtual times 'tv:<tier>' of one pool."""
-        return f"{self.pool_tag(pool)}fair"
+        """The pool's fair-queuing state: tier WFQ virtual time 'v', per-tier finish tags
+        'f:<tier>' and tenant virtual times 'tv:<tier>' (and the lifecycle lines 'b:', 'd:',
+        'dn:<tier>').  It lives in the bucket hash, beside the bucket's fields, so a pick
+        reads a pool's whole state with one HMGET and writes it with one HSET."""
+        return self.bucket(pool)
 
     def stats(self, pool: str) -> str:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""

@@ -73,8 +73,7 @@ end
 -- [lifecycle: boosts] begin -------------------------------------------------------------
 -- each queue's TTL, inheritance lines and first deadline-urgent time, with the pool's fair
 -- state (virtual time, each tier's finish tag and tenant virtual time) and its bucket's fields
--- (2 .. 7, used below once the pool has a candidate): one HMGET of its state hash per pool
-local fair_v = {}
+-- (2 .. 7, used below once the pool has a candidate; 'v' is 1): one HMGET of its state hash per pool
 local pool_state = {}
 for p = 1, P do
   local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches'}, {}
@@ -85,15 +84,15 @@ for p = 1, P do
       local n = #fields
       fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] =
         'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier
+      qd.field_at = n + 1
       mine[#mine + 1] = qd
     end
   end
   if #mine > 0 then
     local got = redis.call('HMGET', KEYS[PK * (p - 1) + 1], unpack(fields))
-    fair_v[p] = tonumber(got[1]) or 0
     pool_state[p] = got
-    for i, qd in ipairs(mine) do
-      local j = 4 * i + 4
+    for _, qd in ipairs(mine) do
+      local j = qd.field_at
       qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
       qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
     end
@@ -244,7 +243,7 @@ for p = 1, P do
     -- (the fair state, read above with the boosts: with lanes a dispatch's start tag can be
     -- below the last one -- a scheduled head served after interactive ones -- and tv never
     -- moves back)
-    pool.v = fair_v[p] or 0
+    pool.v = tonumber(b[1]) or 0
   end
 end
 

@@ -74,7 +74,8 @@ class Keys:
         return f"{self.prefix}{{p:{pool}}}:"
 
     def bucket(self, pool: str) -> str:
-        """Hash: tokens, requests, ts_ms, blocked_until_ms of one pool."""
+        """Hash: tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches of one
+        pool's bucket, and beside them the pool's fair-queuing state (``fair``)."""
         return f"{self.pool_tag(pool)}bucket"
 
     def fair(self, pool: str) -> str:

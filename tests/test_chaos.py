@@ -29,7 +29,7 @@ from gateway_tasks.devtools.chaos.workload import QUICK
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool
 from workers.faults import KILL_POINTS, parse_kill_points
-from workers.redis_retry import backoff_s, through_restarts, worth_retrying
+from workers.redis_retry import RestartBackoff, backoff_s, retries_within, through_restarts, worth_retrying
 
 
 @pytest.mark.slow
@@ -123,6 +123,42 @@ def test_through_restarts_retries_connection_errors_within_its_budget():
     with pytest.raises(redis.ConnectionError):
         through_restarts(lambda: (_ for _ in ()).throw(redis.ConnectionError("x")), "t", budget_s=1,
                          sleep=sleep, clock=lambda: clock[0])
+
+
+@pytest.mark.parametrize("budget_s, retries", [(0.05, 0), (0.15, 1), (0.35, 2), (1.6, 4), (3.2, 5), (60, 33)])
+def test_retries_within_a_budget(budget_s, retries):
+    assert retries_within(budget_s) == retries
+    assert sum(backoff_s(i) for i in range(retries)) <= budget_s < sum(backoff_s(i) for i in range(retries + 1))
+
+
+def test_a_tasks_client_rides_a_redis_restart_on_every_command(tmp_path):
+    """The task path's plain reads and counters (not only the settle and the ack) wait for
+    a SIGKILLed Redis to come back (redis-py's default client fails such a call at once:
+    connection refused)."""
+    import signal
+    import threading
+    import time
+
+    from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
+    from workers.tasks import redis_for
+
+    with EmbeddedRedis(binary=redis_server_binary(), data_dir=str(tmp_path / "data"),
+                       extra_args=("--appendfsync", "always")) as server:
+        client = redis_for(server.url)
+        assert isinstance(client.connection_pool.connection_kwargs["retry"]._backoff, RestartBackoff)
+        client.set("k", "v")
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(timeout=10)
+        down_s = 5.0
+        restart = threading.Timer(down_s, lambda: server.launch().wait_until_ready(30.0))
+        restart.start()
+        try:
+            started = time.monotonic()
+            assert client.get("k") == b"v" and client.incr("n") == 1   # asked while Redis was down
+            assert time.monotonic() - started >= down_s * 0.9
+        finally:
+            restart.join()
+            client.close()
 
 
 SCRIPT_OOM_62 = ("Error running script (call to f_fed7580510): @user_script:111: @user_script: 111: "

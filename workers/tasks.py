@@ -36,7 +36,7 @@ from workers.circuit import READ_FIELDS, CircuitReply, PoolCircuit, closed_verdi
 from workers.dead_letter import dispatched_queue, refund_unrunnable
 from workers.failover import Served, fail_over
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
-from workers.redis_retry import through_restarts
+from workers.redis_retry import riding_retry, through_restarts
 from workers.streaming import chat_streamed
 from workers.upstream import UpstreamReply, chat
 from workers.router import picked_stale
@@ -52,7 +52,8 @@ CHUNKS_TTL_S = 600       # a streaming task's chunks stay readable this long
 
 @lru_cache(maxsize=8)
 def redis_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url)
+    """The client of a task's own reads and writes: every command rides a Redis restart."""
+    return redis.Redis.from_url(url, retry=riding_retry())
 
 
 def _settings(task: Any) -> Settings:

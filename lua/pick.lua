@@ -28,6 +28,9 @@
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
 -- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
 -- ARGV[5] largest message (bytes) handed back inline   ARGV[6] most tasks to dispatch (>= 1)
+-- ARGV[7] most of them that may not use the reserve (-1: no limit): the dispatcher's free
+--   slots less those it keeps for reserved tiers' interactive work (Settings.
+--   reserved_worker_slots); at 0 only such work is a candidate
 -- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
 --                          reserve_tokens (head-room only reserved tiers' interactive work may use)
 -- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
@@ -62,7 +65,9 @@ local now = gt_now_ms()
 
 -- per queue: its tier and pool; the rest of its ARGV is read once it has a candidate
 local queues = {}
-local qarg = 7 + PA * P
+local qarg = 8 + PA * P
+local general_left = tonumber(ARGV[7]) or -1   -- dispatches left for work outside the reserve
+local slot_limited = false                     -- a candidate waited for a general slot
 for q = 1, Q do
   local a = qarg + QA * (q - 1)
   queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
@@ -216,7 +221,7 @@ if not any_message then return {0, -1} end
 -- pools with a candidate: refilled bucket levels and fair state, read once each
 local pools = {}
 for p = 1, P do
-  local base, a = PK * (p - 1), 7 + PA * (p - 1)
+  local base, a = PK * (p - 1), 8 + PA * (p - 1)
   local pool = {
     state = KEYS[base + 1], messages = KEYS[base + 2],
     finish = KEYS[base + 3], parked = KEYS[base + 4], inflight = KEYS[base + 5],
@@ -304,8 +309,12 @@ local function choose()
     for q = 1, Q do
       local qd = queues[q]
       if qd.pool == p and qd.c then
-        qd.score = score(qd, pool)
-        if win == nil or qd.score > win_score then win, win_score = q, qd.score end
+        if general_left == 0 and not may_use_reserve(qd) then
+          slot_limited = true   -- the dispatcher's slots left are kept for reserved interactive work
+        else
+          qd.score = score(qd, pool)
+          if win == nil or qd.score > win_score then win, win_score = q, qd.score end
+        end
       end
     end
     if win then
@@ -374,6 +383,7 @@ local function dispatch(q, n, last)
   local qd = queues[q]
   local c = qd.c
   local pool = pools[qd.pool]
+  if general_left > 0 and not may_use_reserve(qd) then general_left = general_left - 1 end
   local est = math.min(c.est, pool.tcap)
   if c.stale then est = 0 end       -- [lifecycle] stale: no tokens, no request taken
   local start = c.start or 0
@@ -469,7 +479,9 @@ end
 
 if out[1] == 0 then
   -- messages exist but none is admissible: its pool needs time to refill (or
-  -- every head's tenant is capped: no wait time known; poll again soon)
-  out[2] = wait_ms or 50
+  -- every head's tenant is capped: no wait time known; poll again soon).  -1 when what is
+  -- queued waits for a slot this dispatcher keeps for reserved work: it picks again when one
+  -- of its tasks ends (workers/transport.py) or a bell rings
+  out[2] = wait_ms or (slot_limited and -1) or 50
 end
 return out

@@ -23,6 +23,8 @@ from gateway_tasks.core.settings import Pool, Settings, Tier
 INLINE_MESSAGE_MAX_B = 4096  # larger messages are not copied through Lua: the dispatcher fetches them
 MAX_PICKS_PER_CALL = 32      # most tasks one pick.lua call dispatches
 MAX_PICKS_ARG = 5            # ARGV[6] of pick.lua, 0-based
+GENERAL_PICKS_ARG = 6        # ARGV[7]: how many of them may be work outside the reserve
+NO_LIMIT = -1
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,22 @@ def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
     Redis clock readings -- and so took none of its tokens (its est_tokens reads 0)."""
     return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
 
+def kept_slots(reserved_worker_slots: int, prefetch_count: int | None, serves_reserved: bool) -> int:
+    """How many of a dispatcher's slots it keeps free for reserved tiers' interactive work
+    (other work is picked only while more slots than this are free): the setting, when it
+    serves a reserved tier, always leaving one slot for everything else; none without a
+    prefetch limit (pure)."""
+    if not serves_reserved or not prefetch_count or prefetch_count <= 1:
+        return 0
+    return max(0, min(int(reserved_worker_slots), prefetch_count - 1))
+
+
+def general_picks(free: int, kept: int) -> int:
+    """pick.lua's ARGV[7] for a dispatcher with ``free`` slots keeping ``kept`` of them:
+    how many of its picks may be work outside the reserve (NO_LIMIT when it keeps none)."""
+    return NO_LIMIT if kept <= 0 else max(0, free - kept)
+
+
 def parse_queue_name(settings: Settings, name: str) -> QueueRef:
     """'gt.<tier>.<pool>' -> QueueRef; anything else is not a router queue."""
     parts = split_queue_name(name)
@@ -94,7 +112,7 @@ class PickPlan:
         k = self.keys
         keys: list[str] = []
         argv: list[Any] = [settings.policy, len(pools), len(self.queues), int(settings.lease_s * 1000),
-                           INLINE_MESSAGE_MAX_B, 1]
+                           INLINE_MESSAGE_MAX_B, 1, NO_LIMIT]
         for pool in pools:
             p = pool.name
             keys += [k.fair(p), k.messages(p), k.finish(p), k.parked(p),
@@ -113,15 +131,20 @@ class PickPlan:
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
         self.script_args = [str(x).encode() for x in argv]
-        self._batches: dict[int, PickBatch] = {}
+        # whether any queue's tier may use the pool's reserve (only then are slots kept for it)
+        self.serves_reserved = any(q.tier.reserved_share > 0 for q in self.queues)
+        self._batches: dict[tuple[int, int], PickBatch] = {}
 
-    def batch(self, max_picks: int) -> "PickBatch":
+    def batch(self, max_picks: int, general: int = NO_LIMIT) -> "PickBatch":
         """The same pick taking up to ``max_picks`` tasks in one call (a dispatcher with
-        that many free slots); ``max_picks`` 1 is this plan itself, as a batch."""
+        that many free slots), at most ``general`` of them work that may not use the reserve
+        (NO_LIMIT: any; 0: only reserved tiers' interactive work); ``max_picks`` 1 is this
+        plan itself, as a batch."""
         n = max(1, min(int(max_picks), MAX_PICKS_PER_CALL))
-        found = self._batches.get(n)
+        g = NO_LIMIT if general < 0 or general >= n else int(general)
+        found = self._batches.get((n, g))
         if found is None:
-            found = self._batches[n] = PickBatch(self, n)
+            found = self._batches[(n, g)] = PickBatch(self, n, g)
         return found
 
     def parse(self, reply: Sequence[Any]) -> Picked | Wait:
@@ -189,12 +212,14 @@ class PickBatch:
 
     SCRIPT: ClassVar[str] = "pick"
 
-    def __init__(self, plan: PickPlan, max_picks: int):
+    def __init__(self, plan: PickPlan, max_picks: int, general: int = NO_LIMIT):
         self.plan = plan
         self.max_picks = max_picks
+        self.general = general
         self.script_keys = plan.script_keys
         self.script_args = list(plan.script_args)
         self.script_args[MAX_PICKS_ARG] = str(max_picks).encode()
+        self.script_args[GENERAL_PICKS_ARG] = str(general).encode()
 
     def parse(self, reply: Sequence[Any]) -> list[Picked] | Wait:
         return self.plan.parse_many(reply)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import uuid
 from typing import Any
 
 import redis
@@ -27,6 +28,7 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core import broker
+from gateway_tasks.core.fair_merge import FairMerge
 from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
 from workers.dead_letter import DeadLetterer, problem_of
@@ -35,11 +37,12 @@ from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.redis_retry import through_restarts
 from workers.release import ACK, REQUEUE, ReleaseCall
-from workers.router import PickBatch, Picked, PickPlan, pick_now
+from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
 
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
+DISPATCHER_BELL_TTL_MS = 10_000   # a dispatcher's own wake-up list outlives no wait by much
 FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
 FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
 
@@ -73,6 +76,7 @@ class QoS(kredis.QoS):
         finally:
             self.channel._gt_picked.pop(tag, None)
             self.channel._gt_released_one()
+            self.channel._gt_slot_freed()
         if done.stale:
             logger.warning("task %s finished after its lease expired and it was dispatched again: "
                            "a duplicate execution (counted in %s)", tag, STALE_RELEASES)
@@ -149,10 +153,15 @@ class Channel(broker.Channel):
         self._gt_plan: PickPlan | None = None
         self._gt_batch: PickBatch | None = None   # the pick in flight
         self._gt_plan_for: tuple[str, ...] = ()
+        self._gt_fair_merged: set[str] = set()   # pools whose old fair hash this channel merged
         self._gt_mode = "pick"
         self._gt_wait_s = 0.0
         self._gt_tally = DispatchTally(self._gt_keys)
         self._gt_refused = 0     # picks refused in a row by Redis at its maxmemory
+        # slots kept for reserved tiers' interactive work (Settings.reserved_worker_slots):
+        # while only those are free, the wait also listens on this dispatcher's own bell
+        self._gt_id = uuid.uuid4().hex[:12]
+        self._gt_slot_limited = False
 
     def _gt_count(self, name: str) -> None:
         self._gt_tally.round_trip(name)
@@ -171,6 +180,23 @@ class Channel(broker.Channel):
     def _gt_released_one(self) -> None:
         if self._gt_closing and not self._gt_picked:
             self._gt_leases.stop()
+
+    def _gt_own_bell(self, plan: PickPlan) -> str:
+        return self._gt_keys.dispatcher_bell(plan.pools[0].name, self._gt_id)
+
+    def _gt_slot_freed(self) -> None:
+        """One of this dispatcher's tasks ended: if its last pick could only take reserved
+        work (its other slots were full), ring its own bell so it picks again now instead
+        of at the end of its wait.  Best effort: the wait ends within MAX_WAIT_S anyway."""
+        plan = self._gt_plan
+        if not self._gt_slot_limited or plan is None:
+            return
+        bell = self._gt_own_bell(plan)
+        with contextlib.suppress(redis.RedisError, OSError):
+            with self._gt_raw.pipeline(transaction=False) as pipe:
+                pipe.lpush(bell, 1)
+                pipe.pexpire(bell, DISPATCHER_BELL_TTL_MS)
+                pipe.execute()
 
     def _gt_runnable(self, picked: Picked) -> bool:
         """False when the picked message cannot be run: it is dead-lettered instead."""
@@ -193,7 +219,24 @@ class Channel(broker.Channel):
             self._gt_plan = PickPlan(self._gt_settings, sorted(queues))
             self._gt_plan_for = queues
             self._gt_leases.start()   # a consuming dispatcher renews its leases and sweeps others'
+        self._gt_merge_fair_state(self._gt_plan)
         return self._gt_plan
+
+    def _gt_merge_fair_state(self, plan: PickPlan) -> None:
+        """Before a pool's first pick here: its fair state carried over from where it lived
+        before 2026-12-05 (gateway_tasks.core.fair_merge; a no-op once done).  Redis
+        unreachable: tried again on the next poll, which fails the same way meanwhile."""
+        for pool in plan.pools:
+            if pool.name in self._gt_fair_merged:
+                continue
+            try:
+                merged = self._gt_scripts.run(FairMerge(self._gt_keys, pool.name))
+            except redis.ConnectionError:
+                return
+            self._gt_fair_merged.add(pool.name)
+            if merged:
+                logger.warning("pool %s: carried %d fair-queuing field(s) over from the hash they lived "
+                               "in before 2026-12-05", pool.name, merged)
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         plan = self._gt_plan_now()
@@ -205,12 +248,18 @@ class Channel(broker.Channel):
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
             self._gt_count(DISPATCH_WAITS)
-            conn.send_command("BLPOP", *plan.bell_keys, bell_timeout(self._gt_wait_s))
+            bells = [*plan.bell_keys, self._gt_own_bell(plan)] if self._gt_slot_limited else plan.bell_keys
+            conn.send_command("BLPOP", *bells, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"
             self._gt_count(DISPATCH_PICKS)
-            # as many tasks as this channel has free slots for, in one call
-            self._gt_batch = plan.batch(self.qos.can_consume_max_estimate() or 1)
+            # as many tasks as this channel has free slots for, in one call, keeping some
+            # of them for reserved tiers' interactive work
+            free = self.qos.can_consume_max_estimate() or 1
+            kept = kept_slots(self._gt_settings.reserved_worker_slots, self.qos.prefetch_count,
+                              plan.serves_reserved)
+            self._gt_batch = plan.batch(free, general_picks(free, kept))
+            self._gt_slot_limited = self._gt_batch.general == 0
             conn.send_command(*self._gt_scripts.command(self._gt_batch))
 
     def _brpop_read(self, **options: Any) -> bool:

@@ -85,6 +85,11 @@ class Keys:
         reads a pool's whole state with one HMGET and writes it with one HSET."""
         return self.bucket(pool)
 
+    def fair_before_merge(self, pool: str) -> str:
+        """Hash: where a pool's fair state lived before 2026-12-05 (read once, by
+        lua/fair_merge.lua, which moves it into ``fair`` and deletes it)."""
+        return f"{self.pool_tag(pool)}fair"
+
     def stats(self, pool: str) -> str:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
         return f"{self.pool_tag(pool)}stats"
@@ -92,6 +97,12 @@ class Keys:
     def bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's idle dispatchers (one per enqueue/refund)."""
         return f"{self.pool_tag(pool)}bell"
+
+    def dispatcher_bell(self, pool: str, dispatcher: str) -> str:
+        """List: the wake-up of one dispatcher waiting while only its kept slots (for reserved
+        tiers' interactive work) are free: pushed when one of its own tasks ends, so it picks
+        other work again at once (workers/transport.py).  Expires by itself."""
+        return f"{self.pool_tag(pool)}bell:{dispatcher}"
 
     def messages(self, pool: str) -> str:
         """Hash: delivery tag -> the Celery message (JSON) of every queued or dispatched

@@ -288,6 +288,12 @@ class Settings:
     # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
     # expired (its worker died) goes back to the front of its tenant's line
     lease_s: float = 5.0
+    # worker slots each dispatcher keeps free for interactive work of reserved tiers (vip):
+    # work that may not use the pool's token reserve (other tiers, scheduled vip runs) is
+    # picked only while more than this many of its slots are free, so a vip user finds a slot
+    # at once behind a storm; at least one slot stays for everything else, and none is kept
+    # by a dispatcher that serves no reserved tier (0 = off)
+    reserved_worker_slots: int = 1
     # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
@@ -331,6 +337,8 @@ class Settings:
                  self.max_prompt_tokens, "> 0")
         _require(0.5 <= self.lease_s < self.visibility_timeout_s, "settings", "lease_s", self.lease_s,
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
+        _require(self.reserved_worker_slots >= 0, "settings", "reserved_worker_slots",
+                 self.reserved_worker_slots, ">= 0 slots (0 = off)")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
                  self.redis_memory_refuse_ratio, "in [0, 1] (0 = off)")
         _require(self.redis_memory_reserve_mib >= 0, "settings", "redis_memory_reserve_mib",
@@ -554,6 +562,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_KEY_PREFIX": ("key_prefix", str),
         "GATEWAY_POLICY": ("policy", str),
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
+        "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
         "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
         "GATEWAY_ADMIN_KEY": ("admin_key", str),
         "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),

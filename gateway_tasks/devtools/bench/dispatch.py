@@ -35,6 +35,7 @@ from gateway_tasks.devtools.bench import dispatch_cpu, dispatch_rate, dispatch_r
 from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
 
 PARTS = ("server", "rate", "cpu")
+NO_AOF_REWRITE = ("--auto-aof-rewrite-percentage", "0")
 DEFAULTS = {"picks": 2000, "tenants": 10_000, "messages": 16_000, "dispatchers": 8, "tasks": 600}
 QUICK = {"picks": 300, "tenants": 2_000, "messages": 4_000, "dispatchers": 8, "tasks": 200}
 
@@ -43,7 +44,9 @@ def run_dispatch(parts: list[str], sizes: dict[str, int], *, log_dir: str, break
                  progress: Any = lambda _: None) -> dict[str, Any]:
     """The chosen parts on a fresh private Redis; the result is JSON-able."""
     started = time.monotonic()
-    with EmbeddedRedis(binary=redis_server_binary()) as server:
+    # AOF on (as deployed) but no automatic rewrite: a rewrite's fork and copy-on-write page
+    # faults in the middle of a measuring window inflate the commands' times (seen 12-05)
+    with EmbeddedRedis(binary=redis_server_binary(), extra_args=NO_AOF_REWRITE) as server:
         client = redis.Redis.from_url(server.url)
         base = load_settings(env={}, redis_url=server.url)
         result: dict[str, Any] = {"config": {

@@ -18,12 +18,20 @@
 -- ARGV[7] '1': only if the task's lease has expired (the sweep of a dead holder's tasks)
 -- then per tier, 3 values from ARGV[8]: tier name, its max in-flight per tenant, its scheduled
 -- lag (gateway_tasks/core/lanes.py: a tenant comes back in line in its head's lane)
+-- Optional, KEYS[10 + 2T]: the releasing dispatcher's own bell (Keys.dispatcher_bell), rung
+-- first whatever the outcome -- its slot is free -- and kept ARGV[8 + 3T] ms: it waits on it
+-- while only its slots kept for reserved work were free (workers/transport.py)
 --
 -- Returns {1, tenant, tier} when released, {0} when the tag was not dispatched, {2} when the
 -- caller named its token and the tag is dispatched again under another token or not dispatched
 -- at all (this holder lost its lease; the task was restored: a duplicate, counted).
 
 local tag, mode = ARGV[1], ARGV[2]
+local own_bell = KEYS[10 + 2 * tonumber(ARGV[4])]
+if own_bell and redis.call('LLEN', own_bell) == 0 then   -- one wake-up is enough
+  redis.call('LPUSH', own_bell, '1')
+  redis.call('PEXPIRE', own_bell, ARGV[8 + 3 * tonumber(ARGV[4])])
+end
 local record = redis.call('HGET', KEYS[1], tag)
 if not record then
   -- a holder naming its dispatch finds none: it lost the task (its lease expired, a sweep

@@ -20,6 +20,7 @@ from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
+from workers.release import ReleaseCall
 from workers.router import NO_LIMIT, PickPlan, Picked, Wait, general_picks, kept_slots
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
@@ -108,3 +109,21 @@ def test_a_vip_request_takes_a_kept_slot_while_batch_work_fills_the_others(setti
         assert vip["timing"]["dispatched_ms"] < first_batch_done
     else:          # all three slots ran batch work: the vip request waited for one to end
         assert vip["timing"]["dispatched_ms"] >= first_batch_done
+
+
+def test_a_release_rings_its_dispatchers_own_bell_once(r, settings):
+    s = settings.with_(policy="wfq", pools=(BIG,))
+    plan = PickPlan(s, s.queue_names())
+    keys = Keys(s.key_prefix)
+    own = keys.dispatcher_bell("default", "d1")
+    for _ in range(3):
+        push(r, s, "batch")
+    scripts = scripts_for(r)
+    first, second, third = scripts.run(plan.batch(3))
+    assert scripts.run(ReleaseCall(keys, s, "default", first.tag)).released
+    assert not r.exists(own)                       # not slot-limited: no bell named, none rung
+    assert scripts.run(ReleaseCall(keys, s, "default", second.tag, wake=own)).released
+    assert r.llen(own) == 1 and 0 < r.pttl(own) <= 10_000
+    assert scripts.run(ReleaseCall(keys, s, "default", third.tag, wake=own)).released
+    assert r.llen(own) == 1                        # one wake-up is enough
+    assert r.hlen(keys.dispatched("default")) == 0

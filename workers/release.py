@@ -36,6 +36,10 @@ class ReleaseCall:
     token: str = ""      # the dispatch's token; "" releases whichever dispatch holds the tag
     expired_only: bool = False   # only if its lease has expired (sweeping a dead holder's tasks)
     bell_max: int = BELL_MAX
+    # the releasing dispatcher's own bell, rung in the same call ('' = none): it waits on it
+    # while only the slots it keeps for reserved work are free (workers/transport.py)
+    wake: str = ""
+    wake_ttl_ms: int = 10_000
 
     @property
     def script_keys(self) -> list[str]:
@@ -44,6 +48,8 @@ class ReleaseCall:
                k.finish(p), k.fair(p), k.bell(p), k.stats(p)]
         for tier in self.settings.tiers:
             out += [k.index(p, tier.name), k.active(p, tier.name)]
+        if self.wake:
+            out.append(self.wake)
         return out
 
     @property
@@ -52,6 +58,8 @@ class ReleaseCall:
                                  self.token, STALE_RELEASES, 1 if self.expired_only else 0]
         for tier in self.settings.tiers:
             args += [tier.name, tier.max_concurrency_per_tenant, tier.scheduled_lag_tokens]
+        if self.wake:
+            args.append(self.wake_ttl_ms)
         return args
 
     def parse(self, reply: Any) -> Released:

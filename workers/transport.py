@@ -42,7 +42,6 @@ from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slot
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
-DISPATCHER_BELL_TTL_MS = 10_000   # a dispatcher's own wake-up list outlives no wait by much
 FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
 FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
 
@@ -70,13 +69,16 @@ class QoS(kredis.QoS):
         if held is None:
             return False
         pool, token = held
-        call = ReleaseCall(self.channel._gt_keys, self.channel._gt_settings, pool, tag, mode, token)
+        channel = self.channel
+        # while its last pick could take only reserved work, the release also rings this
+        # dispatcher's own bell (same call): it picks other work again now, not after its wait
+        wake = channel._gt_keys.dispatcher_bell(pool, channel._gt_id) if channel._gt_slot_limited else ""
+        call = ReleaseCall(channel._gt_keys, channel._gt_settings, pool, tag, mode, token, wake=wake)
         try:
             done = self._gt_run_release(call)
         finally:
             self.channel._gt_picked.pop(tag, None)
             self.channel._gt_released_one()
-            self.channel._gt_slot_freed()
         if done.stale:
             logger.warning("task %s finished after its lease expired and it was dispatched again: "
                            "a duplicate execution (counted in %s)", tag, STALE_RELEASES)
@@ -181,22 +183,10 @@ class Channel(broker.Channel):
         if self._gt_closing and not self._gt_picked:
             self._gt_leases.stop()
 
-    def _gt_own_bell(self, plan: PickPlan) -> str:
-        return self._gt_keys.dispatcher_bell(plan.pools[0].name, self._gt_id)
-
-    def _gt_slot_freed(self) -> None:
-        """One of this dispatcher's tasks ended: if its last pick could only take reserved
-        work (its other slots were full), ring its own bell so it picks again now instead
-        of at the end of its wait.  Best effort: the wait ends within MAX_WAIT_S anyway."""
-        plan = self._gt_plan
-        if not self._gt_slot_limited or plan is None:
-            return
-        bell = self._gt_own_bell(plan)
-        with contextlib.suppress(redis.RedisError, OSError):
-            with self._gt_raw.pipeline(transaction=False) as pipe:
-                pipe.lpush(bell, 1)
-                pipe.pexpire(bell, DISPATCHER_BELL_TTL_MS)
-                pipe.execute()
+    def _gt_own_bells(self, plan: PickPlan) -> list[str]:
+        """This dispatcher's own bell in each pool (rung by release.lua when one of its tasks
+        ends while it could take only reserved work)."""
+        return [self._gt_keys.dispatcher_bell(pool.name, self._gt_id) for pool in plan.pools]
 
     def _gt_runnable(self, picked: Picked) -> bool:
         """False when the picked message cannot be run: it is dead-lettered instead."""
@@ -248,7 +238,7 @@ class Channel(broker.Channel):
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
             self._gt_count(DISPATCH_WAITS)
-            bells = [*plan.bell_keys, self._gt_own_bell(plan)] if self._gt_slot_limited else plan.bell_keys
+            bells = [*plan.bell_keys, *self._gt_own_bells(plan)] if self._gt_slot_limited else plan.bell_keys
             conn.send_command("BLPOP", *bells, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"

@@ -100,8 +100,8 @@ class Keys:
 
     def dispatcher_bell(self, pool: str, dispatcher: str) -> str:
         """List: the wake-up of one dispatcher waiting while only its kept slots (for reserved
-        tiers' interactive work) are free: pushed when one of its own tasks ends, so it picks
-        other work again at once (workers/transport.py).  Expires by itself."""
+        tiers' interactive work) are free: pushed by lua/release.lua when one of its own tasks
+        ends, so it picks other work again at once (workers/transport.py).  Expires by itself."""
         return f"{self.pool_tag(pool)}bell:{dispatcher}"
 
     def messages(self, pool: str) -> str:

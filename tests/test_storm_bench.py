@@ -91,8 +91,12 @@ def test_storm_lanes_can_be_set_or_compared(settings):
     spec = storm.StormSpec(scheduled_lag_tokens=100)
     assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool).tiers] == [100] * 3
     assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool, 0).tiers] == [0] * 3
-    assert storm.storm_modes(storm.StormSpec()) == [("jitter_off", False, None), ("jitter_on", True, None)]
-    assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == ("jitter_on_no_lanes", True, 0)
+    assert storm.storm_modes(storm.StormSpec()) == [("jitter_off", False, None, None),
+                                                    ("jitter_on", True, None, None)]
+    assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == ("jitter_on_no_lanes", True, 0, None)
+    assert storm.storm_modes(storm.StormSpec(compare_slots=True))[-1] == ("jitter_on_no_kept_slots", True, None, 0)
+    assert storm.storm_settings(settings, spec, True, "p:", pool).reserved_worker_slots == 1
+    assert storm.storm_settings(settings, spec, True, "p:", pool, kept_slots=0).reserved_worker_slots == 0
 
 
 def fake_mode(mode: str, lag: int) -> dict:
@@ -137,4 +141,5 @@ def test_cron_bench_takes_the_storm_flags():
     assert args.scheduled_lag_tokens is None and not args.compare_lanes
     args = parser.parse_args(["cron", "bench", "--storm", "--scheduled-lag-tokens", "0", "--compare-lanes"])
     assert args.scheduled_lag_tokens == 0 and args.compare_lanes
+    assert parser.parse_args(["cron", "bench", "--storm", "--compare-slots"]).compare_slots
     assert not parser.parse_args(["cron", "bench"]).storm

@@ -87,6 +87,7 @@ CRONS_PER_TENANT = 3
 PROBE_TENANT = "storm-probe"
 QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 10 s, B)
 NO_LANES_MODE = "jitter_on_no_lanes"
+NO_KEPT_SLOTS_MODE = "jitter_on_no_kept_slots"
 Progress = Callable[[str], None]
 
 
@@ -107,6 +108,7 @@ class StormSpec:
     timeout_s: float = 150.0
     scheduled_lag_tokens: int | None = None   # every tier's lag (None: the settings' own)
     compare_lanes: bool = False               # a third mode: jitter on, lanes off (lag 0)
+    compare_slots: bool = False               # another: jitter on, no worker slots kept for vip
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -150,22 +152,28 @@ def quota(spec: StormSpec, base: Settings) -> tuple[int, int]:
 
 
 def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
-                   lag: int | None = None) -> Settings:
+                   lag: int | None = None, kept_slots: int | None = None) -> Settings:
     """The storm's settings: the jitter windows compressed (or 0), the scheduled lag of every
-    tier ``lag`` (None: the spec's, else the settings' own)."""
+    tier ``lag`` (None: the spec's, else the settings' own), the worker slots kept for vip
+    ``kept_slots`` (None: the settings' own)."""
     lag = spec.scheduled_lag_tokens if lag is None else lag
     tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0),
                           scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
                   for t in base.tiers)
-    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq")
+    kept = base.reserved_worker_slots if kept_slots is None else kept_slots
+    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", reserved_worker_slots=kept)
 
 
-def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None]]:
-    """(mode, jitter, lag override) of each run: jitter off, jitter on, and with
-    ``compare_lanes`` jitter on with no scheduled lane."""
-    modes: list[tuple[str, bool, int | None]] = [("jitter_off", False, None), ("jitter_on", True, None)]
+def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None, int | None]]:
+    """(mode, jitter, lag override, kept slots override) of each run: jitter off, jitter on,
+    with ``compare_lanes`` jitter on with no scheduled lane, with ``compare_slots`` jitter on
+    with no worker slot kept for vip."""
+    modes: list[tuple[str, bool, int | None, int | None]] = [("jitter_off", False, None, None),
+                                                             ("jitter_on", True, None, None)]
     if spec.compare_lanes:
-        modes.append((NO_LANES_MODE, True, 0))
+        modes.append((NO_LANES_MODE, True, 0, None))
+    if spec.compare_slots:
+        modes.append((NO_KEPT_SLOTS_MODE, True, None, 0))
     return modes
 
 
@@ -236,12 +244,13 @@ def _wall_to_mono(wall_s: float) -> float:
 
 
 def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
-             log_dir: str, progress: Progress = lambda _: None, lag: int | None = None) -> dict[str, Any]:
+             log_dir: str, progress: Progress = lambda _: None, lag: int | None = None,
+             kept_slots: int | None = None) -> dict[str, Any]:
     tpm, rpm = quota(spec, base)
     prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
                 rpm=rpm, burst_s=spec.burst_s)
-    settings = storm_settings(base, spec, jitter, prefix, pool, lag)
+    settings = storm_settings(base, spec, jitter, prefix, pool, lag, kept_slots)
     gw = Gateway(settings, client=client)
     children: list[processes.Child] = []
     probe: Probe | None = None
@@ -371,6 +380,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
     return {
         "mode": mode, "jitter": jitter,
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
+        "reserved_worker_slots": settings.reserved_worker_slots,
         "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
         "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},
@@ -406,7 +416,7 @@ def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec()
                             ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
         with SimulatorProcess(sim_cfg) as sim:
             modes = {}
-            for mode, jitter, lag in storm_modes(spec):
-                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress, lag)
+            for mode, jitter, lag, kept in storm_modes(spec):
+                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress, lag, kept)
     return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
             "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

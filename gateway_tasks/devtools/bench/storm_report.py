@@ -22,7 +22,8 @@ def _v(value: Any, unit: str = "") -> str:
     return f"{value:,}{unit}" if isinstance(value, int) else f"{value}{unit}"
 
 
-MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes"}
+MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
+               "jitter_on_no_kept_slots": "on, 0 kept"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -36,7 +37,8 @@ def format_storm_report(result: dict[str, Any]) -> str:
         f"{on['tiers']['normal']['jitter_window_s']} s / {on['tiers']['batch']['jitter_window_s']} s); "
         f"upstream {on['quota']['tpm']:,} TPM, {on['quota']['rpm']:,} RPM, burst {on['quota']['burst_s']:g} s; "
         f"{spec['workers']} workers x {spec['concurrency']} threads, {spec['beats']} beat replicas; "
-        f"scheduled lane lag {', '.join(f'{t} {n}' for t, n in lags.items()) or '-'} tokens",
+        f"scheduled lane lag {', '.join(f'{t} {n}' for t, n in lags.items()) or '-'} tokens; "
+        f"worker slots kept for vip {on.get('reserved_worker_slots', '-')}",
         f"{'':<44}" + "".join(f"{MODE_TITLES.get(m['mode'], m['mode']):>14}" for m in modes),
     ]
 
@@ -105,6 +107,9 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
                    help="every tier's scheduled lane lag (default: the settings'; 0 = no lanes)")
     g.add_argument("--compare-lanes", action="store_true",
                    help="a third run: jitter on with no scheduled lane (lag 0), side by side (~+100 s)")
+    g.add_argument("--compare-slots", action="store_true",
+                   help="another run: jitter on with no worker slot kept for vip (reserved_worker_slots 0), "
+                        "side by side (~+100 s)")
 
 
 def run_storm_from_args(args: argparse.Namespace) -> int:
@@ -113,7 +118,8 @@ def run_storm_from_args(args: argparse.Namespace) -> int:
     clock = Stopwatch()
     spec = StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
                      workers=args.storm_workers, beats=args.storm_beats,
-                     scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes)
+                     scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
+                     compare_slots=args.compare_slots)
     settings = load_settings()
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         progress = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))

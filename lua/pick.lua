@@ -309,26 +309,25 @@ local function choose()
     for q = 1, Q do
       local qd = queues[q]
       if qd.pool == p and qd.c then
-        if general_left == 0 and not may_use_reserve(qd) then
-          slot_limited = true   -- the dispatcher's slots left are kept for reserved interactive work
-        else
-          qd.score = score(qd, pool)
-          if win == nil or qd.score > win_score then win, win_score = q, qd.score end
-        end
+        qd.score = score(qd, pool)
+        if win == nil or qd.score > win_score then win, win_score = q, qd.score end
       end
     end
     if win then
       local w = admit_wait(queues[win], pool)
-      if w > 0 and wfq and not may_use_reserve(queues[win]) then
-        -- the winner waits for tokens (its own plus the reserve): a reserved tier
-        -- that fits now goes around it, as long as it is within its reservation
-        -- (at most `reserve` tokens ahead of its fair share).  v does not move
-        -- for such a dispatch, so the waiting winner keeps its place.
+      -- the winner needs one of the dispatcher's general slots and only slots kept for
+      -- reserved interactive work are free (ARGV[7] spent)
+      local needs_slot = general_left == 0 and not may_use_reserve(queues[win])
+      if (needs_slot or (w > 0 and wfq)) and not may_use_reserve(queues[win]) then
+        -- the winner waits (for tokens: its own plus the reserve; or for a general slot): a
+        -- reserved tier's interactive work that fits now goes around it, as long as it is
+        -- within its reservation (at most `reserve` tokens ahead of its fair share; under
+        -- wfq).  v does not move for such a dispatch, so the waiting winner keeps its place.
         local alt = nil
         for q = 1, Q do
           local qd = queues[q]
           if qd.pool == p and qd.c and may_use_reserve(qd)
-             and (qd.start - pool.v) * qd.share <= pool.reserve
+             and (not wfq or (qd.start - pool.v) * qd.share <= pool.reserve)
              and admit_wait(qd, pool) == 0
              and (alt == nil or qd.score > queues[alt].score) then
             alt = q
@@ -336,10 +335,12 @@ local function choose()
         end
         if alt then
           queues[alt].bypass = true
-          win, win_score, w = alt, queues[alt].score, 0
+          win, win_score, w, needs_slot = alt, queues[alt].score, 0, false
         end
       end
-      if w == 0 then
+      if needs_slot then
+        slot_limited = true   -- it waits for a general slot of this dispatcher (or another's)
+      elseif w == 0 then
         if best == nil or win_score > best_score then best, best_score = win, win_score end
       elseif wait_ms == nil or w < wait_ms then
         wait_ms = w

@@ -127,3 +127,26 @@ def test_a_release_rings_its_dispatchers_own_bell_once(r, settings):
     assert scripts.run(ReleaseCall(keys, s, "default", third.tag, wake=own)).released
     assert r.llen(own) == 1                        # one wake-up is enough
     assert r.hlen(keys.dispatched("default")) == 0
+
+
+def test_a_kept_slot_serves_vip_only_within_its_reservation(r, settings):
+    """Under wfq a vip task goes around a winner waiting for a general slot only while vip is
+    at most the reserve's worth of tokens ahead of its fair share (as it goes around one
+    waiting for tokens): the kept slots do not move the 70:20:10 shares."""
+    tiers = tuple(replace(t, queue_ttl_s=0.0) for t in settings.tiers)
+    s = settings.with_(policy="wfq", pools=(BIG,), tiers=tiers)
+    plan = PickPlan(s, s.queue_names())
+    keys = Keys(s.key_prefix)
+    push(r, s, "batch")
+    user = push(r, s, "vip")
+    # vip far ahead of its share: its finish tag well past the pool's virtual time
+    r.hset(keys.fair("default"), mapping={"v": 1000, "f:vip": 1000 + 10**12})
+    scripts = scripts_for(r)
+    assert scripts.run(plan.batch(1, general=0)) == Wait(-1)      # batch wins, and needs a slot
+    got = scripts.run(plan.batch(2))
+    assert [p.queue for p in got] == ["gt.batch.default", "gt.vip.default"] and got[1].tag == user
+    push(r, s, "batch")
+    user = push(r, s, "vip")
+    r.hset(keys.fair("default"), mapping={"f:vip": 0})                  # vip behind its share
+    got = scripts.run(plan.batch(1, general=0))
+    assert [p.tag for p in got] == [user]

@@ -14,8 +14,9 @@
 -- KEYS[3] the tier's active tenants (zset)   KEYS[4] finish tags (tenant -> F)
 -- KEYS[5] parked tenants (tenant -> tier)    KEYS[6] in-flight (tenant -> n)
 -- KEYS[7] enqueue sequence                   KEYS[8] fair hash (tv:<tier>)
--- KEYS[9] bell list
--- [lifecycle] KEYS[10..] every tier's index of the pool (the shared capacity counts them all;
+-- KEYS[9] bell list   KEYS[10] reserved-work bell list (rung as well for a reserved tier's
+--                    interactive task: dispatchers whose other slots are full wait on it)
+-- [lifecycle] KEYS[11..] every tier's index of the pool (the shared capacity counts them all;
 --                       passed only when ARGV[10] sets one)
 -- ARGV[1] tier   ARGV[2] tenant   ARGV[3] delivery tag   ARGV[4] est tokens
 -- ARGV[5] tenant weight (> 0)
@@ -25,6 +26,7 @@
 -- ARGV[10] the pool's shared queue capacity, all tiers together ('' or 0 = none)
 -- ARGV[11] the task's lane: 'scheduled' | 'interactive' (gateway_tasks/core/lanes.py)
 -- ARGV[12] the tier's scheduled lag (weighted tokens; 0 = no lanes: nothing is marked)
+-- ARGV[13] '1': the tier may use the pool's reserve (its interactive work rings KEYS[10] too)
 --
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua;
@@ -45,7 +47,7 @@ end
 local capacity = tonumber(ARGV[10]) or 0
 if capacity > 0 then
   local total = 0
-  for k = 10, #KEYS do total = total + redis.call('ZCARD', KEYS[k]) end
+  for k = 11, #KEYS do total = total + redis.call('ZCARD', KEYS[k]) end
   if total >= capacity then
     redis.call('HDEL', KEYS[1], tag)
     return {0, depth, 1}
@@ -68,4 +70,7 @@ elseif redis.call('HEXISTS', KEYS[5], tenant) == 0 then
   gt_activate(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], tier, tenant, tonumber(ARGV[7]), scheduled, lag)
 end
 gt_ring(KEYS[9], ARGV[8])
+-- at most one token: nobody waits on it most of the time, and stale tokens would each cost a
+-- dispatcher that starts waiting on it an empty pick
+if ARGV[13] == '1' and not scheduled then gt_ring(KEYS[10], 1) end
 return {1, now, depth + 1, entry}   -- [lifecycle] the entry: cancel finds the task by it

@@ -150,3 +150,16 @@ def test_a_kept_slot_serves_vip_only_within_its_reservation(r, settings):
     r.hset(keys.fair("default"), mapping={"f:vip": 0})                  # vip behind its share
     got = scripts.run(plan.batch(1, general=0))
     assert [p.tag for p in got] == [user]
+
+
+def test_only_reserved_interactive_arrivals_ring_the_reserved_bell_and_keep_one_token(r, settings):
+    s = settings.with_(policy="wfq", pools=(BIG,))
+    keys = Keys(s.key_prefix)
+    bell, reserved = keys.bell("default"), keys.reserved_bell("default")
+    push(r, s, "batch")
+    push(r, s, "normal")
+    push(r, s, "vip", SCHEDULED)               # a vip cron run does not use the reserve
+    assert r.llen(bell) == 3 and not r.exists(reserved)
+    push(r, s, "vip")
+    push(r, s, "vip")
+    assert r.llen(bell) == 5 and r.llen(reserved) == 1   # one wake-up is kept, not one per arrival

@@ -128,6 +128,7 @@ class PickPlan:
         # per queue: the tier's scheduled lag (gateway_tasks.core.lanes)
         argv += [q.tier.scheduled_lag_tokens for q in self.queues]
         self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
+        self.reserved_bell_keys = [k.reserved_bell(pool.name) for pool in pools]   # ... with kept slots only
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
         self.script_args = [str(x).encode() for x in argv]

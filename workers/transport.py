@@ -238,7 +238,10 @@ class Channel(broker.Channel):
         self._brpop_sent_at = kredis.monotonic()
         if self._gt_mode == "wait":
             self._gt_count(DISPATCH_WAITS)
-            bells = [*plan.bell_keys, *self._gt_own_bells(plan)] if self._gt_slot_limited else plan.bell_keys
+            # with only kept slots free: woken by reserved interactive work or a slot of its own
+            # freeing -- never taking the wake-up of other work it could not pick
+            bells = ([*plan.reserved_bell_keys, *self._gt_own_bells(plan)] if self._gt_slot_limited
+                     else plan.bell_keys)
             conn.send_command("BLPOP", *bells, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = "pick"

@@ -52,7 +52,7 @@ class EnqueueCall:
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.seq(p), k.fair(p), k.bell(p),
+                k.inflight(p), k.seq(p), k.fair(p), k.bell(p), k.reserved_bell(p),
                 *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ())]
 
     @property
@@ -60,7 +60,7 @@ class EnqueueCall:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
                 self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
                 self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity,
-                self.lane, self.tier.scheduled_lag_tokens]
+                self.lane, self.tier.scheduled_lag_tokens, 1 if self.tier.reserved_share > 0 else 0]
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:

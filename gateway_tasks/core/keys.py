@@ -98,6 +98,13 @@ class Keys:
         """List: wake-up tokens for a pool's idle dispatchers (one per enqueue/refund)."""
         return f"{self.pool_tag(pool)}bell"
 
+    def reserved_bell(self, pool: str) -> str:
+        """List: wake-up tokens for a pool's dispatchers whose only free slots are kept for
+        reserved tiers' interactive work: rung (besides ``bell``) by lua/enqueue.lua for such
+        a task, so they wake for it and leave other arrivals' tokens to dispatchers that can
+        take them (workers/transport.py)."""
+        return f"{self.pool_tag(pool)}bell:reserved"
+
     def dispatcher_bell(self, pool: str, dispatcher: str) -> str:
         """List: the wake-up of one dispatcher waiting while only its kept slots (for reserved
         tiers' interactive work) are free: pushed by lua/release.lua when one of its own tasks

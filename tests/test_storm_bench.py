@@ -12,8 +12,9 @@ from beat import cli as beat_cli
 from beat.fire import run_key
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.devtools.bench import storm
-from gateway_tasks.devtools.bench.storm_stats import (deferred, latency_stats, rate_429_pct, rate_stats,
-                                                      rebin, targets, vip_p99_ratio, window_series)
+from gateway_tasks.devtools.bench.storm_stats import (deferred, first_reached_s, latency_stats,
+                                                      level_changes, rate_429_pct, rate_stats, rebin,
+                                                      targets, vip_p99_ratio, window_series)
 from gateway_tasks.producer.gateway import Gateway
 
 
@@ -55,6 +56,29 @@ def test_deferred_429_rate_and_vip_ratio():
     assert deferred([0, 999, 1000, 5000]) == 2
     assert rate_429_pct(997, 3) == 0.3 and rate_429_pct(0, 0) == 0.0
     assert vip_p99_ratio(200.0, 300.0) == 1.5 and vip_p99_ratio(None, 1.0) is None
+
+
+def test_level_changes_are_seconds_from_the_boundary():
+    history = [{"ts_ms": 59_000, "from": 0, "to": 1, "reason": "warm-up"},
+               {"ts_ms": 61_240, "from": 1, "to": 3, "reason": "tier vip waited"},
+               {"ts_ms": "x", "from": 3, "to": 4},                     # malformed: left out
+               {"from": 3, "to": 0},                                   # no time: left out
+               {"ts_ms": 95_000, "from": 3, "to": 0, "reason": "calm"}]
+    got = level_changes(history, boundary_ms=60_000)
+    assert [(c["at_s"], c["from"], c["to"]) for c in got] == [(-1.0, 0, 1), (1.2, 1, 3), (35.0, 3, 0)]
+    assert got[1]["reason"] == "tier vip waited"
+
+
+@pytest.mark.parametrize("changes,level,expected", [
+    ([], 3, None),
+    ([{"at_s": 1.2, "to": 3}], 3, 1.2),
+    ([{"at_s": -2.0, "to": 3}, {"at_s": 4.0, "to": 4}], 3, 4.0),   # before B does not count
+    ([{"at_s": 0.5, "to": 1}, {"at_s": 9.8, "to": 3}], 3, 9.8),
+    ([{"at_s": 0.5, "to": 2}], 3, None),
+    ([{"at_s": 0.0, "to": 4}], 3, 0.0),                            # above the level counts
+])
+def test_first_reached_s(changes, level, expected):
+    assert first_reached_s(changes, level) == expected
 
 
 def test_targets_are_judged_on_jitter_on():
@@ -121,6 +145,19 @@ def test_the_report_shows_every_mode_side_by_side():
     assert "on, no lanes" in text and "scheduled lane lag vip 8192 tokens" in text
     assert "load average (1 min) at the end" in text and text.count("2.50") == 3
     assert "VIP probe upstream call p99 before / during, ms" in text and "-/170" in text
+    assert "load level L3 reached, s after B" in text
+
+
+def test_the_report_lists_each_mode_s_level_changes():
+    from gateway_tasks.devtools.bench.storm_report import format_storm_report
+
+    modes = {m: fake_mode(m, 8192) for m in ("jitter_off", "jitter_on")}
+    modes["jitter_on"].update(levels=[{"at_s": 1.2, "from": 0, "to": 3, "reason": "tier vip waited 2.1 s"}],
+                              l3_at_s=1.2)
+    text = format_storm_report({"spec": {"tenants": 1, "compress": 20, "workers": 2, "concurrency": 16,
+                                         "beats": 2}, "modes": modes, "targets": targets(modes["jitter_on"])})
+    assert "load level, jitter_on: +1.2 s L0 -> L3 (tier vip waited 2.1 s)" in text
+    assert "load level, jitter_off" not in text
 
 
 def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):

@@ -64,13 +64,15 @@ from typing import Any, Callable
 import redis
 
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.overload_state import HISTORY_MAX, read_history
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.stats import CRON_DEFERRED, UPSTREAM_429
 from gateway_tasks.core.tokens import count_prompt_tokens
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.bench.load import count_results, read_results
-from gateway_tasks.devtools.bench.storm_stats import (deferred, latency_stats, rate_429_pct, rate_stats,
-                                                      targets, vip_p99_ratio, window_series)
+from gateway_tasks.devtools.bench.storm_stats import (deferred, first_reached_s, latency_stats,
+                                                      level_changes, rate_429_pct, rate_stats, targets,
+                                                      vip_p99_ratio, window_series)
 from gateway_tasks.devtools.measure import percentile
 from gateway_tasks.devtools.redis_server import discard_prefix
 from gateway_tasks.devtools.simulator import SimConfig
@@ -306,6 +308,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         fired = {k.decode(): int(v) for k, v in client.hgetall(stats_key).items()}
         deferred_at_submit = deferred_runs(client, Keys(prefix), expected.values())
         results = read_results(client, gw.app, ids)
+        levels = level_changes(read_history(client, Keys(prefix), n=HISTORY_MAX), boundary_ms)
         probe_results = {res["task_id"]: res for res in read_results(client, gw.app, [p for p, _ in probe_ids])}
     finally:
         if probe is not None and probe.is_alive():
@@ -387,6 +390,8 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "runs": len(expected), "completed": len(results), "fired": fired,
         "deferred_at_submit": len(deferred_at_submit),
         "storm_s": round(end_wall_s - boundary_s, 1),
+        # the load level's changes, s from B (what decides how much batch work is deferred)
+        "levels": levels, "l3_at_s": first_reached_s(levels, 3),
         "upstream": {
             "rate": rate_stats(series, 1), "rate_5s": rate_stats(series, 5),
             "requests_ok": upstream["requests_ok"], "requests_429": upstream["requests_429"],

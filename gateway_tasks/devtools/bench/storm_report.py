@@ -51,6 +51,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
     row("runs deferred at submit (load level)", *each(lambda m: m.get("deferred_at_submit", 0)))
     row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
+    row("load level L3 reached, s after B", *each(lambda m: m.get("l3_at_s")))
     row("upstream requests/s peak (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_per_s"]))
     row("upstream requests/s mean", *each(lambda m: m["upstream"]["rate"]["mean_per_s"]))
     row("upstream peak/mean (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_over_mean"]))
@@ -85,6 +86,10 @@ def format_storm_report(result: dict[str, Any]) -> str:
     for mode in modes:
         lines.append(f"  upstream requests per second, {mode['mode']}: "
                      + " ".join(str(n) for n in mode["upstream"]["series"]))
+    for mode in modes:
+        for change in mode.get("levels") or []:
+            lines.append(f"  load level, {mode['mode']}: {change['at_s']:+.1f} s L{change['from']} -> "
+                         f"L{change['to']} ({change['reason']})")
     lines += format_targets(result["targets"])
     return "\n".join(lines)
 

@@ -68,6 +68,26 @@ def vip_p99_ratio(quiet_p99_ms: float | None, storm_p99_ms: float | None) -> flo
     return round(storm_p99_ms / quiet_p99_ms, 3)
 
 
+def level_changes(history: Sequence[dict[str, Any]], boundary_ms: int) -> list[dict[str, Any]]:
+    """The load level's changes (``read_history``: oldest first, JSON ``{ts_ms, from, to,
+    reason}``) as seconds from the storm's boundary B, malformed entries left out."""
+    out = []
+    for change in history:
+        try:
+            at_s = round((int(change["ts_ms"]) - boundary_ms) / 1000.0, 1)
+            out.append({"at_s": at_s, "from": int(change["from"]), "to": int(change["to"]),
+                        "reason": str(change.get("reason", ""))})
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def first_reached_s(changes: Sequence[dict[str, Any]], level: int) -> float | None:
+    """Seconds from B to the first change at or after B that put the level at ``level`` or
+    above (None: it never got there during the storm)."""
+    return next((c["at_s"] for c in changes if c["at_s"] >= 0 and c["to"] >= level), None)
+
+
 def targets(jitter_on: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets, judged on the jitter-on run."""
     up = jitter_on["upstream"]

@@ -119,8 +119,20 @@ def test_storm_lanes_can_be_set_or_compared(settings):
                                                     ("jitter_on", True, None, None)]
     assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == ("jitter_on_no_lanes", True, 0, None)
     assert storm.storm_modes(storm.StormSpec(compare_slots=True))[-1] == ("jitter_on_no_kept_slots", True, None, 0)
+    assert storm.storm_modes(storm.StormSpec(compare_layout=True))[-1] == ("jitter_on_tiered", True, None, None)
     assert storm.storm_settings(settings, spec, True, "p:", pool).reserved_worker_slots == 1
     assert storm.storm_settings(settings, spec, True, "p:", pool, kept_slots=0).reserved_worker_slots == 0
+
+
+@pytest.mark.parametrize("total,expected", [
+    (32, {"vip": 8, "normal": 12, "batch": 12}),
+    (33, {"vip": 8, "normal": 12, "batch": 13}),
+    (4, {"vip": 1, "normal": 1, "batch": 2}),
+    (3, {"vip": 1, "normal": 1, "batch": 1}),
+])
+def test_tier_worker_slots_split_the_same_threads(total, expected):
+    got = storm.tier_worker_slots(total)
+    assert got == expected and sum(got.values()) == total
 
 
 def fake_mode(mode: str, lag: int) -> dict:
@@ -179,4 +191,5 @@ def test_cron_bench_takes_the_storm_flags():
     args = parser.parse_args(["cron", "bench", "--storm", "--scheduled-lag-tokens", "0", "--compare-lanes"])
     assert args.scheduled_lag_tokens == 0 and args.compare_lanes
     assert parser.parse_args(["cron", "bench", "--storm", "--compare-slots"]).compare_slots
+    assert parser.parse_args(["cron", "bench", "--storm", "--compare-layout"]).compare_layout
     assert not parser.parse_args(["cron", "bench"]).storm

@@ -90,6 +90,7 @@ PROBE_TENANT = "storm-probe"
 QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 10 s, B)
 NO_LANES_MODE = "jitter_on_no_lanes"
 NO_KEPT_SLOTS_MODE = "jitter_on_no_kept_slots"
+TIERED_MODE = "jitter_on_tiered"   # jitter on, one worker per tier (deploy/k8s's layout)
 Progress = Callable[[str], None]
 
 
@@ -111,6 +112,7 @@ class StormSpec:
     scheduled_lag_tokens: int | None = None   # every tier's lag (None: the settings' own)
     compare_lanes: bool = False               # a third mode: jitter on, lanes off (lag 0)
     compare_slots: bool = False               # another: jitter on, no worker slots kept for vip
+    compare_layout: bool = False              # another: jitter on, one worker per tier, same slots
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -176,7 +178,18 @@ def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None, int | None
         modes.append((NO_LANES_MODE, True, 0, None))
     if spec.compare_slots:
         modes.append((NO_KEPT_SLOTS_MODE, True, None, 0))
+    if spec.compare_layout:
+        modes.append((TIERED_MODE, True, None, None))
     return modes
+
+
+def tier_worker_slots(total: int) -> dict[str, int]:
+    """The threads of each tier's own worker when ``total`` threads are split as deploy/k8s
+    splits replicas (one Deployment per tier, consuming only its tier's queues): a quarter
+    for vip, the rest halved between normal and batch; at least one each."""
+    vip = max(1, total // 4)
+    normal = max(1, (total - vip) // 2)
+    return {"vip": vip, "normal": normal, "batch": max(1, total - vip - normal)}
 
 
 def task_id_of(tenant: str, entry_id: str, nominal_ms: int) -> str:
@@ -274,12 +287,20 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         tier_of = dict(tenants)
         expected = {task_id_of(s.tenant_id, f"{s.tenant_id}:{s.task_id}", boundary_ms): s for s in specs}
         sim.reset_stats()
-        for i in range(spec.workers):
-            children.append(processes.worker(settings, concurrency=spec.concurrency, name=f"storm-{mode}-{i}",
-                                             log_path=os.path.join(log_dir, f"worker-{mode}-{i}.log")).start())
+        if mode == TIERED_MODE:
+            layout = tier_worker_slots(spec.workers * spec.concurrency)
+            for tier, threads in layout.items():
+                children.append(processes.worker(settings, queues=[settings.queue_name(tier, pool.name)],
+                                                 concurrency=threads, name=f"storm-{mode}-{tier}",
+                                                 log_path=os.path.join(log_dir, f"worker-{mode}-{tier}.log")).start())
+        else:
+            layout = {"every tier": spec.workers * spec.concurrency}
+            for i in range(spec.workers):
+                children.append(processes.worker(settings, concurrency=spec.concurrency, name=f"storm-{mode}-{i}",
+                                                 log_path=os.path.join(log_dir, f"worker-{mode}-{i}.log")).start())
         for i in range(spec.beats):
             children.append(beat_child(settings, f"beat-{mode}-{i}", log_dir).start())
-        processes.wait_for_workers(gw.app, spec.workers, timeout_s=60.0)
+        processes.wait_for_workers(gw.app, len(children) - spec.beats, timeout_s=60.0)
         probe = Probe(settings, spec.probe_rate)
         probe.start()
         progress(f"  {mode}: {len(specs)} crons of {len(tenants)} tenants at {at:%H:%M}:00 UTC "
@@ -384,6 +405,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "mode": mode, "jitter": jitter,
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
         "reserved_worker_slots": settings.reserved_worker_slots,
+        "worker_threads": layout,
         "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
         "quota": {"tpm": tpm, "rpm": rpm, "burst_s": spec.burst_s},

@@ -23,7 +23,7 @@ def _v(value: Any, unit: str = "") -> str:
 
 
 MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
-               "jitter_on_no_kept_slots": "on, 0 kept"}
+               "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -48,6 +48,8 @@ def format_storm_report(result: dict[str, Any]) -> str:
     def each(get: Any) -> list[Any]:
         return [get(m) for m in modes]
 
+    row("worker threads (vip/normal/batch)",
+        *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
     row("runs deferred at submit (load level)", *each(lambda m: m.get("deferred_at_submit", 0)))
     row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
@@ -115,6 +117,9 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compare-slots", action="store_true",
                    help="another run: jitter on with no worker slot kept for vip (reserved_worker_slots 0), "
                         "side by side (~+100 s)")
+    g.add_argument("--compare-layout", action="store_true",
+                   help="another run: jitter on with one worker per tier (deploy/k8s's layout, the same "
+                        "threads in all: a quarter vip, the rest halved), side by side (~+100 s)")
 
 
 def run_storm_from_args(args: argparse.Namespace) -> int:
@@ -124,7 +129,7 @@ def run_storm_from_args(args: argparse.Namespace) -> int:
     spec = StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
                      workers=args.storm_workers, beats=args.storm_beats,
                      scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
-                     compare_slots=args.compare_slots)
+                     compare_slots=args.compare_slots, compare_layout=args.compare_layout)
     settings = load_settings()
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         progress = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))

@@ -4,7 +4,7 @@
 -- in the same MULTI (gateway_tasks/core/enqueue.py: the body never passes through
 -- Lua) -- unless the tier is at its queue length limit (tail drop: the message is
 -- taken back out); make its tenant active (or park it when the tenant is at its
--- concurrency cap), in its head's lane; ring the pool's bell.  A scheduled task's seq
+-- concurrency cap), in its head's lane; ring the tier's bell.  A scheduled task's seq
 -- is 's' + 16 hex digits, so it queues behind its tenant's interactive tasks; an
 -- interactive task of a tenant in line behind its scheduled head becomes that head, and
 -- the tenant moves up by the lag (the score's parity says it carried it: no read).
@@ -14,7 +14,7 @@
 -- KEYS[3] the tier's active tenants (zset)   KEYS[4] finish tags (tenant -> F)
 -- KEYS[5] parked tenants (tenant -> tier)    KEYS[6] in-flight (tenant -> n)
 -- KEYS[7] enqueue sequence                   KEYS[8] fair hash (tv:<tier>)
--- KEYS[9] bell list   KEYS[10] reserved-work bell list (rung as well for a reserved tier's
+-- KEYS[9] the tier's bell list (Keys.tier_bell)   KEYS[10] reserved-work bell list (rung as well for a reserved tier's
 --                    interactive task: dispatchers whose other slots are full wait on it)
 -- [lifecycle] KEYS[11..] every tier's index of the pool (the shared capacity counts them all;
 --                       passed only when ARGV[10] sets one)

@@ -155,11 +155,13 @@ def test_a_kept_slot_serves_vip_only_within_its_reservation(r, settings):
 def test_only_reserved_interactive_arrivals_ring_the_reserved_bell_and_keep_one_token(r, settings):
     s = settings.with_(policy="wfq", pools=(BIG,))
     keys = Keys(s.key_prefix)
-    bell, reserved = keys.bell("default"), keys.reserved_bell("default")
+    reserved = keys.reserved_bell("default")
+    rung = lambda: {t: r.llen(keys.tier_bell("default", t)) for t in ("vip", "normal", "batch")}  # noqa: E731
     push(r, s, "batch")
     push(r, s, "normal")
     push(r, s, "vip", SCHEDULED)               # a vip cron run does not use the reserve
-    assert r.llen(bell) == 3 and not r.exists(reserved)
+    assert rung() == {"vip": 1, "normal": 1, "batch": 1} and not r.exists(reserved)
     push(r, s, "vip")
     push(r, s, "vip")
-    assert r.llen(bell) == 5 and r.llen(reserved) == 1   # one wake-up is kept, not one per arrival
+    assert rung()["vip"] == 3 and r.llen(reserved) == 1   # one wake-up is kept, not one per arrival
+    assert not r.exists(keys.bell("default"))  # arrivals ring their tier's bell, not the pool's

@@ -127,7 +127,10 @@ class PickPlan:
         argv += [int(q.tier.queue_ttl_s * 1000) for q in self.queues]
         # per queue: the tier's scheduled lag (gateway_tasks.core.lanes)
         argv += [q.tier.scheduled_lag_tokens for q in self.queues]
-        self.bell_keys = [k.bell(pool.name) for pool in pools]  # a dispatcher's wake-up lists
+        # a dispatcher's wake-up lists: its tiers' bells (arrivals) and its pools' (refunds, freed
+        # tenant slots, restores): an arrival's token goes to a dispatcher that can pick it
+        self.bell_keys = [*(k.tier_bell(q.pool.name, q.tier.name) for q in self.queues),
+                          *(k.bell(pool.name) for pool in pools)]
         self.reserved_bell_keys = [k.reserved_bell(pool.name) for pool in pools]   # ... with kept slots only
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]

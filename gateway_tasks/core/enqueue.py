@@ -1,6 +1,6 @@
 """lua/enqueue.lua as a typed call: queue one task of a tier on a pool -- its
 message into the pool's message hash, a small index entry into the tier's
-index -- unless the tier's queue is full (tail drop); ring the pool's bell.
+index -- unless the tier's queue is full (tail drop); ring the tier's bell.
 
 The message never passes through Lua (a prompt of 8 KB would be copied twice:
 into ARGV, then into the hash): ``enqueue`` writes it with HSET and runs the
@@ -52,7 +52,7 @@ class EnqueueCall:
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.seq(p), k.fair(p), k.bell(p), k.reserved_bell(p),
+                k.inflight(p), k.seq(p), k.fair(p), k.tier_bell(p, t), k.reserved_bell(p),
                 *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ())]
 
     @property

@@ -98,6 +98,15 @@ class Keys:
         """List: wake-up tokens for a pool's idle dispatchers (one per enqueue/refund)."""
         return f"{self.pool_tag(pool)}bell"
 
+    def tier_bell(self, pool: str, tier: str) -> str:
+        """List: wake-up tokens for the dispatchers that serve one tier of a pool, one per
+        enqueue into it (lua/enqueue.lua).  Apart from the pool's ``bell`` so that an arrival
+        wakes a dispatcher that can pick it: with per-tier workers (deploy/k8s) a batch-only
+        dispatcher took a vip arrival's token from the pool bell and the vip one slept until
+        its poll timeout (up to 1 s).  A dispatcher waits on the bells of the tiers it serves
+        and on the pool's bell, which refunds and freed tenant slots still ring."""
+        return f"{self.pool_tag(pool)}tbell:{tier}"
+
     def reserved_bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's dispatchers whose only free slots are kept for
         reserved tiers' interactive work: rung (besides ``bell``) by lua/enqueue.lua for such

@@ -95,7 +95,8 @@ class Keys:
         return f"{self.pool_tag(pool)}stats"
 
     def bell(self, pool: str) -> str:
-        """List: wake-up tokens for a pool's idle dispatchers (one per enqueue/refund)."""
+        """List: wake-up tokens for a pool's idle dispatchers (one per token refund, freed
+        tenant slot or restore; an enqueue rings its tier's ``tier_bell`` instead)."""
         return f"{self.pool_tag(pool)}bell"
 
     def tier_bell(self, pool: str, tier: str) -> str:
@@ -109,7 +110,7 @@ class Keys:
 
     def reserved_bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's dispatchers whose only free slots are kept for
-        reserved tiers' interactive work: rung (besides ``bell``) by lua/enqueue.lua for such
+        reserved tiers' interactive work: rung (besides ``tier_bell``) by lua/enqueue.lua for such
         a task, so they wake for it and leave other arrivals' tokens to dispatchers that can
         take them (workers/transport.py)."""
         return f"{self.pool_tag(pool)}bell:reserved"

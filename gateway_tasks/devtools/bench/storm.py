@@ -298,9 +298,10 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
             for i in range(spec.workers):
                 children.append(processes.worker(settings, concurrency=spec.concurrency, name=f"storm-{mode}-{i}",
                                                  log_path=os.path.join(log_dir, f"worker-{mode}-{i}.log")).start())
+        workers_started = len(children)
         for i in range(spec.beats):
             children.append(beat_child(settings, f"beat-{mode}-{i}", log_dir).start())
-        processes.wait_for_workers(gw.app, len(children) - spec.beats, timeout_s=60.0)
+        processes.wait_for_workers(gw.app, workers_started, timeout_s=60.0)
         probe = Probe(settings, spec.probe_rate)
         probe.start()
         progress(f"  {mode}: {len(specs)} crons of {len(tenants)} tenants at {at:%H:%M}:00 UTC "

@@ -8,9 +8,11 @@
 --
 -- KEYS[1] dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched-at zset
 -- KEYS[3] messages hash     KEYS[4] in-flight (tenant -> n)   KEYS[5] parked (tenant -> tier)
--- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] bell list
--- KEYS[9] stats hash
--- then for each tier t of the pool (T tiers), two keys from KEYS[10]: its index, its active tenants
+-- KEYS[6] finish tags       KEYS[7] fair hash (tv:<tier>)     KEYS[8] stats hash
+-- then for each tier t of the pool (T tiers), three keys from KEYS[9]: its index, its active
+-- tenants, its bell (Keys.tier_bell: rung when the release made the task's tier's work
+-- dispatchable -- the task put back, or its tenant unparked -- so that it wakes a dispatcher
+-- serving that tier, not one of another tier's that would find nothing to pick)
 -- ARGV[1] delivery tag   ARGV[2] mode: 'ack' (forget it) | 'requeue' (put it back)
 -- ARGV[3] max bell tokens kept   ARGV[4] T
 -- ARGV[5] the dispatch's token (its dispatch ms) or '' for whichever dispatch holds the tag
@@ -18,7 +20,7 @@
 -- ARGV[7] '1': only if the task's lease has expired (the sweep of a dead holder's tasks)
 -- then per tier, 3 values from ARGV[8]: tier name, its max in-flight per tenant, its scheduled
 -- lag (gateway_tasks/core/lanes.py: a tenant comes back in line in its head's lane)
--- Optional, KEYS[10 + 2T]: the releasing dispatcher's own bell (Keys.dispatcher_bell), rung
+-- Optional, KEYS[9 + 3T]: the releasing dispatcher's own bell (Keys.dispatcher_bell), rung
 -- first whatever the outcome -- its slot is free -- and kept ARGV[8 + 3T] ms: it waits on it
 -- while only its slots kept for reserved work were free (workers/transport.py)
 --
@@ -27,7 +29,7 @@
 -- at all (this holder lost its lease; the task was restored: a duplicate, counted).
 
 local tag, mode = ARGV[1], ARGV[2]
-local own_bell = KEYS[10 + 2 * tonumber(ARGV[4])]
+local own_bell = KEYS[9 + 3 * tonumber(ARGV[4])]
 if own_bell and redis.call('LLEN', own_bell) == 0 then   -- one wake-up is enough
   redis.call('LPUSH', own_bell, '1')
   redis.call('PEXPIRE', own_bell, ARGV[8 + 3 * tonumber(ARGV[4])])
@@ -37,14 +39,14 @@ if not record then
   -- a holder naming its dispatch finds none: it lost the task (its lease expired, a sweep
   -- restored it, and it may already have run again and been acked) -- a duplicate, counted
   if ARGV[5] ~= '' then
-    redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
+    redis.call('HINCRBY', KEYS[8], ARGV[6], 1)
     return {2}
   end
   return {0}
 end
 local _, _, tier, token, entry = string.find(record, '^([^|]+)|([^|]+)|(.*)$')
 if ARGV[5] ~= '' and ARGV[5] ~= token then
-  redis.call('HINCRBY', KEYS[9], ARGV[6], 1)
+  redis.call('HINCRBY', KEYS[8], ARGV[6], 1)
   return {2}
 end
 if ARGV[7] == '1' then
@@ -52,11 +54,11 @@ if ARGV[7] == '1' then
   if expiry_ms > gt_now_ms() then return {0} end
 end
 local _, _, tenant = string.find(entry, '^([^|]+)|')
-local index_key, active_key, cap = nil, nil, 0
+local index_key, active_key, bell_key, cap = nil, nil, nil, 0
 local lag = 0
 for t = 1, tonumber(ARGV[4]) do
   if ARGV[8 + 3 * (t - 1)] == tier then
-    index_key, active_key = KEYS[9 + 2 * t - 1], KEYS[9 + 2 * t]
+    index_key, active_key, bell_key = KEYS[9 + 3 * (t - 1)], KEYS[10 + 3 * (t - 1)], KEYS[11 + 3 * (t - 1)]
     cap, lag = tonumber(ARGV[9 + 3 * (t - 1)]), tonumber(ARGV[10 + 3 * (t - 1)]) or 0
   end
 end
@@ -78,7 +80,7 @@ end
 -- if it has work and is not already in line (a tenant with queued work is always
 -- in line or parked, so a plain ack of a tenant not parked has nothing to do), in its
 -- head's lane; an interactive task put back ahead of a tenant's scheduled head makes the
--- tenant's place interactive again.  The bell rings only when that made work
+-- tenant's place interactive again.  The tier's bell rings only when that made work
 -- dispatchable (a plain ack wakes nobody)
 local woke = false
 local was_parked = redis.call('HDEL', KEYS[5], tenant) == 1
@@ -92,5 +94,5 @@ if head then
     redis.call('ZADD', active_key, gt_lane_score(gt_lane_start(score, lag), false, lag), tenant)
   end
 end
-if woke or mode == 'requeue' then gt_ring(KEYS[8], ARGV[3]) end
+if woke or mode == 'requeue' then gt_ring(bell_key, ARGV[3]) end
 return {1, tenant, tier}

@@ -45,9 +45,9 @@ class ReleaseCall:
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
         out = [k.dispatched(p), k.dispatched_at(p), k.messages(p), k.inflight(p), k.parked(p),
-               k.finish(p), k.fair(p), k.bell(p), k.stats(p)]
-        for tier in self.settings.tiers:
-            out += [k.index(p, tier.name), k.active(p, tier.name)]
+               k.finish(p), k.fair(p), k.stats(p)]
+        for tier in self.settings.tiers:   # the tier's bell: a put-back or unparked task's wake-up
+            out += [k.index(p, tier.name), k.active(p, tier.name), k.tier_bell(p, tier.name)]
         if self.wake:
             out.append(self.wake)
         return out

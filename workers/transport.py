@@ -6,7 +6,8 @@ Consumers do not BRPOP: a channel whose active queues are all gateway queues
 
   PICK  EVALSHA pick.lua: choose by policy, admit through the pool bucket, RPOP,
         record in kombu's unacked hash/index -- one atomic call; and
-  WAIT  BLPOP on its tiers' bells (rung by every enqueue) and its pools' (token refunds)
+  WAIT  BLPOP on its tiers' bells (enqueues, requeues, unparked tenants) and its
+        pools' (token refunds)
         for as long as pick.lua said the buckets need, or until work arrives.
 
 Both are single non-blocking-to-the-worker socket commands, so they plug into

@@ -1,7 +1,8 @@
 """The bell: a Redis list of wake-up tokens (``Keys.bell``).
 
-Every enqueue pushes one on its tier's bell (``Keys.tier_bell``, lua/enqueue.lua),
-every token refund and freed tenant slot one on the pool's; an idle dispatcher
+Every enqueue pushes one on its tier's bell (``Keys.tier_bell``, lua/enqueue.lua), as
+does a release that puts a task back or unparks its tenant (lua/release.lua); every
+token refund pushes one on the pool's (lua/settle.lua); an idle dispatcher
 BLPOPs the bells of the tiers it serves and of their pools (``workers.transport``).  The list is
 trimmed to ``BELL_MAX`` tokens: one is enough to wake a dispatcher, and a bell
 nobody waits on must not grow without bound.

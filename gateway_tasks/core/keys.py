@@ -95,8 +95,9 @@ class Keys:
         return f"{self.pool_tag(pool)}stats"
 
     def bell(self, pool: str) -> str:
-        """List: wake-up tokens for a pool's idle dispatchers (one per token refund, freed
-        tenant slot or restore; an enqueue rings its tier's ``tier_bell`` instead)."""
+        """List: wake-up tokens for a pool's idle dispatchers, one per token refund
+        (lua/settle.lua): tokens concern every tier.  Work that becomes dispatchable -- an
+        enqueue, a task put back, a tenant unparked -- rings its tier's ``tier_bell`` instead."""
         return f"{self.pool_tag(pool)}bell"
 
     def tier_bell(self, pool: str, tier: str) -> str:
@@ -105,7 +106,8 @@ class Keys:
         wakes a dispatcher that can pick it: with per-tier workers (deploy/k8s) a batch-only
         dispatcher took a vip arrival's token from the pool bell and the vip one slept until
         its poll timeout (up to 1 s).  A dispatcher waits on the bells of the tiers it serves
-        and on the pool's bell, which refunds and freed tenant slots still ring."""
+        and on the pool's bell, which token refunds ring; a release that puts a task back or
+        unparks its tenant (lua/release.lua) rings the task's tier's bell."""
         return f"{self.pool_tag(pool)}tbell:{tier}"
 
     def reserved_bell(self, pool: str) -> str:

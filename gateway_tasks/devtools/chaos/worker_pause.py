@@ -32,8 +32,15 @@ def run(size: Size) -> Outcome:
                       recovery_what="slowest re-dispatch of the paused worker's tasks after the pause")
     with Deployment("worker-pause", SimConfig(base_latency_ms=6_000)) as dep:
         dep.gw.register_tenant("acme", "vip")
-        paused = dep.worker("paused", concurrency=4)
+        # the survivor is started first and held stopped until the pause: a worker's start
+        # takes seconds (more than a 6 s call on a loaded machine), and a survivor started
+        # after the sighting let the paused worker's calls finish before the pause (CI: none
+        # held).  Stopped before any work is queued, it holds nothing meanwhile.
+        survivor = dep.worker("survivor", concurrency=4)
         dep.wait_workers(1)
+        os.kill(survivor.process.pid, signal.SIGSTOP)   # type: ignore[union-attr]
+        paused = dep.worker("paused", concurrency=4)
+        dep.wait_workers(1)                             # the stopped survivor answers no ping
         sub = Submitter(dep)
         sub.many(4)
         victims: set[str] = set()
@@ -44,13 +51,12 @@ def run(size: Size) -> Outcome:
             if len(victims) >= 2:
                 break
             time.sleep(0.05)
-        survivor = dep.worker("survivor", concurrency=4)
-        dep.wait_workers(2)
         pause_ms = dep.redis_now_ms()
         os.kill(paused.process.pid, signal.SIGSTOP)   # type: ignore[union-attr]
+        os.kill(survivor.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
         # the victims are the paused worker's calls the upstream has at the pause -- read
-        # after it, not from the sighting above: a call the worker sent meanwhile (the
-        # survivor's start takes seconds) is in flight too and may finish twice
+        # after it, not from the sighting above: a call the worker sent meanwhile is in
+        # flight too and may finish twice
         at_pause = in_flight_at(dep.sim.calls(), final_ids(dep.gw.app, sub.ids))
         victims = {t for t in at_pause
                    if t in victims or started_pid(dep.gw.app, t) == paused.process.pid}  # type: ignore[union-attr]

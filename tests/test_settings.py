@@ -60,6 +60,9 @@ rpm = 10
      "tpm"),
     ({"GATEWAY_POOLS_JSON": '[{"name": "p", "colour": "red"}]'}, "unknown keys"),
     ({"GATEWAY_KEY_PREFIX": "nocolon"}, "key_prefix"),
+    ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "0"}, r"worker_switch_interval_ms=0\.0 is invalid; expected in \[0\.05, 1000\] ms"),
+    ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "nan"}, "worker_switch_interval_ms"),
+    ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "fast"}, "not a valid float"),
 ])
 def test_bad_settings_fail_fast_with_reason(env, text):
     with pytest.raises(ConfigError, match=text):
@@ -125,3 +128,8 @@ def test_public_view_drops_credentials_from_urls():
     assert s.public().pools[0].base_url == "https://llm.example/v1"
     with_password = s.with_(redis_url="redis://:hunter2@redis.example:6379/0?password=hunter2")
     assert "hunter2" not in settings_to_json(with_password.public())
+
+
+def test_worker_switch_interval_defaults_to_cpythons_and_reads_the_environment():
+    assert load_settings(env={}).worker_switch_interval_ms == 5.0
+    assert load_settings(env={"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "0.5"}).worker_switch_interval_ms == 0.5

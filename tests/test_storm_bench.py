@@ -115,13 +115,20 @@ def test_storm_lanes_can_be_set_or_compared(settings):
     spec = storm.StormSpec(scheduled_lag_tokens=100)
     assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool).tiers] == [100] * 3
     assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool, 0).tiers] == [0] * 3
-    assert storm.storm_modes(storm.StormSpec()) == [("jitter_off", False, None, None),
-                                                    ("jitter_on", True, None, None)]
-    assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == ("jitter_on_no_lanes", True, 0, None)
-    assert storm.storm_modes(storm.StormSpec(compare_slots=True))[-1] == ("jitter_on_no_kept_slots", True, None, 0)
-    assert storm.storm_modes(storm.StormSpec(compare_layout=True))[-1] == ("jitter_on_tiered", True, None, None)
+    Mode = storm.StormMode
+    assert storm.storm_modes(storm.StormSpec()) == [Mode("jitter_off", False), Mode("jitter_on", True)]
+    assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == Mode("jitter_on_no_lanes", True, lag=0)
+    assert storm.storm_modes(storm.StormSpec(compare_slots=True))[-1] == Mode("jitter_on_no_kept_slots", True,
+                                                                              kept_slots=0)
+    assert storm.storm_modes(storm.StormSpec(compare_layout=True))[-1] == Mode("jitter_on_tiered", True, tiered=True)
+    assert storm.storm_modes(storm.StormSpec(compare_switch_ms=0.5))[-1] == Mode("jitter_on_switch", True,
+                                                                                 switch_interval_ms=0.5)
+    assert len(storm.storm_modes(storm.StormSpec(compare_slots=True, compare_switch_ms=1.0))) == 4
     assert storm.storm_settings(settings, spec, True, "p:", pool).reserved_worker_slots == 1
     assert storm.storm_settings(settings, spec, True, "p:", pool, kept_slots=0).reserved_worker_slots == 0
+    assert storm.storm_settings(settings, spec, True, "p:", pool).worker_switch_interval_ms == 5.0
+    assert storm.storm_settings(settings, spec, True, "p:", pool,
+                                switch_interval_ms=0.5).worker_switch_interval_ms == 0.5
 
 
 @pytest.mark.parametrize("total,expected", [

@@ -1,5 +1,6 @@
-"""A worker warms the openai SDK up before it takes tasks (workers.warmup); the simulator and
-the REST API load tiktoken's encoder before their first request."""
+"""A worker warms the openai SDK up before it takes tasks (workers.warmup) and sets its GIL
+switch interval (workers.gil); the simulator and the REST API load tiktoken's encoder before
+their first request."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def test_warm_worker_never_raises_and_builds_every_pool_client(settings, monkeyp
     assert "sdk-secret-detail" not in caplog.text     # the type only: nothing of the message
 
 
+def test_apply_switch_interval_sets_it_and_returns_the_one_before():
+    import sys
+    from workers.gil import apply_switch_interval
+    before = sys.getswitchinterval()
+    try:
+        assert apply_switch_interval(0.5) == pytest.approx(before * 1000)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_encoder_is_loaded_once_per_process():
     assert encoding() is encoding()
 
@@ -49,6 +61,7 @@ def test_a_real_worker_warms_up_before_it_serves(settings, r, tmp_path):
         gw = Gateway(s, client=r)
         gw.register_tenant("acme", "vip")
         log = tmp_path / "worker.log"
+        s = s.with_(worker_switch_interval_ms=0.5)    # workers.gil sets it in the worker's process
         worker = processes.worker(s, concurrency=2, log_path=str(log), loglevel="info").start()
         try:
             processes.wait_for_workers(gw.app, 1)
@@ -59,3 +72,4 @@ def test_a_real_worker_warms_up_before_it_serves(settings, r, tmp_path):
             gw.app.close()
         text = log.read_text()
         assert "worker warmed up in" in text, text[-2000:]
+        assert "worker GIL switch interval 0.5 ms" in text, text[-2000:]

@@ -16,8 +16,9 @@ from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
 # workers.overload: the load-level controller, started by each worker when it is ready;
-# workers.warmup: the openai SDK's one-time work, done before the worker takes a task
-TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup")
+# workers.warmup: the openai SDK's one-time work, done before the worker takes a task;
+# workers.gil: the process's GIL switch interval (Settings.worker_switch_interval_ms)
+TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup", "workers.gil")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

@@ -294,6 +294,11 @@ class Settings:
     # at once behind a storm; at least one slot stays for everything else, and none is kept
     # by a dispatcher that serves no reserved tier (0 = off)
     reserved_worker_slots: int = 1
+    # how long a worker thread runs Python before the interpreter asks it to hand the GIL to
+    # another that waits (sys.setswitchinterval); a thread whose upstream reply has arrived
+    # waits up to this for each of the several times it takes the GIL back while other
+    # threads are busy (the SDK's parse, other tasks' dispatch and settle) -- see workers/gil.py
+    worker_switch_interval_ms: float = 5.0
     # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
@@ -339,6 +344,8 @@ class Settings:
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
         _require(self.reserved_worker_slots >= 0, "settings", "reserved_worker_slots",
                  self.reserved_worker_slots, ">= 0 slots (0 = off)")
+        _require(0.05 <= self.worker_switch_interval_ms <= 1000, "settings", "worker_switch_interval_ms",
+                 self.worker_switch_interval_ms, "in [0.05, 1000] ms (CPython's default: 5)")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
                  self.redis_memory_refuse_ratio, "in [0, 1] (0 = off)")
         _require(self.redis_memory_reserve_mib >= 0, "settings", "redis_memory_reserve_mib",
@@ -563,6 +570,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_POLICY": ("policy", str),
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
         "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
+        "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),
         "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
         "GATEWAY_ADMIN_KEY": ("admin_key", str),
         "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),

@@ -91,6 +91,7 @@ QUIET_WINDOW_S = 10.0            # the probe's "before the storm" window: [B - 1
 NO_LANES_MODE = "jitter_on_no_lanes"
 NO_KEPT_SLOTS_MODE = "jitter_on_no_kept_slots"
 TIERED_MODE = "jitter_on_tiered"   # jitter on, one worker per tier (deploy/k8s's layout)
+SWITCH_MODE = "jitter_on_switch"   # jitter on, the workers' GIL switch interval changed
 Progress = Callable[[str], None]
 
 
@@ -113,6 +114,7 @@ class StormSpec:
     compare_lanes: bool = False               # a third mode: jitter on, lanes off (lag 0)
     compare_slots: bool = False               # another: jitter on, no worker slots kept for vip
     compare_layout: bool = False              # another: jitter on, one worker per tier, same slots
+    compare_switch_ms: float | None = None    # another: jitter on, the workers' switch interval this
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -155,31 +157,49 @@ def quota(spec: StormSpec, base: Settings) -> tuple[int, int]:
             math.ceil(requests_per_s * 60 / spec.quota_fill * 1.5))
 
 
+@dataclass(frozen=True)
+class StormMode:
+    """One run of the storm: its name, jitter on or off, and what it changes in the settings
+    (None: the settings' own) or in the workers' layout."""
+
+    name: str
+    jitter: bool
+    lag: int | None = None                 # every tier's scheduled lag, tokens
+    kept_slots: int | None = None          # worker slots kept for vip
+    switch_interval_ms: float | None = None  # the workers' GIL switch interval
+    tiered: bool = False                   # one worker per tier (deploy/k8s's layout)
+
+
 def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
-                   lag: int | None = None, kept_slots: int | None = None) -> Settings:
+                   lag: int | None = None, kept_slots: int | None = None,
+                   switch_interval_ms: float | None = None) -> Settings:
     """The storm's settings: the jitter windows compressed (or 0), the scheduled lag of every
     tier ``lag`` (None: the spec's, else the settings' own), the worker slots kept for vip
-    ``kept_slots`` (None: the settings' own)."""
+    ``kept_slots`` and the workers' switch interval (None: the settings' own)."""
     lag = spec.scheduled_lag_tokens if lag is None else lag
     tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0),
                           scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
                   for t in base.tiers)
     kept = base.reserved_worker_slots if kept_slots is None else kept_slots
-    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", reserved_worker_slots=kept)
+    switch_ms = base.worker_switch_interval_ms if switch_interval_ms is None else switch_interval_ms
+    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", reserved_worker_slots=kept,
+                      worker_switch_interval_ms=switch_ms)
 
 
-def storm_modes(spec: StormSpec) -> list[tuple[str, bool, int | None, int | None]]:
-    """(mode, jitter, lag override, kept slots override) of each run: jitter off, jitter on,
-    with ``compare_lanes`` jitter on with no scheduled lane, with ``compare_slots`` jitter on
-    with no worker slot kept for vip."""
-    modes: list[tuple[str, bool, int | None, int | None]] = [("jitter_off", False, None, None),
-                                                             ("jitter_on", True, None, None)]
+def storm_modes(spec: StormSpec) -> list[StormMode]:
+    """Each run: jitter off, jitter on, then the comparisons asked for -- with
+    ``compare_lanes`` jitter on with no scheduled lane, ``compare_slots`` with no worker slot
+    kept for vip, ``compare_layout`` with one worker per tier, ``compare_switch_ms`` with the
+    workers' switch interval that many ms."""
+    modes = [StormMode("jitter_off", False), StormMode("jitter_on", True)]
     if spec.compare_lanes:
-        modes.append((NO_LANES_MODE, True, 0, None))
+        modes.append(StormMode(NO_LANES_MODE, True, lag=0))
     if spec.compare_slots:
-        modes.append((NO_KEPT_SLOTS_MODE, True, None, 0))
+        modes.append(StormMode(NO_KEPT_SLOTS_MODE, True, kept_slots=0))
     if spec.compare_layout:
-        modes.append((TIERED_MODE, True, None, None))
+        modes.append(StormMode(TIERED_MODE, True, tiered=True))
+    if spec.compare_switch_ms is not None:
+        modes.append(StormMode(SWITCH_MODE, True, switch_interval_ms=spec.compare_switch_ms))
     return modes
 
 
@@ -258,14 +278,14 @@ def _wall_to_mono(wall_s: float) -> float:
     return time.monotonic() - time.time() + wall_s
 
 
-def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
-             log_dir: str, progress: Progress = lambda _: None, lag: int | None = None,
-             kept_slots: int | None = None) -> dict[str, Any]:
+def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redis, sim: Any,
+             log_dir: str, progress: Progress = lambda _: None) -> dict[str, Any]:
+    mode, jitter = run.name, run.jitter
     tpm, rpm = quota(spec, base)
     prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
                 rpm=rpm, burst_s=spec.burst_s)
-    settings = storm_settings(base, spec, jitter, prefix, pool, lag, kept_slots)
+    settings = storm_settings(base, spec, jitter, prefix, pool, run.lag, run.kept_slots, run.switch_interval_ms)
     gw = Gateway(settings, client=client)
     children: list[processes.Child] = []
     probe: Probe | None = None
@@ -287,7 +307,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         tier_of = dict(tenants)
         expected = {task_id_of(s.tenant_id, f"{s.tenant_id}:{s.task_id}", boundary_ms): s for s in specs}
         sim.reset_stats()
-        if mode == TIERED_MODE:
+        if run.tiered:
             layout = tier_worker_slots(spec.workers * spec.concurrency)
             for tier, threads in layout.items():
                 children.append(processes.worker(settings, queues=[settings.queue_name(tier, pool.name)],
@@ -406,6 +426,7 @@ def run_mode(mode: str, jitter: bool, spec: StormSpec, base: Settings, client: r
         "mode": mode, "jitter": jitter,
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
         "reserved_worker_slots": settings.reserved_worker_slots,
+        "worker_switch_interval_ms": settings.worker_switch_interval_ms,
         "worker_threads": layout,
         "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
@@ -444,7 +465,7 @@ def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec()
                             ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
         with SimulatorProcess(sim_cfg) as sim:
             modes = {}
-            for mode, jitter, lag, kept in storm_modes(spec):
-                modes[mode] = run_mode(mode, jitter, spec, base, client, sim, log_dir, progress, lag, kept)
+            for run in storm_modes(spec):
+                modes[run.name] = run_mode(run, spec, base, client, sim, log_dir, progress)
     return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
             "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

@@ -23,7 +23,8 @@ def _v(value: Any, unit: str = "") -> str:
 
 
 MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
-               "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier"}
+               "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier",
+               "jitter_on_switch": "on, switch"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -48,6 +49,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
     def each(get: Any) -> list[Any]:
         return [get(m) for m in modes]
 
+    row("worker GIL switch interval, ms", *each(lambda m: m.get("worker_switch_interval_ms")))
     row("worker threads (vip/normal/batch)",
         *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
@@ -120,17 +122,24 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compare-layout", action="store_true",
                    help="another run: jitter on with one worker per tier (deploy/k8s's layout, the same "
                         "threads in all: a quarter vip, the rest halved), side by side (~+100 s)")
+    g.add_argument("--compare-switch", type=float, default=None, metavar="MS",
+                   help="another run: jitter on with the workers' GIL switch interval MS "
+                        "(worker_switch_interval_ms), side by side (~+100 s)")
 
 
 def run_storm_from_args(args: argparse.Namespace) -> int:
-    from gateway_tasks.devtools.bench.storm import StormSpec, run_storm
+    from gateway_tasks.devtools.bench.storm import StormSpec, run_storm, storm_modes, storm_settings
 
     clock = Stopwatch()
     spec = StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
                      workers=args.storm_workers, beats=args.storm_beats,
                      scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
-                     compare_slots=args.compare_slots, compare_layout=args.compare_layout)
+                     compare_slots=args.compare_slots, compare_layout=args.compare_layout,
+                     compare_switch_ms=args.compare_switch)
     settings = load_settings()
+    for run in storm_modes(spec):      # a bad comparison value fails before any run, not after
+        storm_settings(settings, spec, run.jitter, settings.key_prefix, settings.pools[0], run.lag,
+                       run.kept_slots, run.switch_interval_ms)
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         progress = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))
         result = run_storm(redis.Redis.from_url(url), settings.with_(redis_url=url), spec, progress)

@@ -46,6 +46,8 @@ def test_mixed_load_completes_with_timing_and_tokens(settings, sim, r, tmp_path)
         assert res["tier"] == h.tier and res["tenant_id"] == h.tenant_id
         t = res["timing"]
         assert t["enqueued_ms"] <= t["dispatched_ms"] <= t["completed_ms"]
+        # the simulator's own time (openai-processing-ms) is part of the call as the worker saw it
+        assert 0 <= t["upstream_processing_ms"] <= t["upstream_ms"] + 1
         assert res["tokens"]["prompt"] == h.prompt_tokens            # tiktoken estimate is exact
         assert res["tokens"]["estimated"] == h.est_tokens
         assert res["response"]["choices"][0]["message"]["role"] == "assistant"

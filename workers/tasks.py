@@ -38,7 +38,7 @@ from workers.failover import Served, fail_over
 from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from workers.redis_retry import riding_retry, through_restarts
 from workers.streaming import chat_streamed
-from workers.upstream import UpstreamReply, chat
+from workers.upstream import UpstreamReply, chat, processing_ms
 from workers.router import picked_stale
 from workers.upstream_stats import TALLY as UPSTREAM_TIME
 
@@ -391,6 +391,8 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
             "completed_ms": done_ms,
             "queue_wait_ms": (disp_ms - enq_ms) if enq_ms and disp_ms else None,
             "upstream_ms": round(upstream_ms, 3),
+            # the upstream's own part of it (its openai-processing-ms header; None if it sends none)
+            "upstream_processing_ms": processing_ms(reply.headers),
         },
         "tokens": {
             "estimated": est,

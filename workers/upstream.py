@@ -34,6 +34,22 @@ def client_for(pool: Pool) -> openai.OpenAI:
         return found
 
 
+PROCESSING_MS_HEADER = "openai-processing-ms"   # OpenAI's (and the simulator's) own time for the request
+
+
+def processing_ms(headers: dict[str, str]) -> float | None:
+    """The upstream's own time for a request, from its ``openai-processing-ms`` header: the
+    part of the call spent at the upstream, the rest being the connection and this process
+    (a worker starved of CPU or of the GIL).  None when the header is absent or not a finite
+    number >= 0 (another provider, a proxy in between)."""
+    raw = headers.get(PROCESSING_MS_HEADER)
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value < float("inf") else None
+
+
 @dataclass(frozen=True)
 class UpstreamReply:
     body: dict[str, Any]

@@ -38,8 +38,10 @@ What is measured, per mode:
   fire lag included: what the storm does to the tenant --, queue wait p99,
   and deferred tasks (held >= 1 s in the queue by the bucket instead of being
   sent into a 429), plus the gateway's 429 requeues;
-* the VIP probe's p99 before B and during the storm, and beat's fire lag
-  (enqueue time - scheduled jittered time) p99.
+* the VIP probe's p99 before B and during the storm, split into queue wait, the
+  upstream call (the simulator's own time, from its ``openai-processing-ms``, and
+  the rest of the call: connection and worker process) and the rest of the
+  worker's time; and beat's fire lag (enqueue time - scheduled jittered time) p99.
 
 Beat submits the cron runs with ``source="cron"``: the scheduled lane
 (``gateway_tasks.core.lanes``); the probe's requests are interactive.
@@ -393,11 +395,13 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
     # the probe's latency before B ("quiet"), during the storm, and during the VIP runs (B
     # to the last VIP run's result: the part of the storm in its own tier, which the
     # scheduled lane is for), and where it goes: queue wait (enqueued -> dispatched), the
-    # upstream call, and the rest of the worker's time
+    # upstream call -- the simulator's own time (its openai-processing-ms) and the rest, spent
+    # in the connection and the worker's process --, and the rest of the worker's time
     vip_done = [res["timing"]["completed_ms"] for res in results if tier_of.get(res["tenant_id"]) == "vip"]
     vip_end_s = max(vip_done) / 1000.0 if vip_done else boundary_s
     windows: dict[str, dict[str, list[float]]] = {
-        w: {"e2e": [], "queue_wait": [], "upstream": [], "worker": []} for w in ("quiet", "storm", "vip_runs")}
+        w: {"e2e": [], "queue_wait": [], "upstream": [], "upstream_own": [], "upstream_outside": [], "worker": []}
+        for w in ("quiet", "storm", "vip_runs")}
     for task_id, sent_s in probe_ids:
         res = probe_results.get(task_id)
         if res is None:
@@ -410,14 +414,18 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
             continue
         t = res["timing"]
         upstream_ms = float(t.get("upstream_ms") or 0.0)
+        own_ms = t.get("upstream_processing_ms")    # the simulator's own time for the call
         for window in mine:
             window["e2e"].append(t["completed_ms"] - t["enqueued_ms"])
             window["queue_wait"].append(t["queue_wait_ms"] or 0)
             window["upstream"].append(upstream_ms)
+            if own_ms is not None:
+                window["upstream_own"].append(float(own_ms))
+                window["upstream_outside"].append(upstream_ms - float(own_ms))
             window["worker"].append(t["completed_ms"] - t["dispatched_ms"] - upstream_ms)
     probe_stats = {w: latency_stats(parts["e2e"]) for w, parts in windows.items()}
     for w, stats in probe_stats.items():
-        for part in ("queue_wait", "upstream", "worker"):
+        for part in ("queue_wait", "upstream", "upstream_own", "upstream_outside", "worker"):
             values = windows[w][part]
             stats[f"{part}_p99_ms"] = round(percentile(values, 99), 1) if values else None
     quiet_stats, storm_stats = probe_stats["quiet"], probe_stats["storm"]

@@ -75,6 +75,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("VIP probe p99 before the storm, ms", *each(lambda m: m["vip_probe"]["quiet"]["p99_ms"]))
     row("VIP probe p99 during the storm, ms", *each(lambda m: m["vip_probe"]["storm"]["p99_ms"]))
     for part, label in (("queue_wait", "queue wait"), ("upstream", "upstream call"),
+                        ("upstream_own", "... at the simulator"), ("upstream_outside", "... outside it"),
                         ("worker", "rest of the worker")):
         row(f"VIP probe {label} p99 before / during, ms",
             *each(lambda m: f"{_v(m['vip_probe']['quiet'].get(part + '_p99_ms'))}/"

@@ -167,6 +167,10 @@ def test_sim_config_validation_and_pool():
         SimConfig(fail_rate=2)
     with pytest.raises(ConfigError, match="tpm"):
         SimConfig(tpm=0)
+    with pytest.raises(ConfigError, match=r"server_stack='twisted' is invalid; expected one of \['native', 'python'\]"):
+        SimConfig(server_stack="twisted")
+    assert SimConfig().uvicorn_loop_http == ("uvloop", "httptools")
+    assert SimConfig(server_stack="python").uvicorn_loop_http == ("asyncio", "h11")
     assert SimConfig(models=["a"]).models == ("a",)
     pool = Pool("p", base_url="http://x/v1", api_key="k", models=("m",), tpm=1200, rpm=30,
                 burst_s=30, charge="actual")
@@ -427,7 +431,7 @@ def test_register_and_flags_round_trip():
     register(parser.add_subparsers(dest="command", required=True))
     cfg = SimConfig(tpm=1234, rpm=56, burst_s=7.5, charge="actual", base_latency_ms=3.0,
                     ms_per_output_token=0.25, completion_fraction=0.5, default_max_tokens=64,
-                    models=("a", "b"), fail_rate=0.1, seed=9)
+                    models=("a", "b"), fail_rate=0.1, seed=9, server_stack="python")
     args = parser.parse_args(["simulate-upstream", "--port", "0", *config_to_argv(cfg)])
     assert callable(args.func) and args.port == 0 and args.host == "127.0.0.1"
     assert config_from_args(args) == cfg
@@ -441,8 +445,9 @@ def test_module_help():
     assert out.returncode == 0 and "--ms-per-output-token" in out.stdout
 
 
-def test_simulator_process():
-    with SimulatorProcess(SimConfig(rpm=2, **FAST)) as proc:
+@pytest.mark.parametrize("stack", ["native", "python"])
+def test_simulator_process(stack):
+    with SimulatorProcess(SimConfig(rpm=2, server_stack=stack, **FAST)) as proc:
         c = openai.OpenAI(base_url=proc.base_url, api_key="x", max_retries=0)
         assert c.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES,
                                          max_tokens=4).usage.prompt_tokens == PROMPT

@@ -124,6 +124,8 @@ def test_storm_lanes_can_be_set_or_compared(settings):
     assert storm.storm_modes(storm.StormSpec(compare_switch_ms=0.5))[-1] == Mode("jitter_on_switch", True,
                                                                                  switch_interval_ms=0.5)
     assert len(storm.storm_modes(storm.StormSpec(compare_slots=True, compare_switch_ms=1.0))) == 4
+    assert storm.storm_modes(storm.StormSpec(compare_sim_stack=True))[-1] == Mode("jitter_on_python_sim", True,
+                                                                                  sim_stack="python")
     assert storm.storm_settings(settings, spec, True, "p:", pool).reserved_worker_slots == 1
     assert storm.storm_settings(settings, spec, True, "p:", pool, kept_slots=0).reserved_worker_slots == 0
     assert storm.storm_settings(settings, spec, True, "p:", pool).worker_switch_interval_ms == 5.0

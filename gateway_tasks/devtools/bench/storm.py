@@ -94,6 +94,7 @@ NO_LANES_MODE = "jitter_on_no_lanes"
 NO_KEPT_SLOTS_MODE = "jitter_on_no_kept_slots"
 TIERED_MODE = "jitter_on_tiered"   # jitter on, one worker per tier (deploy/k8s's layout)
 SWITCH_MODE = "jitter_on_switch"   # jitter on, the workers' GIL switch interval changed
+PYTHON_SIM_MODE = "jitter_on_python_sim"   # jitter on, the simulator on the pure-Python HTTP stack
 Progress = Callable[[str], None]
 
 
@@ -117,6 +118,8 @@ class StormSpec:
     compare_slots: bool = False               # another: jitter on, no worker slots kept for vip
     compare_layout: bool = False              # another: jitter on, one worker per tier, same slots
     compare_switch_ms: float | None = None    # another: jitter on, the workers' switch interval this
+    sim_stack: str = "native"                 # the simulator's HTTP stack (SimConfig.server_stack)
+    compare_sim_stack: bool = False           # another: jitter on, the simulator on the pure-Python one
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -170,6 +173,7 @@ class StormMode:
     kept_slots: int | None = None          # worker slots kept for vip
     switch_interval_ms: float | None = None  # the workers' GIL switch interval
     tiered: bool = False                   # one worker per tier (deploy/k8s's layout)
+    sim_stack: str | None = None           # the simulator's HTTP stack (None: the spec's)
 
 
 def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
@@ -192,7 +196,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
     """Each run: jitter off, jitter on, then the comparisons asked for -- with
     ``compare_lanes`` jitter on with no scheduled lane, ``compare_slots`` with no worker slot
     kept for vip, ``compare_layout`` with one worker per tier, ``compare_switch_ms`` with the
-    workers' switch interval that many ms."""
+    workers' switch interval that many ms, ``compare_sim_stack`` with the simulator serving HTTP
+    on the pure-Python stack (asyncio + h11)."""
     modes = [StormMode("jitter_off", False), StormMode("jitter_on", True)]
     if spec.compare_lanes:
         modes.append(StormMode(NO_LANES_MODE, True, lag=0))
@@ -202,6 +207,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
         modes.append(StormMode(TIERED_MODE, True, tiered=True))
     if spec.compare_switch_ms is not None:
         modes.append(StormMode(SWITCH_MODE, True, switch_interval_ms=spec.compare_switch_ms))
+    if spec.compare_sim_stack:
+        modes.append(StormMode(PYTHON_SIM_MODE, True, sim_stack="python"))
     return modes
 
 
@@ -435,6 +442,7 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
         "reserved_worker_slots": settings.reserved_worker_slots,
         "worker_switch_interval_ms": settings.worker_switch_interval_ms,
+        "sim_stack": sim.config.server_stack,
         "worker_threads": layout,
         "load_avg": _load_avg(),
         "boundary_utc": f"{at:%Y-%m-%dT%H:%M:%SZ}",
@@ -471,9 +479,9 @@ def run_storm(client: redis.Redis, base: Settings, spec: StormSpec = StormSpec()
     with tempfile.TemporaryDirectory(prefix="gateway-storm-") as log_dir:
         sim_cfg = SimConfig(tpm=tpm, rpm=rpm, burst_s=spec.burst_s, base_latency_ms=spec.base_latency_ms,
                             ms_per_output_token=spec.ms_per_output_token, models=(MODEL,))
-        with SimulatorProcess(sim_cfg) as sim:
-            modes = {}
-            for run in storm_modes(spec):
+        modes = {}
+        for run in storm_modes(spec):      # each run on a simulator of its own: fresh, its stack
+            with SimulatorProcess(replace(sim_cfg, server_stack=run.sim_stack or spec.sim_stack)) as sim:
                 modes[run.name] = run_mode(run, spec, base, client, sim, log_dir, progress)
     return {"spec": asdict(spec), "tokens_per_run": tokens_per_run(spec), "modes": modes,
             "targets": targets(modes["jitter_on"]), "runtime_s": round(time.monotonic() - started, 1)}

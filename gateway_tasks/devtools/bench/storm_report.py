@@ -24,7 +24,7 @@ def _v(value: Any, unit: str = "") -> str:
 
 MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
                "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier",
-               "jitter_on_switch": "on, switch"}
+               "jitter_on_switch": "on, switch", "jitter_on_python_sim": "on, py sim"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -50,6 +50,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
         return [get(m) for m in modes]
 
     row("worker GIL switch interval, ms", *each(lambda m: m.get("worker_switch_interval_ms")))
+    row("simulator HTTP stack", *each(lambda m: m.get("sim_stack")))
     row("worker threads (vip/normal/batch)",
         *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
@@ -101,6 +102,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
 
 def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     from gateway_tasks.devtools.bench.storm import StormSpec
+    from gateway_tasks.devtools.simulator.config import SERVER_STACKS
 
     d = StormSpec()
     g = parser.add_argument_group("--storm (end to end: beat replicas, workers, simulator)")
@@ -123,6 +125,12 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compare-layout", action="store_true",
                    help="another run: jitter on with one worker per tier (deploy/k8s's layout, the same "
                         "threads in all: a quarter vip, the rest halved), side by side (~+100 s)")
+    g.add_argument("--sim-stack", choices=sorted(SERVER_STACKS), default=d.sim_stack,
+                   help="the simulator's HTTP stack: native = uvloop + httptools, python = asyncio + h11 "
+                        "(%(default)s)")
+    g.add_argument("--compare-sim-stack", action="store_true",
+                   help="another run: jitter on with the simulator on the pure-Python HTTP stack "
+                        "(asyncio + h11), side by side (~+100 s)")
     g.add_argument("--compare-switch", type=float, default=None, metavar="MS",
                    help="another run: jitter on with the workers' GIL switch interval MS "
                         "(worker_switch_interval_ms), side by side (~+100 s)")
@@ -136,7 +144,8 @@ def run_storm_from_args(args: argparse.Namespace) -> int:
                      workers=args.storm_workers, beats=args.storm_beats,
                      scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
                      compare_slots=args.compare_slots, compare_layout=args.compare_layout,
-                     compare_switch_ms=args.compare_switch)
+                     compare_switch_ms=args.compare_switch, sim_stack=args.sim_stack,
+                     compare_sim_stack=args.compare_sim_stack)
     settings = load_settings()
     for run in storm_modes(spec):      # a bad comparison value fails before any run, not after
         storm_settings(settings, spec, run.jitter, settings.key_prefix, settings.pools[0], run.lag,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from gateway_tasks.core.settings import CHARGE_MODES
-from gateway_tasks.devtools.simulator.config import SimConfig
+from gateway_tasks.devtools.simulator.config import SERVER_STACKS, SimConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8099
@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fraction of requests answered 500 (default %(default)s)")
     parser.add_argument("--seed", type=int, default=d.seed,
                         help="seed of the failure draws (default %(default)s)")
+    parser.add_argument("--server-stack", choices=sorted(SERVER_STACKS), default=d.server_stack,
+                        help="uvicorn's event loop and HTTP parser: native = uvloop + httptools, "
+                             "python = asyncio + h11 (default %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -52,7 +55,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                      ms_per_output_token=args.ms_per_output_token,
                      completion_fraction=args.completion_fraction,
                      default_max_tokens=args.default_max_tokens, models=models,
-                     fail_rate=args.fail_rate, seed=args.seed)
+                     fail_rate=args.fail_rate, seed=args.seed, server_stack=args.server_stack)
 
 
 def config_to_argv(config: SimConfig) -> list[str]:
@@ -64,4 +67,5 @@ def config_to_argv(config: SimConfig) -> list[str]:
             "--completion-fraction", repr(config.completion_fraction),
             "--default-max-tokens", str(config.default_max_tokens),
             "--models", ",".join(config.models),
-            "--fail-rate", repr(config.fail_rate), "--seed", str(config.seed)]
+            "--fail-rate", repr(config.fail_rate), "--seed", str(config.seed),
+            "--server-stack", config.server_stack]

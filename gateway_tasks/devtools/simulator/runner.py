@@ -49,7 +49,8 @@ def _url(host: str, port: int) -> str:
 
 
 def _server(config: SimConfig, host: str, port: int) -> uvicorn.Server:
-    return uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port,
+    loop, http = config.uvicorn_loop_http
+    return uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, loop=loop, http=http,
                                          log_level="warning", access_log=False,
                                          lifespan="off"))
 
@@ -60,7 +61,7 @@ def serve(config: SimConfig, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT)
     bound_port = sock.getsockname()[1]
     print(f"simulate-upstream: {_url(host, bound_port)}/v1 (tpm={config.tpm}, rpm={config.rpm}, "
           f"burst_s={config.burst_s:g}, charge={config.charge}, "
-          f"models={','.join(config.models)})", file=sys.stderr, flush=True)
+          f"models={','.join(config.models)}, server stack {config.server_stack})", file=sys.stderr, flush=True)
     try:
         _server(config, host, bound_port).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after a clean shutdown

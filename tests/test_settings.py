@@ -63,6 +63,7 @@ rpm = 10
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "0"}, r"worker_switch_interval_ms=0\.0 is invalid; expected in \[0\.05, 1000\] ms"),
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "nan"}, "worker_switch_interval_ms"),
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "fast"}, "not a valid float"),
+    ({"GATEWAY_WORKER_GC_FREEZE": "maybe"}, r"GATEWAY_WORKER_GC_FREEZE='maybe' is not a valid boolean \(not one of"),
 ])
 def test_bad_settings_fail_fast_with_reason(env, text):
     with pytest.raises(ConfigError, match=text):
@@ -133,3 +134,15 @@ def test_public_view_drops_credentials_from_urls():
 def test_worker_switch_interval_defaults_to_cpythons_and_reads_the_environment():
     assert load_settings(env={}).worker_switch_interval_ms == 5.0
     assert load_settings(env={"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "0.5"}).worker_switch_interval_ms == 0.5
+
+
+@pytest.mark.parametrize("text,expected", [("1", True), ("true", True), ("Yes", True), ("ON", True),
+                                           ("0", False), ("false", False), ("no", False), (" off ", False)])
+def test_worker_gc_freeze_is_on_by_default_and_reads_a_yes_or_no(text, expected):
+    assert load_settings(env={}).worker_gc_freeze is True
+    assert load_settings(env={"GATEWAY_WORKER_GC_FREEZE": text}).worker_gc_freeze is expected
+
+
+def test_worker_gc_freeze_must_be_a_bool_in_a_file_too():
+    with pytest.raises(ConfigError, match="worker_gc_freeze='yes' is invalid; expected true or false"):
+        load_settings(env={"GATEWAY_SETTINGS_JSON": '{"worker_gc_freeze": "yes"}'})

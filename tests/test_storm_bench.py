@@ -102,8 +102,8 @@ def test_quota_fits_the_jittered_storm_plus_the_probe():
 
 def test_storm_settings_compress_or_zero_the_windows(settings):
     pool = settings.pools[0]
-    on = storm.storm_settings(settings, storm.StormSpec(compress=20), True, "p:", pool)
-    off = storm.storm_settings(settings, storm.StormSpec(compress=20), False, "p:", pool)
+    on = storm.storm_settings(settings, storm.StormSpec(compress=20), storm.StormMode("on", True), "p:", pool)
+    off = storm.storm_settings(settings, storm.StormSpec(compress=20), storm.StormMode("off", False), "p:", pool)
     assert [t.jitter_window_s for t in on.tiers] == [0, 6, 30]
     assert [t.jitter_window_s for t in off.tiers] == [0, 0, 0]
     assert on.key_prefix == "p:" and on.pools == (pool,)
@@ -113,9 +113,12 @@ def test_storm_settings_compress_or_zero_the_windows(settings):
 def test_storm_lanes_can_be_set_or_compared(settings):
     pool = settings.pools[0]
     spec = storm.StormSpec(scheduled_lag_tokens=100)
-    assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool).tiers] == [100] * 3
-    assert [t.scheduled_lag_tokens for t in storm.storm_settings(settings, spec, True, "p:", pool, 0).tiers] == [0] * 3
     Mode = storm.StormMode
+
+    def of(run: storm.StormMode):
+        return storm.storm_settings(settings, spec, run, "p:", pool)
+    assert [t.scheduled_lag_tokens for t in of(Mode("on", True)).tiers] == [100] * 3
+    assert [t.scheduled_lag_tokens for t in of(Mode("on", True, lag=0)).tiers] == [0] * 3
     assert storm.storm_modes(storm.StormSpec()) == [Mode("jitter_off", False), Mode("jitter_on", True)]
     assert storm.storm_modes(storm.StormSpec(compare_lanes=True))[-1] == Mode("jitter_on_no_lanes", True, lag=0)
     assert storm.storm_modes(storm.StormSpec(compare_slots=True))[-1] == Mode("jitter_on_no_kept_slots", True,
@@ -126,11 +129,13 @@ def test_storm_lanes_can_be_set_or_compared(settings):
     assert len(storm.storm_modes(storm.StormSpec(compare_slots=True, compare_switch_ms=1.0))) == 4
     assert storm.storm_modes(storm.StormSpec(compare_sim_stack=True))[-1] == Mode("jitter_on_python_sim", True,
                                                                                   sim_stack="python")
-    assert storm.storm_settings(settings, spec, True, "p:", pool).reserved_worker_slots == 1
-    assert storm.storm_settings(settings, spec, True, "p:", pool, kept_slots=0).reserved_worker_slots == 0
-    assert storm.storm_settings(settings, spec, True, "p:", pool).worker_switch_interval_ms == 5.0
-    assert storm.storm_settings(settings, spec, True, "p:", pool,
-                                switch_interval_ms=0.5).worker_switch_interval_ms == 0.5
+    plain = of(Mode("on", True))
+    assert (plain.reserved_worker_slots, plain.worker_switch_interval_ms, plain.worker_gc_freeze) == (1, 5.0, True)
+    assert of(Mode("on", True, kept_slots=0)).reserved_worker_slots == 0
+    assert of(Mode("on", True, switch_interval_ms=0.5)).worker_switch_interval_ms == 0.5
+    assert of(Mode("on", True, gc_freeze=False)).worker_gc_freeze is False
+    assert storm.storm_modes(storm.StormSpec(compare_gc_freeze=True))[-1] == Mode("jitter_on_no_gc_freeze", True,
+                                                                                  gc_freeze=False)
 
 
 @pytest.mark.parametrize("total,expected", [

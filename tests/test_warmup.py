@@ -1,10 +1,11 @@
-"""A worker warms the openai SDK up before it takes tasks (workers.warmup) and sets its GIL
-switch interval (workers.gil); the simulator and the REST API load tiktoken's encoder before
-their first request."""
+"""A worker warms the openai SDK up before it takes tasks (workers.warmup), sets its GIL
+switch interval and freezes its startup objects (workers.interpreter); the simulator and the
+REST API load tiktoken's encoder before their first request."""
 
 from __future__ import annotations
 
 import logging
+import re
 import pytest
 
 from gateway_tasks.core.settings import Pool
@@ -39,13 +40,26 @@ def test_warm_worker_never_raises_and_builds_every_pool_client(settings, monkeyp
 
 def test_apply_switch_interval_sets_it_and_returns_the_one_before():
     import sys
-    from workers.gil import apply_switch_interval
+    from workers.interpreter import apply_switch_interval
     before = sys.getswitchinterval()
     try:
         assert apply_switch_interval(0.5) == pytest.approx(before * 1000)
         assert sys.getswitchinterval() == pytest.approx(0.0005)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_freeze_startup_objects_moves_them_out_of_full_collections():
+    import gc
+    from workers.interpreter import freeze_startup_objects
+    try:
+        kept = [[i] for i in range(1000)]         # tracked containers that live on
+        frozen = freeze_startup_objects()
+        assert frozen == gc.get_freeze_count() and frozen >= 1000
+        assert len(kept) == 1000
+        assert len(gc.get_objects(generation=2)) < frozen   # a full collection walks the rest only
+    finally:
+        gc.unfreeze()
 
 
 def test_encoder_is_loaded_once_per_process():
@@ -61,7 +75,7 @@ def test_a_real_worker_warms_up_before_it_serves(settings, r, tmp_path):
         gw = Gateway(s, client=r)
         gw.register_tenant("acme", "vip")
         log = tmp_path / "worker.log"
-        s = s.with_(worker_switch_interval_ms=0.5)    # workers.gil sets it in the worker's process
+        s = s.with_(worker_switch_interval_ms=0.5)    # workers.interpreter sets it in the worker's process
         worker = processes.worker(s, concurrency=2, log_path=str(log), loglevel="info").start()
         try:
             processes.wait_for_workers(gw.app, 1)
@@ -72,4 +86,5 @@ def test_a_real_worker_warms_up_before_it_serves(settings, r, tmp_path):
             gw.app.close()
         text = log.read_text()
         assert "worker warmed up in" in text, text[-2000:]
-        assert "worker GIL switch interval 0.5 ms" in text, text[-2000:]
+        assert re.search(r"worker GIL switch interval 0\.5 ms; garbage collector: [\d,]+ startup objects frozen",
+                         text), text[-2000:]

@@ -17,8 +17,8 @@ from workers.redaction import install_log_filter
 WORKER_TRANSPORT = "workers.transport:Transport"
 # workers.overload: the load-level controller, started by each worker when it is ready;
 # workers.warmup: the openai SDK's one-time work, done before the worker takes a task;
-# workers.gil: the process's GIL switch interval (Settings.worker_switch_interval_ms)
-TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup", "workers.gil")
+# workers.interpreter: the process's GIL switch interval and its startup objects frozen
+TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup", "workers.interpreter")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

@@ -297,8 +297,12 @@ class Settings:
     # how long a worker thread runs Python before the interpreter asks it to hand the GIL to
     # another that waits (sys.setswitchinterval); a thread whose upstream reply has arrived
     # waits up to this for each of the several times it takes the GIL back while other
-    # threads are busy (the SDK's parse, other tasks' dispatch and settle) -- see workers/gil.py
+    # threads are busy (the SDK's parse, other tasks' dispatch and settle) -- see workers/interpreter.py
     worker_switch_interval_ms: float = 5.0
+    # a ready worker moves its startup objects (~150k: the SDK, Celery, pools) out of the
+    # garbage collector's full collections (gc.freeze): each of those stopped every thread for
+    # 85-224 ms in the cron storm -- see workers/interpreter.py
+    worker_gc_freeze: bool = True
     # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
@@ -344,6 +348,8 @@ class Settings:
                  f"at least 0.5 and below visibility_timeout_s ({self.visibility_timeout_s})")
         _require(self.reserved_worker_slots >= 0, "settings", "reserved_worker_slots",
                  self.reserved_worker_slots, ">= 0 slots (0 = off)")
+        _require(isinstance(self.worker_gc_freeze, bool), "settings", "worker_gc_freeze", self.worker_gc_freeze,
+                 "true or false")
         _require(0.05 <= self.worker_switch_interval_ms <= 1000, "settings", "worker_switch_interval_ms",
                  self.worker_switch_interval_ms, "in [0.05, 1000] ms (CPython's default: 5)")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
@@ -463,6 +469,17 @@ class Settings:
                        api_key_secret_previous="", redis_password="", redis_username="")
 
 
+def boolean(text: str) -> bool:
+    """An environment variable's yes or no: 1/true/yes/on or 0/false/no/off (any case)."""
+    value = _BOOLEANS.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"not one of {sorted(_BOOLEANS)}")
+    return value
+
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
 def _require(ok: bool, where: str, name: str, value: Any, expected: str) -> None:
     if not ok:
         raise ConfigError(f"{where}: {name}={value!r} is invalid; expected {expected}")
@@ -571,6 +588,7 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
         "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
         "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),
+        "GATEWAY_WORKER_GC_FREEZE": ("worker_gc_freeze", boolean),
         "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
         "GATEWAY_ADMIN_KEY": ("admin_key", str),
         "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),
@@ -585,8 +603,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         if env.get(var):
             try:
                 kwargs[name] = conv(env[var])
-            except ValueError:
-                raise ConfigError(f"{var}={env[var]!r} is not a valid {conv.__name__}") from None
+            except ValueError as exc:
+                why = f" ({exc})" if conv is boolean else ""   # int()'s and float()'s own words add nothing
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {conv.__name__}{why}") from None
     pools_json = env.get("GATEWAY_POOLS_JSON")
     if pools_json:
         try:

@@ -95,6 +95,7 @@ NO_KEPT_SLOTS_MODE = "jitter_on_no_kept_slots"
 TIERED_MODE = "jitter_on_tiered"   # jitter on, one worker per tier (deploy/k8s's layout)
 SWITCH_MODE = "jitter_on_switch"   # jitter on, the workers' GIL switch interval changed
 PYTHON_SIM_MODE = "jitter_on_python_sim"   # jitter on, the simulator on the pure-Python HTTP stack
+NO_GC_FREEZE_MODE = "jitter_on_no_gc_freeze"   # jitter on, the workers' startup objects not frozen
 Progress = Callable[[str], None]
 
 
@@ -120,6 +121,7 @@ class StormSpec:
     compare_switch_ms: float | None = None    # another: jitter on, the workers' switch interval this
     sim_stack: str = "native"                 # the simulator's HTTP stack (SimConfig.server_stack)
     compare_sim_stack: bool = False           # another: jitter on, the simulator on the pure-Python one
+    compare_gc_freeze: bool = False           # another: jitter on, the workers' gc freeze off
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -174,22 +176,21 @@ class StormMode:
     switch_interval_ms: float | None = None  # the workers' GIL switch interval
     tiered: bool = False                   # one worker per tier (deploy/k8s's layout)
     sim_stack: str | None = None           # the simulator's HTTP stack (None: the spec's)
+    gc_freeze: bool | None = None          # the workers' startup objects frozen
 
 
-def storm_settings(base: Settings, spec: StormSpec, jitter: bool, prefix: str, pool: Pool,
-                   lag: int | None = None, kept_slots: int | None = None,
-                   switch_interval_ms: float | None = None) -> Settings:
-    """The storm's settings: the jitter windows compressed (or 0), the scheduled lag of every
-    tier ``lag`` (None: the spec's, else the settings' own), the worker slots kept for vip
-    ``kept_slots`` and the workers' switch interval (None: the settings' own)."""
-    lag = spec.scheduled_lag_tokens if lag is None else lag
-    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if jitter else 0),
+def storm_settings(base: Settings, spec: StormSpec, run: StormMode, prefix: str, pool: Pool) -> Settings:
+    """One run's settings: the jitter windows compressed (or 0), the scheduled lag of every
+    tier (the run's, else the spec's, else the settings' own), and the run's worker slots
+    kept for vip, switch interval and gc freeze (None: the settings' own)."""
+    lag = spec.scheduled_lag_tokens if run.lag is None else run.lag
+    tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if run.jitter else 0),
                           scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
                   for t in base.tiers)
-    kept = base.reserved_worker_slots if kept_slots is None else kept_slots
-    switch_ms = base.worker_switch_interval_ms if switch_interval_ms is None else switch_interval_ms
-    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", reserved_worker_slots=kept,
-                      worker_switch_interval_ms=switch_ms)
+    changes = {name: value for name, value in (("reserved_worker_slots", run.kept_slots),
+                                               ("worker_switch_interval_ms", run.switch_interval_ms),
+                                               ("worker_gc_freeze", run.gc_freeze)) if value is not None}
+    return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", **changes)
 
 
 def storm_modes(spec: StormSpec) -> list[StormMode]:
@@ -197,7 +198,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
     ``compare_lanes`` jitter on with no scheduled lane, ``compare_slots`` with no worker slot
     kept for vip, ``compare_layout`` with one worker per tier, ``compare_switch_ms`` with the
     workers' switch interval that many ms, ``compare_sim_stack`` with the simulator serving HTTP
-    on the pure-Python stack (asyncio + h11)."""
+    on the pure-Python stack (asyncio + h11), ``compare_gc_freeze`` with the workers' startup
+    objects left to full collections."""
     modes = [StormMode("jitter_off", False), StormMode("jitter_on", True)]
     if spec.compare_lanes:
         modes.append(StormMode(NO_LANES_MODE, True, lag=0))
@@ -209,6 +211,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
         modes.append(StormMode(SWITCH_MODE, True, switch_interval_ms=spec.compare_switch_ms))
     if spec.compare_sim_stack:
         modes.append(StormMode(PYTHON_SIM_MODE, True, sim_stack="python"))
+    if spec.compare_gc_freeze:
+        modes.append(StormMode(NO_GC_FREEZE_MODE, True, gc_freeze=False))
     return modes
 
 
@@ -294,7 +298,7 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
     prefix = f"gt-storm-{mode}-{uuid.uuid4().hex[:8]}:"
     pool = Pool("default", base_url=sim.base_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
                 rpm=rpm, burst_s=spec.burst_s)
-    settings = storm_settings(base, spec, jitter, prefix, pool, run.lag, run.kept_slots, run.switch_interval_ms)
+    settings = storm_settings(base, spec, run, prefix, pool)
     gw = Gateway(settings, client=client)
     children: list[processes.Child] = []
     probe: Probe | None = None
@@ -442,6 +446,7 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
         "scheduled_lag_tokens": {t.name: t.scheduled_lag_tokens for t in settings.tiers},
         "reserved_worker_slots": settings.reserved_worker_slots,
         "worker_switch_interval_ms": settings.worker_switch_interval_ms,
+        "worker_gc_freeze": settings.worker_gc_freeze,
         "sim_stack": sim.config.server_stack,
         "worker_threads": layout,
         "load_avg": _load_avg(),

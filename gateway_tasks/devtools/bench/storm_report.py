@@ -24,7 +24,8 @@ def _v(value: Any, unit: str = "") -> str:
 
 MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
                "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier",
-               "jitter_on_switch": "on, switch", "jitter_on_python_sim": "on, py sim"}
+               "jitter_on_switch": "on, switch", "jitter_on_python_sim": "on, py sim",
+               "jitter_on_no_gc_freeze": "on, no freeze"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -50,6 +51,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
         return [get(m) for m in modes]
 
     row("worker GIL switch interval, ms", *each(lambda m: m.get("worker_switch_interval_ms")))
+    row("worker gc freeze", *each(lambda m: {True: "on", False: "off"}.get(m.get("worker_gc_freeze"))))
     row("simulator HTTP stack", *each(lambda m: m.get("sim_stack")))
     row("worker threads (vip/normal/batch)",
         *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
@@ -131,6 +133,9 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compare-sim-stack", action="store_true",
                    help="another run: jitter on with the simulator on the pure-Python HTTP stack "
                         "(asyncio + h11), side by side (~+100 s)")
+    g.add_argument("--compare-gc-freeze", action="store_true",
+                   help="another run: jitter on with the workers' startup objects left to full garbage "
+                        "collections (worker_gc_freeze off), side by side (~+100 s)")
     g.add_argument("--compare-switch", type=float, default=None, metavar="MS",
                    help="another run: jitter on with the workers' GIL switch interval MS "
                         "(worker_switch_interval_ms), side by side (~+100 s)")
@@ -145,11 +150,10 @@ def run_storm_from_args(args: argparse.Namespace) -> int:
                      scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
                      compare_slots=args.compare_slots, compare_layout=args.compare_layout,
                      compare_switch_ms=args.compare_switch, sim_stack=args.sim_stack,
-                     compare_sim_stack=args.compare_sim_stack)
+                     compare_sim_stack=args.compare_sim_stack, compare_gc_freeze=args.compare_gc_freeze)
     settings = load_settings()
     for run in storm_modes(spec):      # a bad comparison value fails before any run, not after
-        storm_settings(settings, spec, run.jitter, settings.key_prefix, settings.pools[0], run.lag,
-                       run.kept_slots, run.switch_interval_ms)
+        storm_settings(settings, spec, run, settings.key_prefix, settings.pools[0])
     with redis_or_embedded(settings.redis_url) as (url, embedded):
         progress = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))
         result = run_storm(redis.Redis.from_url(url), settings.with_(redis_url=url), spec, progress)

@@ -12,6 +12,7 @@ from beat import cli as beat_cli
 from beat.fire import run_key
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.devtools.bench import storm
+from gateway_tasks.devtools.bench.storm_report import spec_from_args
 from gateway_tasks.devtools.bench.storm_stats import (deferred, first_reached_s, latency_stats,
                                                       level_changes, rate_429_pct, rate_stats, rebin,
                                                       targets, vip_p99_ratio, window_series)
@@ -207,3 +208,13 @@ def test_cron_bench_takes_the_storm_flags():
     assert parser.parse_args(["cron", "bench", "--storm", "--compare-slots"]).compare_slots
     assert parser.parse_args(["cron", "bench", "--storm", "--compare-layout"]).compare_layout
     assert not parser.parse_args(["cron", "bench"]).storm
+    spec = spec_from_args(parser.parse_args(["cron", "bench", "--storm", "--compare-gc-freeze", "--compare-sim-stack",
+                                             "--compare-switch", "0.5", "--sim-stack", "python"]))
+    assert (spec.compare_gc_freeze, spec.compare_sim_stack, spec.compare_switch_ms, spec.sim_stack) == \
+        (True, True, 0.5, "python")
+    assert not (spec.compare_lanes or spec.compare_slots or spec.compare_layout)
+    assert [m.name for m in storm.storm_modes(spec)] == ["jitter_off", "jitter_on", "jitter_on_switch",
+                                                         "jitter_on_python_sim", "jitter_on_no_gc_freeze"]
+    assert spec_from_args(parser.parse_args(["cron", "bench", "--storm"])) == storm.StormSpec()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["cron", "bench", "--storm", "--sim-stack", "twisted"])

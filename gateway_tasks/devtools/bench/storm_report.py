@@ -102,6 +102,17 @@ def format_storm_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# the on/off comparisons, each another run with jitter on (StormSpec's field of the same name)
+COMPARISONS = {
+    "--compare-lanes": "no scheduled lane (lag 0)",
+    "--compare-slots": "no worker slot kept for vip (reserved_worker_slots 0)",
+    "--compare-layout": "one worker per tier (deploy/k8s's layout, the same threads in all: a quarter vip, "
+                        "the rest halved)",
+    "--compare-sim-stack": "the simulator on the pure-Python HTTP stack (asyncio + h11)",
+    "--compare-gc-freeze": "the workers' startup objects left to full garbage collections (worker_gc_freeze off)",
+}
+
+
 def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     from gateway_tasks.devtools.bench.storm import StormSpec
     from gateway_tasks.devtools.simulator.config import SERVER_STACKS
@@ -119,38 +130,33 @@ def add_storm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--storm-beats", type=int, default=d.beats, help="beat replicas (%(default)s)")
     g.add_argument("--scheduled-lag-tokens", type=int, default=None,
                    help="every tier's scheduled lane lag (default: the settings'; 0 = no lanes)")
-    g.add_argument("--compare-lanes", action="store_true",
-                   help="a third run: jitter on with no scheduled lane (lag 0), side by side (~+100 s)")
-    g.add_argument("--compare-slots", action="store_true",
-                   help="another run: jitter on with no worker slot kept for vip (reserved_worker_slots 0), "
-                        "side by side (~+100 s)")
-    g.add_argument("--compare-layout", action="store_true",
-                   help="another run: jitter on with one worker per tier (deploy/k8s's layout, the same "
-                        "threads in all: a quarter vip, the rest halved), side by side (~+100 s)")
+    for flag, change in COMPARISONS.items():
+        g.add_argument(flag, action="store_true",
+                       help=f"another run: jitter on with {change}, side by side (~+100 s)")
     g.add_argument("--sim-stack", choices=sorted(SERVER_STACKS), default=d.sim_stack,
                    help="the simulator's HTTP stack: native = uvloop + httptools, python = asyncio + h11 "
                         "(%(default)s)")
-    g.add_argument("--compare-sim-stack", action="store_true",
-                   help="another run: jitter on with the simulator on the pure-Python HTTP stack "
-                        "(asyncio + h11), side by side (~+100 s)")
-    g.add_argument("--compare-gc-freeze", action="store_true",
-                   help="another run: jitter on with the workers' startup objects left to full garbage "
-                        "collections (worker_gc_freeze off), side by side (~+100 s)")
     g.add_argument("--compare-switch", type=float, default=None, metavar="MS",
                    help="another run: jitter on with the workers' GIL switch interval MS "
                         "(worker_switch_interval_ms), side by side (~+100 s)")
 
 
+def spec_from_args(args: argparse.Namespace) -> Any:
+    """The StormSpec the parsed flags ask for."""
+    from gateway_tasks.devtools.bench.storm import StormSpec
+
+    compared = {flag.removeprefix("--").replace("-", "_") for flag in COMPARISONS}
+    return StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
+                     workers=args.storm_workers, beats=args.storm_beats,
+                     scheduled_lag_tokens=args.scheduled_lag_tokens, compare_switch_ms=args.compare_switch,
+                     sim_stack=args.sim_stack, **{name: getattr(args, name) for name in compared})
+
+
 def run_storm_from_args(args: argparse.Namespace) -> int:
-    from gateway_tasks.devtools.bench.storm import StormSpec, run_storm, storm_modes, storm_settings
+    from gateway_tasks.devtools.bench.storm import run_storm, storm_modes, storm_settings
 
     clock = Stopwatch()
-    spec = StormSpec(tenants=args.tenants, compress=args.compress, quota_fill=args.quota_fill,
-                     workers=args.storm_workers, beats=args.storm_beats,
-                     scheduled_lag_tokens=args.scheduled_lag_tokens, compare_lanes=args.compare_lanes,
-                     compare_slots=args.compare_slots, compare_layout=args.compare_layout,
-                     compare_switch_ms=args.compare_switch, sim_stack=args.sim_stack,
-                     compare_sim_stack=args.compare_sim_stack, compare_gc_freeze=args.compare_gc_freeze)
+    spec = spec_from_args(args)
     settings = load_settings()
     for run in storm_modes(spec):      # a bad comparison value fails before any run, not after
         storm_settings(settings, spec, run, settings.key_prefix, settings.pools[0])

@@ -6,6 +6,7 @@ tier's retry budget)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,11 +44,13 @@ def processing_ms(headers: dict[str, str]) -> float | None:
     (a worker starved of CPU or of the GIL).  None when the header is absent or not a finite
     number >= 0 (another provider, a proxy in between)."""
     raw = headers.get(PROCESSING_MS_HEADER)
+    if raw is None:
+        return None
     try:
-        value = float(raw) if raw is not None else None
+        value = float(raw)
     except ValueError:
         return None
-    return value if value is not None and 0 <= value < float("inf") else None
+    return value if 0 <= value < math.inf else None
 
 
 @dataclass(frozen=True)

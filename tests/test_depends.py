@@ -12,7 +12,7 @@ from gateway_tasks.core import depends
 from gateway_tasks.core.broker import queued_messages
 from gateway_tasks.core.errors import DependencyFailed, InvalidRequest, UnknownTask
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.settings import Pool
+from gateway_tasks.core.settings import Overload, Pool
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
@@ -187,7 +187,11 @@ def test_priority_inheritance_under_a_batch_flood(settings, r, tmp_path):
     with SimulatorThread(SimConfig(tpm=60_000, rpm=6_000, burst_s=2, base_latency_ms=20)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
                     tpm=60_000, rpm=6_000, burst_s=2)
-        s = for_load(settings.with_(pools=(pool,)))
+        # the load controller is off: the flood's ~20k tokens on a 1,000 tokens/s pool saturate
+        # it, so once the worker's first window is measured it (rightly) goes to L3 and defers
+        # new batch submits -- the control and dependency tasks below raced it (CI, embedded
+        # half: Deferred, utilisation 0.98); the load levels are not what this test is about
+        s = for_load(settings.with_(pools=(pool,), overload=Overload(enabled=False)))
         g = Gateway(s, client=r)
         tenants = [f"bulk{i}" for i in range(20)]
         for t in tenants:

@@ -38,30 +38,6 @@ def test_warm_worker_never_raises_and_builds_every_pool_client(settings, monkeyp
     assert "sdk-secret-detail" not in caplog.text     # the type only: nothing of the message
 
 
-def test_apply_switch_interval_sets_it_and_returns_the_one_before():
-    import sys
-    from workers.interpreter import apply_switch_interval
-    before = sys.getswitchinterval()
-    try:
-        assert apply_switch_interval(0.5) == pytest.approx(before * 1000)
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        sys.setswitchinterval(before)
-
-
-def test_freeze_startup_objects_moves_them_out_of_full_collections():
-    import gc
-    from workers.interpreter import freeze_startup_objects
-    try:
-        kept = [[i] for i in range(1000)]         # tracked containers that live on
-        frozen = freeze_startup_objects()
-        assert frozen == gc.get_freeze_count() and frozen >= 1000
-        assert len(kept) == 1000
-        assert len(gc.get_objects(generation=2)) < frozen   # a full collection walks the rest only
-    finally:
-        gc.unfreeze()
-
-
 def test_encoder_is_loaded_once_per_process():
     assert encoding() is encoding()
 

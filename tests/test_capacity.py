@@ -20,7 +20,8 @@ from gateway_tasks.core.forecast import Forecast, bin_of, validate_window
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field
 from gateway_tasks.core.tokens import count_prompt_tokens
-from gateway_tasks.metrics.exporter import backlog_tokens, render
+from gateway_tasks.core.index_entry import backlog_tokens
+from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.gateway import Gateway
 
 from beat.forecast import ForecastPublisher, compute_forecast, fire_times_ms, read_published

@@ -123,6 +123,26 @@ def test_an_old_queued_task_raises_the_level(r, fast):
     assert d.level == 3 and "vip's oldest queued task" in d.reason
 
 
+def test_a_queue_holding_the_pools_next_window_raises_the_level(r, fast):
+    """200 batch tasks (more than the tick's sample of 64 entries) whose estimated tokens
+    are 1.2 windows of the pool's TPM: L3 at the first tick, before anything was served;
+    the same queue with the backlog signal off asks for nothing."""
+    keys = Keys(fast.key_prefix)
+    pool = fast.pools[0]
+    window_tokens = pool.tpm * FAST.window_s / 60
+    est = int(window_tokens * 1.2 / 200) + 1
+    r.zadd(keys.index(pool.name, "batch"),
+           {f"t{i % 7}|{i:016x}|tag{i}|{est}|0|1": 0 for i in range(200)})
+    d = OverloadController(r, fast).tick()
+    assert d.level == 3 and f"pool {pool.name}'s queue holds" in d.reason, d.reason
+    assert d.signals.backlog_s[pool.name] == pytest.approx(200 * est / pool.tpm * 60, rel=1e-3)
+    off = fast.with_(key_prefix=fast.key_prefix + "off:",
+                     overload=Overload(tick_s=0.2, window_s=1.0, hold_s=1.0, backlog_signal=False))
+    r.zadd(Keys(off.key_prefix).index(pool.name, "batch"),
+           {f"t{i % 7}|{i:016x}|tag{i}|{est}|0|1": 0 for i in range(200)})
+    assert OverloadController(r, off).tick().level == 0
+
+
 @pytest.fixture
 def gw(r, settings):
     g = Gateway(settings, client=r)

@@ -7,7 +7,8 @@ import pytest
 
 from gateway_tasks.core.errors import ConfigError, Deferred, Rejected
 from gateway_tasks.core.overload_actions import degrade, deferral, record
-from gateway_tasks.core.overload_levels import NEVER, Signals, baseline, hysteresis, measure, target_level
+from gateway_tasks.core.overload_levels import (NEVER, Signals, backlog_seconds, baseline, hysteresis, measure,
+                                                target_level)
 from gateway_tasks.core.settings import Overload, Pool, Settings, load_settings
 
 O = Overload()
@@ -31,10 +32,40 @@ MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
     (Signals(wait_ms={"batch": 200_000.0, "vip": None}), 0, "below"),
     (Signals(oldest_wait_ms={"normal": 31_000.0}), 3, "tier normal's oldest queued task has waited 31.0 s"),
     (Signals(oldest_wait_ms={"normal": 29_000.0, "vip": 1_900.0}), 0, "below"),
+    # the queue's backlog, seconds of the pool's TPM, over the 10 s window: the utilisation
+    # the pool is committed to before the window has seen any of it
+    (Signals(backlog_s={"p": 7.4}), 0, "below"),
+    (Signals(backlog_s={"p": 7.5}), 1, "pool p's queue holds 7.5 s of its TPM: utilisation 0.75"),
+    (Signals(backlog_s={"p": 9.5}), 3, "utilisation 0.95 of the next 10 s >= 0.95"),
+    (Signals(backlog_s={"a": 1.0, "b": 60.0}), 3, "pool b's queue holds 60.0 s"),
+    (Signals(utilisation={"p": 0.9}, backlog_s={"p": 1.0}), 2, "pool p utilisation 0.90"),
 ])
 def test_target_level_table(signals, level, why):
     got, reason = target_level(signals, O, MAX_WAIT)
     assert got == level and why in reason, reason
+
+
+@pytest.mark.parametrize("window_s, backlog_s, level", [
+    (10.0, 9.5, 3), (20.0, 9.5, 0), (20.0, 17.0, 2), (5.0, 4.0, 1), (5.0, 4.3, 2),
+])
+def test_backlog_is_judged_against_the_window(window_s, backlog_s, level):
+    overload = Overload(window_s=window_s)
+    assert target_level(Signals(backlog_s={"p": backlog_s}), overload, MAX_WAIT)[0] == level
+
+
+def test_backlog_signal_off_leaves_only_what_has_been_served():
+    off = Overload(backlog_signal=False)
+    assert target_level(Signals(backlog_s={"p": 600.0}), off, MAX_WAIT) == (0, "all signals below their thresholds")
+    assert target_level(Signals(utilisation={"p": 0.96}, backlog_s={"p": 600.0}), off, MAX_WAIT)[0] == 3
+
+
+@pytest.mark.parametrize("tokens, tpm, expected", [
+    ({"p": 10_000}, {"p": 60_000}, {"p": 10.0}),      # 10k tokens of a 1,000 tokens/s pool
+    ({"p": 0}, {"p": 60_000}, {"p": 0.0}),
+    ({"p": 500, "q": 500}, {"p": 120_000, "q": 0}, {"p": 0.25}),   # a pool with no TPM is not judged
+])
+def test_backlog_seconds_table(tokens, tpm, expected):
+    assert backlog_seconds(tokens, tpm) == expected
 
 
 HOLD = 30_000
@@ -81,6 +112,9 @@ def test_measure_rates_over_the_window():
     few = measure(sample(10_000, ok=5, errors=5), old, {"p": 600_000}, 0, min_calls=20)
     assert few.error_rate["p"] is None                        # 10 calls: not judged
     assert measure(now, None, {"p": 1}, 3, 20) == Signals(queue_depth=3)
+    young = measure(now, None, {"p": 600_000}, 3, 20, backlog_tokens={"p": 50_000})
+    assert young.backlog_s == {"p": 5.0}                      # known before there is a window
+    assert measure(now, old, {"p": 600_000}, 7, 20, backlog_tokens={"p": 100_000}).backlog_s == {"p": 10.0}
 
 
 @pytest.mark.parametrize("stored, now, window, expected", [
@@ -162,6 +196,7 @@ def test_record_says_what_changed():
     ("[overload]\nmax_tokens_caps = [1, 2]\n", "max_tokens_caps"),
     ("[overload]\nhold_s = 0\n", "hold_s"),
     ("[overload]\nbogus = 1\n", "unknown keys"),
+    ("[overload]\nbacklog_signal = \"yes\"\n", "backlog_signal"),
     ("[overload]\nfallback_models = { \"gpt-4o\" = \"nowhere\" }\n", "fallback_models"),
     ("[circuit]\nfailure_threshold = 0\n", "failure_threshold"),
 ])

@@ -137,6 +137,11 @@ def test_storm_lanes_can_be_set_or_compared(settings):
     assert of(Mode("on", True, gc_freeze=False)).worker_gc_freeze is False
     assert storm.storm_modes(storm.StormSpec(compare_gc_freeze=True))[-1] == Mode("jitter_on_no_gc_freeze", True,
                                                                                   gc_freeze=False)
+    assert plain.overload.backlog_signal is True
+    blind = of(Mode("on", True, backlog_signal=False))
+    assert blind.overload.backlog_signal is False and blind.overload.window_s == plain.overload.window_s
+    assert storm.storm_modes(storm.StormSpec(compare_backlog=True))[-1] == Mode("jitter_on_no_backlog", True,
+                                                                                backlog_signal=False)
 
 
 @pytest.mark.parametrize("total,expected", [
@@ -212,6 +217,7 @@ def test_cron_bench_takes_the_storm_flags():
                                              "--compare-switch", "0.5", "--sim-stack", "python"]))
     assert (spec.compare_gc_freeze, spec.compare_sim_stack, spec.compare_switch_ms, spec.sim_stack) == \
         (True, True, 0.5, "python")
+    assert spec_from_args(parser.parse_args(["cron", "bench", "--storm", "--compare-backlog"])).compare_backlog
     assert not (spec.compare_lanes or spec.compare_slots or spec.compare_layout)
     assert [m.name for m in storm.storm_modes(spec)] == ["jitter_off", "jitter_on", "jitter_on_switch",
                                                          "jitter_on_python_sim", "jitter_on_no_gc_freeze"]

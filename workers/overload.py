@@ -27,7 +27,7 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from gateway_tasks.core.celery_app import settings_of
-from gateway_tasks.core.index_entry import IndexEntry, tenant_range
+from gateway_tasks.core.index_entry import IndexEntry, backlog_tokens, tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.overload_levels import Signals, baseline, hysteresis, measure, target_level
 from gateway_tasks.core.overload_state import HISTORY_MAX, LoadState, parse_state
@@ -40,6 +40,7 @@ from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPST
 logger = logging.getLogger(__name__)
 EXTRA_SAMPLES = 5
 FRONT_TENANTS = 16   # tenants next in line whose oldest task the wait signal looks at
+BACKLOG_SAMPLE = 64  # index entries a tick reads per queue to estimate its tokens (mean x depth)
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,27 @@ class OverloadCommitCall:
         return True, int(reply[3])
 
 
-def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[dict[str, Any], int,
-                                                                               LoadState, list[Any]]:
-    """(sample now, tasks queued, the stored state, the stored samples) in one round trip."""
+@dataclass(frozen=True)
+class Counters:
+    """What one tick reads (``read_counters``)."""
+
+    sample: dict[str, Any]              # cumulative counters now (overload_levels.Sample)
+    depth: int                          # tasks queued, every tier and pool
+    backlog_tokens: dict[str, float]    # pool -> estimated tokens of its queued tasks
+    state: LoadState
+    samples: list[Any]                  # the stored samples
+
+
+def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counters:
+    """The counters, queue depths and backlog, the stored state and samples: one round trip."""
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for pool in settings.pools:
             pipe.hgetall(keys.stats(pool.name))
             for tier in settings.tiers:
                 pipe.zcard(keys.index(pool.name, tier.name))   # a tier's queue length
+            for tier in settings.tiers:
+                pipe.zrandmember(keys.index(pool.name, tier.name), BACKLOG_SAMPLE)
         pipe.hgetall(keys.overload_state)
         pipe.lrange(keys.overload_samples, 0, -1)
         replies = pipe.execute()
@@ -105,6 +118,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
     pools: dict[str, dict[str, float]] = {}
     tiers = {t.name: {"dispatched": 0.0, "wait_ms": 0.0} for t in settings.tiers}
     depth = 0
+    backlog: dict[str, float] = {}
     i = 1
     for pool in settings.pools:
         stats = {k.decode(): v for k, v in replies[i].items()}
@@ -116,8 +130,12 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
         for t in settings.tiers:
             tiers[t.name]["dispatched"] += num(tier_field(DISPATCHED, t.name))
             tiers[t.name]["wait_ms"] += num(tier_field(WAIT_MS, t.name))
-        depth += sum(int(n) for n in replies[i + 1:i + 1 + len(settings.tiers)])
-        i += 1 + len(settings.tiers)
+        n_tiers = len(settings.tiers)
+        depths = [int(n) for n in replies[i + 1:i + 1 + n_tiers]]
+        depth += sum(depths)
+        backlog[pool.name] = sum(backlog_tokens(entries or [], d)
+                                 for entries, d in zip(replies[i + 1 + n_tiers:i + 1 + 2 * n_tiers], depths))
+        i += 1 + 2 * n_tiers
     state = parse_state(replies[-2])
     samples = []
     for raw in replies[-1]:
@@ -125,7 +143,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> tuple[
             samples.append(json.loads(raw))
         except ValueError:
             continue
-    return {"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, state, samples
+    return Counters({"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, backlog, state, samples)
 
 
 def oldest_waits(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
@@ -168,12 +186,14 @@ class OverloadController:
     def decide(self) -> tuple[OverloadCommitCall, Signals, LoadState]:
         """Read and compute one decision (no write)."""
         o = self.settings.overload
-        sample, depth, state, samples = read_counters(self.client, self.keys, self.settings)
+        read = read_counters(self.client, self.keys, self.settings)
+        sample, state = read.sample, read.state
         now_ms = int(sample["ts_ms"])
         window_ms = int(o.window_s * 1000)
         tpm = {p.name: float(p.tpm) for p in self.settings.pools}
         oldest = oldest_waits(self.client, self.keys, self.settings, now_ms)
-        signals = measure(sample, baseline(samples, now_ms, window_ms), tpm, depth, o.error_min_calls, oldest)
+        signals = measure(sample, baseline(read.samples, now_ms, window_ms), tpm, read.depth, o.error_min_calls,
+                          oldest, read.backlog_tokens)
         target, reason = target_level(signals, o, {t.name: t.max_wait_ms for t in self.settings.tiers})
         seen, level = hysteresis(state.seen, target, now_ms, int(o.hold_s * 1000))
         if level > target:

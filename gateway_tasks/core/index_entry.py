@@ -56,3 +56,20 @@ def tenant_range(tenant: str) -> tuple[str, str]:
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+BACKLOG_SAMPLE = 2000   # index entries read (ZRANDMEMBER) to estimate a queue's tokens
+
+
+def backlog_tokens(entries: list[bytes], depth: int) -> float:
+    """Estimated tokens of a queue of ``depth`` tasks from (a sample of) its index entries:
+    their sum when the sample is the whole queue, else the sample's mean times the depth."""
+    ests = []
+    for raw in entries:
+        try:
+            ests.append(IndexEntry.decode(raw).est_tokens)
+        except (ValueError, UnicodeDecodeError):
+            continue
+    if not ests or depth <= 0:
+        return 0.0
+    return float(sum(ests)) if len(ests) >= depth else sum(ests) / len(ests) * depth

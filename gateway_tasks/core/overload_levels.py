@@ -39,12 +39,14 @@ class Signals:
     wait_ms: dict[str, float | None] = field(default_factory=dict)       # tier -> mean wait of its dispatches
     # tier -> age of the oldest queued task among the tenants next in line (every pool)
     oldest_wait_ms: dict[str, float] = field(default_factory=dict)
+    # pool -> seconds of its TPM its queued tasks hold (their estimated tokens / TPM * 60)
+    backlog_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"window_ms": self.window_ms, "utilisation": self.utilisation,
                 "error_rate": self.error_rate, "calls": self.calls,
                 "queue_depth": self.queue_depth, "wait_ms": self.wait_ms,
-                "oldest_wait_ms": self.oldest_wait_ms}
+                "oldest_wait_ms": self.oldest_wait_ms, "backlog_s": self.backlog_s}
 
 
 def baseline(samples: Sequence[Sample], now_ms: int, window_ms: int) -> Sample | None:
@@ -64,15 +66,25 @@ def _delta(now: Mapping[str, Any], old: Mapping[str, Any], name: str) -> float:
     return max(0.0, float(now.get(name, 0)) - float(old.get(name, 0)))
 
 
+def backlog_seconds(backlog_tokens: Mapping[str, float], tpm: Mapping[str, float]) -> dict[str, float]:
+    """Per pool, how many seconds of its TPM its queued tasks' estimated tokens hold (pools
+    with no TPM left out)."""
+    return {pool: round(tokens / tpm[pool] * 60.0, 2)
+            for pool, tokens in backlog_tokens.items() if tpm.get(pool, 0) > 0}
+
+
 def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_depth: int,
-            min_calls: int, oldest_wait_ms: Mapping[str, float] | None = None) -> Signals:
-    """The signals between two samples (``old`` None: only the queue's depth and ages are known)."""
+            min_calls: int, oldest_wait_ms: Mapping[str, float] | None = None,
+            backlog_tokens: Mapping[str, float] | None = None) -> Signals:
+    """The signals between two samples (``old`` None: only the queue's depth, ages and backlog
+    are known).  ``backlog_tokens``: pool -> estimated tokens of its queued tasks."""
     oldest = dict(oldest_wait_ms or {})
+    backlog = backlog_seconds(backlog_tokens or {}, tpm)
     if old is None:
-        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest, backlog_s=backlog)
     window_ms = int(now["ts_ms"]) - int(old["ts_ms"])
     if window_ms <= 0:
-        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest)
+        return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest, backlog_s=backlog)
     util: dict[str, float] = {}
     errors: dict[str, float | None] = {}
     calls: dict[str, int] = {}
@@ -90,7 +102,7 @@ def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_dep
         before = old.get("tiers", {}).get(tier, {})
         n = _delta(counters, before, "dispatched")
         waits[tier] = round(_delta(counters, before, "wait_ms") / n, 1) if n else None
-    return Signals(window_ms, util, errors, calls, queue_depth, waits, oldest)
+    return Signals(window_ms, util, errors, calls, queue_depth, waits, oldest, backlog)
 
 
 def target_level(signals: Signals, overload: Overload,
@@ -107,6 +119,15 @@ def target_level(signals: Signals, overload: Overload,
         for k, threshold in enumerate(overload.utilisation_thresholds, start=1):
             if u >= threshold:
                 ask(k, f"pool {pool} utilisation {u:.2f} >= {threshold:g}")
+    if overload.backlog_signal:
+        # the queue already holds this much of the pool's next window: it will be used at
+        # least this fully (the utilisation window only sees it once it has been served)
+        for pool, backlog_s in sorted(signals.backlog_s.items()):
+            committed = backlog_s / overload.window_s
+            for k, threshold in enumerate(overload.utilisation_thresholds, start=1):
+                if committed >= threshold:
+                    ask(k, f"pool {pool}'s queue holds {backlog_s:.1f} s of its TPM: utilisation "
+                           f"{committed:.2f} of the next {overload.window_s:g} s >= {threshold:g}")
     for pool, rate in sorted(signals.error_rate.items()):
         if rate is not None and rate > overload.error_rate_threshold and overload.error_rate_level:
             ask(overload.error_rate_level,

@@ -207,6 +207,9 @@ class Overload:
     # pool utilisation (tokens the upstream reported over the window / the pool's TPM)
     # at or above which the level is at least L1, L2, L3
     utilisation_thresholds: tuple[float, ...] = (0.75, 0.85, 0.95)
+    # the same thresholds applied ahead of time: the tasks queued for a pool (estimated
+    # tokens / its TPM) commit it to at least that utilisation over the next window
+    backlog_signal: bool = True
     error_rate_threshold: float = 0.1   # upstream (5xx, timeouts, 429) / calls over the window
     error_rate_level: int = 3
     error_min_calls: int = 20           # fewer calls in the window: the error rate is not judged
@@ -236,6 +239,8 @@ class Overload:
             _require(isinstance(value, int) and 0 <= value <= MAX_LEVEL, w, name, value,
                      f"an integer in [0, {MAX_LEVEL}] (0 = off)")
         _require(self.error_min_calls >= 1, w, "error_min_calls", self.error_min_calls, ">= 1")
+        _require(isinstance(self.backlog_signal, bool), w, "backlog_signal", self.backlog_signal,
+                 "true or false")
         _require(self.queue_depth_threshold > 0, w, "queue_depth_threshold",
                  self.queue_depth_threshold, "> 0 tasks")
         _require(len(self.max_tokens_caps) == MAX_LEVEL and all(c >= 0 for c in self.max_tokens_caps),

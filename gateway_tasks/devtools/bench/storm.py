@@ -96,6 +96,7 @@ TIERED_MODE = "jitter_on_tiered"   # jitter on, one worker per tier (deploy/k8s'
 SWITCH_MODE = "jitter_on_switch"   # jitter on, the workers' GIL switch interval changed
 PYTHON_SIM_MODE = "jitter_on_python_sim"   # jitter on, the simulator on the pure-Python HTTP stack
 NO_GC_FREEZE_MODE = "jitter_on_no_gc_freeze"   # jitter on, the workers' startup objects not frozen
+NO_BACKLOG_MODE = "jitter_on_no_backlog"   # jitter on, the load level blind to the queue's backlog
 Progress = Callable[[str], None]
 
 
@@ -122,6 +123,7 @@ class StormSpec:
     sim_stack: str = "native"                 # the simulator's HTTP stack (SimConfig.server_stack)
     compare_sim_stack: bool = False           # another: jitter on, the simulator on the pure-Python one
     compare_gc_freeze: bool = False           # another: jitter on, the workers' gc freeze off
+    compare_backlog: bool = False             # another: jitter on, the overload backlog signal off
 
     def tenants_of(self) -> list[tuple[str, str]]:
         """(tenant id, tier) of every storm tenant."""
@@ -177,12 +179,13 @@ class StormMode:
     tiered: bool = False                   # one worker per tier (deploy/k8s's layout)
     sim_stack: str | None = None           # the simulator's HTTP stack (None: the spec's)
     gc_freeze: bool | None = None          # the workers' startup objects frozen
+    backlog_signal: bool | None = None     # the load level's backlog signal (Overload.backlog_signal)
 
 
 def storm_settings(base: Settings, spec: StormSpec, run: StormMode, prefix: str, pool: Pool) -> Settings:
     """One run's settings: the jitter windows compressed (or 0), the scheduled lag of every
     tier (the run's, else the spec's, else the settings' own), and the run's worker slots
-    kept for vip, switch interval and gc freeze (None: the settings' own)."""
+    kept for vip, switch interval, gc freeze and overload backlog signal (None: the settings' own)."""
     lag = spec.scheduled_lag_tokens if run.lag is None else run.lag
     tiers = tuple(replace(t, jitter_window_s=(t.jitter_window_s // spec.compress if run.jitter else 0),
                           scheduled_lag_tokens=t.scheduled_lag_tokens if lag is None else lag)
@@ -190,6 +193,8 @@ def storm_settings(base: Settings, spec: StormSpec, run: StormMode, prefix: str,
     changes = {name: value for name, value in (("reserved_worker_slots", run.kept_slots),
                                                ("worker_switch_interval_ms", run.switch_interval_ms),
                                                ("worker_gc_freeze", run.gc_freeze)) if value is not None}
+    if run.backlog_signal is not None:
+        changes["overload"] = replace(base.overload, backlog_signal=run.backlog_signal)
     return base.with_(key_prefix=prefix, tiers=tiers, pools=(pool,), policy="wfq", **changes)
 
 
@@ -199,7 +204,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
     kept for vip, ``compare_layout`` with one worker per tier, ``compare_switch_ms`` with the
     workers' switch interval that many ms, ``compare_sim_stack`` with the simulator serving HTTP
     on the pure-Python stack (asyncio + h11), ``compare_gc_freeze`` with the workers' startup
-    objects left to full collections."""
+    objects left to full collections, ``compare_backlog`` with the load level blind to the queue's
+    backlog (Overload.backlog_signal off)."""
     modes = [StormMode("jitter_off", False), StormMode("jitter_on", True)]
     if spec.compare_lanes:
         modes.append(StormMode(NO_LANES_MODE, True, lag=0))
@@ -213,6 +219,8 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
         modes.append(StormMode(PYTHON_SIM_MODE, True, sim_stack="python"))
     if spec.compare_gc_freeze:
         modes.append(StormMode(NO_GC_FREEZE_MODE, True, gc_freeze=False))
+    if spec.compare_backlog:
+        modes.append(StormMode(NO_BACKLOG_MODE, True, backlog_signal=False))
     return modes
 
 
@@ -447,6 +455,7 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
         "reserved_worker_slots": settings.reserved_worker_slots,
         "worker_switch_interval_ms": settings.worker_switch_interval_ms,
         "worker_gc_freeze": settings.worker_gc_freeze,
+        "backlog_signal": settings.overload.backlog_signal,
         "sim_stack": sim.config.server_stack,
         "worker_threads": layout,
         "load_avg": _load_avg(),

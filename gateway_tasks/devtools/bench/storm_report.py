@@ -25,7 +25,7 @@ def _v(value: Any, unit: str = "") -> str:
 MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_no_lanes": "on, no lanes",
                "jitter_on_no_kept_slots": "on, 0 kept", "jitter_on_tiered": "on, per tier",
                "jitter_on_switch": "on, switch", "jitter_on_python_sim": "on, py sim",
-               "jitter_on_no_gc_freeze": "on, no freeze"}
+               "jitter_on_no_gc_freeze": "on, no freeze", "jitter_on_no_backlog": "on, no backlog"}
 
 
 def format_storm_report(result: dict[str, Any]) -> str:
@@ -53,6 +53,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("worker GIL switch interval, ms", *each(lambda m: m.get("worker_switch_interval_ms")))
     row("worker gc freeze", *each(lambda m: {True: "on", False: "off"}.get(m.get("worker_gc_freeze"))))
     row("simulator HTTP stack", *each(lambda m: m.get("sim_stack")))
+    row("overload backlog signal", *each(lambda m: {True: "on", False: "off"}.get(m.get("backlog_signal"))))
     row("worker threads (vip/normal/batch)",
         *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
@@ -110,6 +111,7 @@ COMPARISONS = {
                         "the rest halved)",
     "--compare-sim-stack": "the simulator on the pure-Python HTTP stack (asyncio + h11)",
     "--compare-gc-freeze": "the workers' startup objects left to full garbage collections (worker_gc_freeze off)",
+    "--compare-backlog": "the load level blind to the queue's backlog (overload backlog_signal off)",
 }
 
 

@@ -224,3 +224,13 @@ def test_cron_bench_takes_the_storm_flags():
     assert spec_from_args(parser.parse_args(["cron", "bench", "--storm"])) == storm.StormSpec()
     with pytest.raises(SystemExit):
         parser.parse_args(["cron", "bench", "--storm", "--sim-stack", "twisted"])
+
+
+def test_backlog_watch_keeps_the_peak_and_when():
+    watch = storm.BacklogWatch(boundary_s=100.0)
+    assert watch.to_json() == {"peak_s": 0.0, "peak_at_s": None}
+    for signals, now_s in [({}, 99.5), ({"backlog_s": {"default": 4.25}}, 101.0),
+                           ({"backlog_s": {"default": 9.81, "other": 1.0}}, 103.4),
+                           ({"backlog_s": {"default": 2.0}}, 105.0), ({"backlog_s": None}, 106.0)]:
+        watch.see(signals, now_s)
+    assert watch.to_json() == {"peak_s": 9.8, "peak_at_s": 3.4}

@@ -66,7 +66,7 @@ from typing import Any, Callable
 import redis
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_state import HISTORY_MAX, read_history
+from gateway_tasks.core.overload_state import HISTORY_MAX, read_history, read_state
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.stats import CRON_DEFERRED, UPSTREAM_429
 from gateway_tasks.core.tokens import count_prompt_tokens
@@ -224,6 +224,24 @@ def storm_modes(spec: StormSpec) -> list[StormMode]:
     return modes
 
 
+class BacklogWatch:
+    """The load level's backlog signal as the controller last committed it (its state's
+    signals), seen every poll of the storm: its peak (seconds of the pool's TPM queued) and
+    when, in seconds after the boundary."""
+
+    def __init__(self, boundary_s: float):
+        self.boundary_s = boundary_s
+        self.peak_s, self.peak_at_s = 0.0, None
+
+    def see(self, signals: dict[str, Any], now_s: float) -> None:
+        held = max((float(v) for v in (signals.get("backlog_s") or {}).values()), default=0.0)
+        if held > self.peak_s:
+            self.peak_s, self.peak_at_s = held, round(now_s - self.boundary_s, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"peak_s": round(self.peak_s, 1), "peak_at_s": self.peak_at_s}
+
+
 def tier_worker_slots(total: int) -> dict[str, int]:
     """The threads of each tier's own worker when ``total`` threads are split as deploy/k8s
     splits replicas (one Deployment per tier, consuming only its tier's queues): a quarter
@@ -352,7 +370,9 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
         deadline = boundary_s + spec.timeout_s
         window_s = max(t.jitter_window_s for t in settings.tiers)
         stats_key = Keys(prefix).cron_stats
+        backlog = BacklogWatch(boundary_s)
         while time.time() < deadline:
+            backlog.see(read_state(client, Keys(prefix)).signals, time.time())
             # done when every run has a result or was deferred at submit (overload: its tier's
             # new work is refused at this load level; beat counts it, it never runs)
             if time.time() > boundary_s + window_s and count_results(client, gw.app, ids) + \
@@ -465,7 +485,7 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
         "deferred_at_submit": len(deferred_at_submit),
         "storm_s": round(end_wall_s - boundary_s, 1),
         # the load level's changes, s from B (what decides how much batch work is deferred)
-        "levels": levels, "l3_at_s": first_reached_s(levels, 3),
+        "levels": levels, "l3_at_s": first_reached_s(levels, 3), "backlog": backlog.to_json(),
         "upstream": {
             "rate": rate_stats(series, 1), "rate_5s": rate_stats(series, 5),
             "requests_ok": upstream["requests_ok"], "requests_429": upstream["requests_429"],

@@ -60,6 +60,8 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("runs deferred at submit (load level)", *each(lambda m: m.get("deferred_at_submit", 0)))
     row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
     row("load level L3 reached, s after B", *each(lambda m: m.get("l3_at_s")))
+    row("queue backlog peak, s of TPM (at s after B)",
+        *each(lambda m: (lambda b: b and f"{b['peak_s']} ({b['peak_at_s']})")(m.get("backlog"))))
     row("upstream requests/s peak (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_per_s"]))
     row("upstream requests/s mean", *each(lambda m: m["upstream"]["rate"]["mean_per_s"]))
     row("upstream peak/mean (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_over_mean"]))

@@ -9,6 +9,7 @@ its scripts cannot disturb anything else sharing the test Redis.
 
 from __future__ import annotations
 
+import sys
 import uuid
 
 import pytest
@@ -67,14 +68,34 @@ def test_producer_enqueue_after_flush(gw, client):
     first = gw.submit("acme", "one", max_tokens=5)
     flush(client)
     second = gw.submit("acme", "two", max_tokens=5)
-    depth = client.zcard(Keys(gw.settings.key_prefix).index("default", second.tier))
+    keys = Keys(gw.settings.key_prefix)
+    depth = client.zcard(keys.index("default", second.tier))
     assert first.queue == second.queue and depth == 2
+    assert client.hlen(keys.messages("default")) == 2        # each message once, none orphaned
+
+
+def script_exists_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int((stats.get("cmdstat_script|exists") or stats.get("cmdstat_script") or {}).get("calls", 0))
+
+
+def test_producer_enqueue_is_one_round_trip_without_script_exists(gw, client):
+    """The enqueue's MULTI carries a plain EVALSHA: no SCRIPT EXISTS before each submit (a
+    redis-py pipeline script would send one: a second round trip per task)."""
+    gw.submit("acme", "warm", max_tokens=5)                    # the registry loads the script once
+    before = script_exists_calls(client)
+    for i in range(5):
+        gw.submit("acme", f"task {i}", max_tokens=5)
+    assert script_exists_calls(client) == before
+    assert client.zcard(Keys(gw.settings.key_prefix).index("default", "vip")) == 6
 
 
 def test_pick_through_the_event_loop_and_basic_get_after_flush(gw, client, monkeypatch):
     lost: list[str] = []
     real_lost = Scripts.lost
-    monkeypatch.setattr(Scripts, "lost", lambda self: lost.append("pick") or real_lost(self))
+    # who found NOSCRIPT: the producer's enqueue (core/enqueue.py) or the worker's pick
+    monkeypatch.setattr(Scripts, "lost", lambda self: lost.append(
+        "enqueue" if sys._getframe(1).f_code.co_name == "enqueue" else "pick") or real_lost(self))
     worker_app = make_worker_app(gw.settings, gw.settings.redis_url)
     queue = gw.settings.queue_name("vip", "default")
     got: list = []
@@ -86,9 +107,9 @@ def test_pick_through_the_event_loop_and_basic_get_after_flush(gw, client, monke
             conn.drain_events(timeout=5)
             flush(client)
             gw.submit("acme", "two", max_tokens=5)
-            assert lost == []
+            assert lost == ["enqueue"]            # the producer reloaded enqueue.lua
             conn.drain_events(timeout=5)          # NOSCRIPT on one poll, loaded on the next
-            assert lost == ["pick"]
+            assert lost == ["enqueue", "pick"]
         for message in got:
             message.ack()
     assert [m.headers["argsrepr"].startswith("tenant=acme") for m in got] == [True, True]

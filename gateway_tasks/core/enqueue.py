@@ -4,7 +4,7 @@ index -- unless the tier's queue is full (tail drop); ring the tier's bell.
 
 The message never passes through Lua (a prompt of 8 KB would be copied twice:
 into ARGV, then into the hash): ``enqueue`` writes it with HSET and runs the
-script in one MULTI, so both happen or neither does, in one round trip.
+script in one MULTI, so both happen or neither does, in one round trip (``enqueue``).
 """
 
 from __future__ import annotations
@@ -78,9 +78,22 @@ def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeli
 
 def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
     """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
-    Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it)."""
+    Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it).
+
+    The EVALSHA goes into the MULTI as a plain command, the script loaded once per client
+    (``Scripts.command``), not as a redis-py pipeline script: that checks SCRIPT EXISTS
+    before every execute, a second round trip per enqueue.  A server that lost its scripts
+    since (restart, SCRIPT FLUSH) answers NOSCRIPT for the EVALSHA alone -- the HSET ran,
+    the script did not -- so the script is loaded and run once more on its own: the task is
+    queued once, its message written twice with the same bytes."""
     if isinstance(client, redis.RedisCluster):
         client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
+    scripts = scripts_for(client)
     with client.pipeline(transaction=True) as pipe:
-        queue_enqueue(scripts_for(client), call, pipe)
-        return call.parse(pipe.execute()[1])
+        pipe.hset(call.keys.messages(call.pool), call.tag, call.message_json)
+        pipe.execute_command(*scripts.command(call))
+        try:
+            return call.parse(pipe.execute()[1])
+        except redis.exceptions.NoScriptError:
+            scripts.lost()
+    return scripts.run(call)

@@ -240,7 +240,10 @@ def dispatch_result(pick_us: float, per_s: int, infer_us: float) -> dict:
                                    "rpops": 5, "popped": 5, "us_per_rpop": 2.0}],
                    "pick_anatomy": {"picks": 5, "logged_us_per_pick": 40.0, "ran_us_per_pick": 12.0,
                                     "commands_per_pick": 25.0,
-                                    "ran": {"zadd": {"calls_per_pick": 2.0, "us_per_pick": 4.0}}}},
+                                    "ran": {"zadd": {"calls_per_pick": 2.0, "us_per_pick": 4.0}}},
+                   "pick_floor": {"commands": 15, "names": ["time"], "keys": 13, "args": 42,
+                                  "replay_us": 20.5, "empty_with_pick_args_us": 4.0},
+                   "warmup_picks": 1000},
         "rate": {"prompt_b": 600, "messages": 100, "tenants": 10, "gateway": rate,
                  "plain_rpop": dict(rate, per_s=50000)},
         "cpu": {"tasks": 5, "flows": flows}, "runtime_s": 9.0})
@@ -260,6 +263,8 @@ def test_dispatch_targets():
 def test_dispatch_report_text():
     text = dispatch_report.format_report(dispatch_result(25.0, 16000, 600.0))
     for part in ("== 1.", "== 2.", "== 3.", "a pick runs 25 commands", "the rest of its 24.0 us, 12.0 us",
+                 "floor: those 15 commands replayed by a script with no logic take 20.5 us a call",
+                 "13 keys and 42 arguments 4.0 us: 24.5 us before", "1000 picks on a fresh queue first",
                  "gateway_infer: commands 90 us", "evalsha pick 90"):
         assert part in text, part
     assert sum(line.strip().startswith(("PASS", "FAIL")) for line in text.splitlines()) == 3
@@ -271,6 +276,18 @@ def test_scenarios_and_prompts():
                      "600 B prompts, 10000 tenants", "8 KB prompts, 10000 tenants"]
     assert [s.messages for s in dispatch_server.scenarios(100, 10_000)] == [100, 100, 10_000, 10_000]
     assert len(dispatch_server.prompt_of(8192).encode()) == 8192
+
+
+def test_replay_script_of_logged_commands():
+    raw = [[2, 0, 5, [b"HSET", b"k", b"f", b"v"], b"?:0", b""],              # newest first, as Redis
+           [1, 0, 3, [b"EVALSHA", b"abc", b"0"], b"127.0.0.1:5000", b""],   # a client's: left out
+           [0, 0, 4, [b"ZRANGEBYLEX", b"i", b"[t|", b"[t|\xff"], b"?:0", b""]]
+    commands = dispatch_server.script_commands(raw)
+    assert commands == [[b"ZRANGEBYLEX", b"i", b"[t|", b"[t|\xff"], [b"HSET", b"k", b"f", b"v"]]
+    assert dispatch_server.lua_literal(b'a"b\\c\xff') == '"a\\34b\\92c\\255"'
+    script = dispatch_server.replay_script(commands)
+    assert script.startswith('local C = {{"ZRANGEBYLEX","i","[t|","[t|\\255"},{"HSET","k","f","v"}}')
+    assert "redis.call(unpack(C[i]))" in script
 
 
 def test_cli_knows_the_new_benches():
@@ -294,7 +311,7 @@ def test_server_side_pick_measurement_at_tiny_size(settings):
         client = redis.Redis.from_url(server.url)
         try:
             out = dispatch_server.run(client, settings.with_(redis_url=server.url), picks=60,
-                                      many_tenants=120)
+                                      many_tenants=120, warmup_picks=20)
         finally:
             client.close()
         out = json.loads(json.dumps(out))
@@ -309,5 +326,10 @@ def test_server_side_pick_measurement_at_tiny_size(settings):
         assert anatomy["picks"] == 50 and anatomy["commands_per_pick"] > 5
         assert 0 < anatomy["ran_us_per_pick"] < anatomy["logged_us_per_pick"]
         assert {"zrangebylex", "hget"} <= set(anatomy["ran"])
+        floor = out["pick_floor"]                     # the pick's own commands, replayed
+        assert floor["names"][0] == "time" and {"hincrby", "zrem"} <= set(floor["names"])
+        assert floor["commands"] == len(floor["names"]) > 5 and floor["keys"] > 5 and floor["args"] > 10
+        assert floor["replay_us"] > 0 and floor["empty_with_pick_args_us"] > 0
+        assert out["warmup_picks"] == 20
         # every run's keys are gone
         assert not list(redis.Redis.from_url(server.url).scan_iter(match="gt-bench-*", count=1000))

@@ -100,6 +100,15 @@ def format_server(server: Mapping[str, Any]) -> list[str]:
         out.append(f"     a pick runs {a['commands_per_pick']:g} commands taking "
                    f"{a['ran_us_per_pick']:.1f} us ({ran} us); the rest of its {_v(clean)} us, "
                    f"{_v(own)} us, is the script's own (Lua, KEYS/ARGV, the redis.call bridge)")
+    f = server.get("pick_floor")
+    if f:
+        out.append(f"     floor: those {f['commands']} commands replayed by a script with no logic take "
+                   f"{_v(f['replay_us'])} us a call, an empty call with the pick's {f['keys']} keys and "
+                   f"{f['args']} arguments {_v(f['empty_with_pick_args_us'])} us: "
+                   f"{_v(f['replay_us'] + f['empty_with_pick_args_us'])} us before any of the pick's logic")
+    if server.get("warmup_picks"):
+        out.append(f"     ({server['warmup_picks']} picks on a fresh queue first, not counted: a fresh "
+                   f"server's first ~1,000 cost ~1.5x)")
     return out
 
 

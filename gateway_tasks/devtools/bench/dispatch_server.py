@@ -15,12 +15,21 @@ per enqueue during the fill).
 Beside it, the same messages through a plain list: LPUSH each, then RPOP
 each, timed the same way (``cmdstat_lpush``, ``cmdstat_rpop``).
 
+Before the scenarios, WARMUP_PICKS picks on a throw-away queue are not counted: on a
+fresh server the first thousand or so picks cost ~1.5x the later ones (the Lua heap, the
+AOF file and Redis's own tables still growing), which no running deployment pays.
+
 The anatomy of a pick: one more batch with the slowlog recording every
 command (``redis_stats.recording``), the commands pick.lua ran (client
 ``?:0``) grouped by name -- calls and microseconds per pick -- and the rest of
 the EVALSHA time, the script's own (Lua, KEYS/ARGV set-up, the reply).  The
 slowlog's own bookkeeping inflates that batch a little: its shares, not its
 total, are the point.
+
+The floor under a pick (``pick_floor``): the commands one pick ran, taken from
+the slowlog with their arguments, replayed by a script that does nothing else,
+and an empty script called with the pick's KEYS and ARGV -- what those commands
+cost through Lua's redis.call bridge alone, before any of the pick's own logic.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ TIER = "normal"
 PIPELINE_CHUNK = 500
 PICK_BATCH = 50          # picks between two acks; <= tenants x their concurrency cap
 BATCH_PICKS = 8          # tasks a call in the batched measure: a worker of 8 threads with all free
+WARMUP_PICKS = 1000      # picks on a fresh server before any is measured (module docstring)
+FLOOR_ROUNDS, FLOOR_CALLS = 5, 400
 FILLER = "The quick brown fox jumps over the lazy dog while the support queue keeps growing. "
 PROMPT_SIZES_B = (600, 8192)
 
@@ -218,6 +229,59 @@ def pick_anatomy(client: redis.Redis, base: Settings, message: str, picks: int) 
         discard_prefix(client, prefix)
 
 
+def lua_literal(arg: bytes) -> str:
+    """A Lua string literal of ``arg``'s bytes (decimal escapes outside printable ASCII)."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b}" for b in arg) + '"'
+
+
+def replay_script(commands: list[list[bytes]]) -> str:
+    """A script that runs ``commands`` (each its name and arguments) in order, nothing else."""
+    table = ",".join("{" + ",".join(lua_literal(a) for a in cmd) + "}" for cmd in commands)
+    return f"local C = {{{table}}}\nfor i = 1, #C do redis.call(unpack(C[i])) end\nreturn 0"
+
+
+def script_commands(raw_slowlog: list[Any]) -> list[list[bytes]]:
+    """The commands scripts ran, oldest first, from a raw SLOWLOG GET reply (entries: id, time,
+    duration, arguments, client address, client name)."""
+    out = []
+    for entry in reversed(raw_slowlog):
+        if len(entry) > 4 and entry[4] in (redis_stats.SCRIPT_CLIENT, redis_stats.SCRIPT_CLIENT.encode()):
+            out.append([a if isinstance(a, bytes) else str(a).encode() for a in entry[3]])
+    return out
+
+
+def _us_per_call(client: redis.Redis, sha: str, keys: list[Any], args: list[Any]) -> float:
+    rounds = []
+    for _ in range(FLOOR_ROUNDS):
+        cost, _ = measured(client, "evalsha", lambda: [client.evalsha(sha, len(keys), *keys, *args)
+                                                       for _ in range(FLOOR_CALLS)])
+        rounds.append(cost.usec / max(cost.calls, 1))
+    return round(statistics.median(rounds), 2)
+
+
+def pick_floor(client: redis.Redis, base: Settings, message: str) -> dict[str, Any]:
+    """The commands of one pick replayed with no logic, and the empty call with the pick's
+    KEYS and ARGV: us per call, medians of FLOOR_ROUNDS rounds (module docstring)."""
+    prefix = f"gt-bench-floor-{uuid.uuid4().hex[:8]}:"
+    settings = bench_settings(base, prefix)
+    plan = PickPlan(settings, settings.queue_names())
+    try:
+        fill(client, settings, Scenario(PROMPT_SIZES_B[0], 10, PICK_BATCH, PICK_BATCH), message)
+        with redis_stats.recording(client):
+            scripts_for(client).run(plan)
+            raw = client.execute_command("SLOWLOG", "GET", redis_stats.SLOWLOG_MAX_LEN)
+        commands = script_commands(raw)
+        replay = client.script_load(replay_script(commands))
+        empty = client.script_load("return 0")
+        keys, args = list(plan.script_keys), list(plan.script_args)
+        return {"commands": len(commands), "names": [c[0].decode().lower() for c in commands],
+                "keys": len(keys), "args": len(args),
+                "replay_us": _us_per_call(client, replay, [], []),
+                "empty_with_pick_args_us": _us_per_call(client, empty, keys, args)}
+    finally:
+        discard_prefix(client, prefix)
+
+
 def run_scenario(client: redis.Redis, base: Settings, scenario: Scenario, message: str) -> dict[str, Any]:
     prefix = f"gt-bench-pick-{uuid.uuid4().hex[:8]}:"
     settings = bench_settings(base, prefix)
@@ -264,14 +328,18 @@ def run_plain_list(client: redis.Redis, prompt_b: int, message: str, n: int) -> 
 
 
 def run(client: redis.Redis, base: Settings, *, picks: int, many_tenants: int,
-        progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        warmup_picks: int = WARMUP_PICKS, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every scenario, then the plain list at each prompt size (same messages)."""
     client.config_resetstat()
     messages = {b: real_message(client, base, prompt_of(b)) for b in PROMPT_SIZES_B}
+    warm = Scenario(PROMPT_SIZES_B[0], 10, warmup_picks, warmup_picks)
+    run_scenario(client, base, warm, messages[warm.prompt_b])     # not counted (module docstring)
     rows = []
     for scenario in scenarios(picks, many_tenants):
         rows.append(run_scenario(client, base, scenario, messages[scenario.prompt_b]))
         progress(f"  {scenario.name}: {rows[-1]['us_per_pick']} us per pick")
     plain = [run_plain_list(client, b, messages[b], picks) for b in PROMPT_SIZES_B]
     anatomy = pick_anatomy(client, base, messages[PROMPT_SIZES_B[0]], min(picks, PICK_BATCH))
-    return {"picks_per_scenario": picks, "pick": rows, "plain_list": plain, "pick_anatomy": anatomy}
+    floor = pick_floor(client, base, messages[PROMPT_SIZES_B[0]])
+    return {"picks_per_scenario": picks, "warmup_picks": warmup_picks, "pick": rows, "plain_list": plain,
+            "pick_anatomy": anatomy, "pick_floor": floor}

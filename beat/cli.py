@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
+from gateway_tasks.core.packer import connection_kwargs
 
 from beat.api import ROW_FIELDS, delete_cron, list_crons, register_cron
 
@@ -71,7 +72,7 @@ def register(subparsers: Any) -> None:
 def _connect() -> tuple[Settings, redis.Redis]:
     settings = load_settings()
     url = settings.require_redis_url("`gateway cron add/list/delete`")
-    return settings, redis.Redis.from_url(url)
+    return settings, redis.Redis.from_url(url, **connection_kwargs())
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -36,6 +36,7 @@ from gateway_tasks.core.settings import MAX_LEVEL, Settings
 from workers.rescue import Rescuer
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPSTREAM_429, UPSTREAM_ERRORS,
                                       WAIT_MS, tier_field)
+from gateway_tasks.core.packer import connection_kwargs
 
 logger = logging.getLogger(__name__)
 EXTRA_SAMPLES = 5
@@ -248,7 +249,7 @@ def _start_with_the_worker(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     settings = settings_of(app)
-    controller = OverloadController(redis.Redis.from_url(app.conf.broker_url), settings).start()
+    controller = OverloadController(redis.Redis.from_url(app.conf.broker_url, **connection_kwargs()), settings).start()
     _running.append(controller)
 
 

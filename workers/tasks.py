@@ -32,6 +32,7 @@ from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.overload_actions import degrade, record
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
 from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
+from gateway_tasks.core.packer import connection_kwargs
 from workers.circuit import READ_FIELDS, CircuitReply, PoolCircuit, closed_verdict
 from workers.dead_letter import dispatched_queue, refund_unrunnable
 from workers.failover import Served, fail_over
@@ -53,7 +54,7 @@ CHUNKS_TTL_S = 600       # a streaming task's chunks stay readable this long
 @lru_cache(maxsize=8)
 def redis_for(url: str) -> redis.Redis:
     """The client of a task's own reads and writes: every command rides a Redis restart."""
-    return redis.Redis.from_url(url, retry=riding_retry())
+    return redis.Redis.from_url(url, retry=riding_retry(), **connection_kwargs())
 
 
 def _settings(task: Any) -> Settings:

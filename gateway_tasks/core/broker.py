@@ -35,6 +35,7 @@ from gateway_tasks.core.tenants import TENANT_ID_RE
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
+from gateway_tasks.core.packer import connection_kwargs
 
 # transport option holding the settings' public view (no API keys)
 PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
@@ -60,6 +61,12 @@ class Channel(kredis.Channel):
             raise InconsistencyError(
                 f"broker global_keyprefix {self.global_keyprefix!r} must equal the gateway "
                 f"key_prefix {self._gt_settings.key_prefix!r} (use gateway_tasks.core.celery_app.make_app)")
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        """kombu's connection parameters, with the gateway's command packer (core/packer.py)."""
+        params = super()._connparams(asynchronous)
+        params.update(connection_kwargs())
+        return params
 
     # -- raw client: our scripts take full key names, unlike kombu's prefixing client
     @property

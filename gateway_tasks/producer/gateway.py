@@ -43,6 +43,7 @@ from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.core.oom import is_out_of_memory
+from gateway_tasks.core.packer import connection_kwargs
 from gateway_tasks.producer.memory_guard import MIB, MemoryGuard, submit_bytes
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -114,7 +115,7 @@ class Gateway:
                  client: redis.Redis | None = None):
         self.settings = settings or get_settings()
         self.app = app or make_app(self.settings)
-        self.r = client or redis.Redis.from_url(self.app.conf.broker_url)
+        self.r = client or redis.Redis.from_url(self.app.conf.broker_url, **connection_kwargs())
         self.keys = Keys(self.settings.key_prefix)
         self.tenants = TenantRegistry(self.r, self.settings)
         self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,

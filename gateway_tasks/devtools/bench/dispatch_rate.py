@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.packer import connection_kwargs
 from gateway_tasks.core.scripts import scripts_for, source
 from gateway_tasks.core.settings import Settings, settings_from_json, settings_to_json
 from gateway_tasks.devtools.bench import dispatch_server
@@ -42,7 +43,7 @@ def _dispatch_loop(url: str, settings_json: str, per_call: int, count: int, read
                    out: Any) -> None:
     """One dispatcher with ``per_call`` free slots (a child process): one pick.lua call
     takes up to that many, one pipeline acks them (release.lua), until ``count`` are done."""
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, **connection_kwargs())   # as the workers' connections
     settings = settings_from_json(settings_json)
     keys = Keys(settings.key_prefix)
     batch = PickPlan(settings, settings.queue_names()).batch(per_call)

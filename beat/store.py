@@ -156,14 +156,20 @@ class CronStore:
         return count
 
     def delete(self, tenant_id: str, task_id: str) -> bool:
-        """Remove one cron; False if it did not exist."""
+        """Remove one cron, and a deferred run of it waiting to be tried again (beat.engine's
+        ``cron_retry`` member ``<entry id>|<nominal ms>``: ids hold no glob character or
+        '|'): a cron added again under the same id must not fire the old one's run.
+        False if it did not exist."""
         validate_ids(tenant_id, task_id)
         eid = entry_id(tenant_id, task_id)
+        pending = [m for m, _ in self.r.zscan_iter(self.keys.cron_retry, match=f"{eid}|*", count=1000)]
         with self.r.pipeline() as pipe:
             pipe.delete(self.keys.cron(eid), self.keys.cron_payload(eid))
             pipe.zrem(self.keys.cron_due, eid)
             pipe.srem(self.keys.cron_tenant(tenant_id), eid)
-            deleted, removed, _ = pipe.execute()
+            if pending:
+                pipe.zrem(self.keys.cron_retry, *pending)
+            deleted, removed, *_ = pipe.execute()
         return bool(deleted or removed)
 
     # -- reading -------------------------------------------------------------

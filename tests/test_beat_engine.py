@@ -329,12 +329,31 @@ def test_the_retry_of_a_deleted_cron_is_dropped_and_two_schedulers_fire_a_retry_
     first, second = make_engine(r, settings, fire), make_engine(r, settings, fire)
     first.tick(now_ms=B)
     assert sorted(m for m, _ in retries(r, settings)) == [f"ent:gone|{B}", f"ent:kept|{B}"]
-    store.delete("ent", "gone")
+    store.delete("ent", "gone")                            # its pending retry goes with it
+    assert [m for m, _ in retries(r, settings)] == [f"ent:kept|{B}"]
     report = first.run_due(B + 600_000)
     assert second.run_due(B + 600_000).fired == []          # claimed by the first: fired once
     assert [(f.entry_id, f.error) for f in report.fired] == [("ent:kept", None)]
-    assert fire.calls[2:] == [("ent:kept", B)] and report.statuses["superseded"] == 1
+    assert fire.calls[2:] == [("ent:kept", B)] and report.statuses["superseded"] == 0
     assert retries(r, settings) == []
+
+
+def test_a_cron_deleted_and_added_again_does_not_fire_the_old_ones_deferred_run(r, settings, tenants):
+    """The same id again (new payload) before the old run's retry time: the old deferred
+    run is gone with the old cron; the new one runs on its own schedule only."""
+    store = CronStore(r, settings)
+    store.add("ent", "job", "0 * * * *", PAYLOAD, now=B - 10_000)
+    store.add("ent", "jobs", "0 * * * *", PAYLOAD, now=B - 10_000)   # its id starts like job's
+    fire = Deferring(600.0, times=2)
+    eng = make_engine(r, settings, fire)
+    eng.tick(now_ms=B)
+    assert sorted(m for m, _ in retries(r, settings)) == sorted([f"ent:job|{B}", f"ent:jobs|{B}"])
+    store.delete("ent", "job")
+    store.add("ent", "job", "30 * * * *", {"messages": [{"role": "user", "content": "new"}]}, now=B + 1_000)
+    report = eng.run_due(B + 600_000)
+    assert [f.entry_id for f in report.fired] == ["ent:jobs"]   # not the deleted cron's run
+    assert fire.calls[2:] == [("ent:jobs", B)]
+    assert store.get("ent", "job").payload["messages"][0]["content"] == "new"
 
 
 def test_a_deleted_tenant_is_skipped_and_tier_changes_apply_to_the_next_run(r, settings, tenants):

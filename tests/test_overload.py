@@ -136,6 +136,10 @@ def test_a_queue_holding_the_pools_next_window_raises_the_level(r, fast):
     d = OverloadController(r, fast).tick()
     assert d.level == 3 and f"pool {pool.name}'s queue holds" in d.reason, d.reason
     assert d.signals.backlog_s[pool.name] == pytest.approx(200 * est / pool.tpm * 60, rel=1e-3)
+    from gateway_tasks.core.status import deployment_status, format_status
+    text = format_status(deployment_status(r, fast))
+    assert f"backlog (queued tokens, in seconds of the pool's TPM): {pool.name} " \
+           f"{d.signals.backlog_s[pool.name]:.1f} s" in text, text
     off = fast.with_(key_prefix=fast.key_prefix + "off:",
                      overload=Overload(tick_s=0.2, window_s=1.0, hold_s=1.0, backlog_signal=False))
     r.zadd(Keys(off.key_prefix).index(pool.name, "batch"),

@@ -78,6 +78,9 @@ def format_status(status: dict[str, Any]) -> str:
     if sig.get("utilisation"):
         util = ", ".join(f"{p} {u:.2f}" for p, u in sorted(sig["utilisation"].items()))
         lines.append(f"  utilisation: {util}")
+    if sig.get("backlog_s"):
+        held = ", ".join(f"{p} {b:.1f} s" for p, b in sorted(sig["backlog_s"].items()))
+        lines.append(f"  backlog (queued tokens, in seconds of the pool's TPM): {held}")
     if sig.get("error_rate"):
         err = ", ".join(f"{p} {'-' if e is None else f'{e:.2f}'}" for p, e in sorted(sig["error_rate"].items()))
         lines.append(f"  upstream error rate: {err}")

@@ -124,27 +124,48 @@ def test_an_old_queued_task_raises_the_level(r, fast):
 
 
 def test_a_queue_holding_the_pools_next_window_raises_the_level(r, fast):
-    """200 batch tasks (more than the tick's sample of 64 entries) whose estimated tokens
-    are 1.2 windows of the pool's TPM: L3 at the first tick, before anything was served;
-    the same queue with the backlog signal off asks for nothing."""
-    keys = Keys(fast.key_prefix)
+    """200 batch tasks of 200 tenants (more than the tick's sample of 64 entries) whose
+    estimated tokens are 1.2 windows of the pool's TPM: L3 at the first tick, before
+    anything was served; the same queue with the backlog signal off asks for nothing."""
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+    from gateway_tasks.core.status import deployment_status, format_status
+
     pool = fast.pools[0]
-    window_tokens = pool.tpm * FAST.window_s / 60
-    est = int(window_tokens * 1.2 / 200) + 1
-    r.zadd(keys.index(pool.name, "batch"),
-           {f"t{i % 7}|{i:016x}|tag{i}|{est}|0|1": 0 for i in range(200)})
+    est = int(pool.tpm * FAST.window_s / 60 * 1.2 / 200) + 1
+
+    def flood(settings, tenants: int) -> None:
+        keys = Keys(settings.key_prefix)
+        for i in range(200):
+            enqueue(r, EnqueueCall(keys, settings.tier("batch"), pool.name, tenant=f"t{i % tenants}",
+                                   tag=f"tag{i}", est_tokens=est, message_json="{}"))
+
+    flood(fast, 200)
     d = OverloadController(r, fast).tick()
     assert d.level == 3 and f"pool {pool.name}'s queue holds" in d.reason, d.reason
     assert d.signals.backlog_s[pool.name] == pytest.approx(200 * est / pool.tpm * 60, rel=1e-3)
-    from gateway_tasks.core.status import deployment_status, format_status
     text = format_status(deployment_status(r, fast))
     assert f"backlog (queued tokens, in seconds of the pool's TPM): {pool.name} " \
            f"{d.signals.backlog_s[pool.name]:.1f} s" in text, text
     off = fast.with_(key_prefix=fast.key_prefix + "off:",
                      overload=Overload(tick_s=0.2, window_s=1.0, hold_s=1.0, backlog_signal=False))
-    r.zadd(Keys(off.key_prefix).index(pool.name, "batch"),
-           {f"t{i % 7}|{i:016x}|tag{i}|{est}|0|1": 0 for i in range(200)})
+    flood(off, 200)
     assert OverloadController(r, off).tick().level == 0
+
+
+def test_one_tenants_bulk_queue_behind_its_own_cap_is_not_overload(r, fast):
+    """The same 200 tasks from one batch tenant (2 at a time): it can start 2 of them in the
+    next window, so the pool is not committed -- the other tenants' work is not deferred."""
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+
+    pool, keys = fast.pools[0], Keys(fast.key_prefix)
+    est = int(pool.tpm * FAST.window_s / 60 * 1.2 / 200) + 1
+    for i in range(200):
+        enqueue(r, EnqueueCall(keys, fast.tier("batch"), pool.name, tenant="bulk", tag=f"tag{i}",
+                               est_tokens=est, message_json="{}"))
+    d = OverloadController(r, fast).tick()
+    cap = fast.tier("batch").max_concurrency_per_tenant
+    assert d.level == 0, d.reason
+    assert d.signals.backlog_s[pool.name] == pytest.approx(cap * est / pool.tpm * 60, abs=0.01)   # 2 tasks
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@ import pytest
 
 from gateway_tasks.core.errors import ConfigError, Deferred, Rejected
 from gateway_tasks.core.overload_actions import degrade, deferral, record
-from gateway_tasks.core.overload_levels import (NEVER, Signals, backlog_seconds, baseline, hysteresis, measure,
-                                                target_level)
+from gateway_tasks.core.overload_levels import (NEVER, QueuedWork, Signals, backlog_seconds, baseline, hysteresis,
+                                                measure, pool_backlog_tokens, startable_tasks, target_level,
+                                                tier_latency_s)
 from gateway_tasks.core.settings import Overload, Pool, Settings, load_settings
 
 O = Overload()
@@ -112,9 +113,42 @@ def test_measure_rates_over_the_window():
     few = measure(sample(10_000, ok=5, errors=5), old, {"p": 600_000}, 0, min_calls=20)
     assert few.error_rate["p"] is None                        # 10 calls: not judged
     assert measure(now, None, {"p": 1}, 3, 20) == Signals(queue_depth=3)
-    young = measure(now, None, {"p": 600_000}, 3, 20, backlog_tokens={"p": 50_000})
+    storm = {"p": [QueuedWork("batch", 500, 100.0, 500, 2)]}   # 500 tenants, one task each
+    young = measure(now, None, {"p": 600_000}, 3, 20, queued=storm)
     assert young.backlog_s == {"p": 5.0}                      # known before there is a window
-    assert measure(now, old, {"p": 600_000}, 7, 20, backlog_tokens={"p": 100_000}).backlog_s == {"p": 10.0}
+    assert measure(now, old, {"p": 600_000}, 7, 20, queued={"p": storm["p"] * 2}).backlog_s == {"p": 10.0}
+    bulk = {"p": [QueuedWork("batch", 500, 100.0, 1, 2)]}     # one tenant's 500, 2 at a time
+    assert measure(now, old, {"p": 600_000}, 7, 20, queued=bulk, window_s=10.0).backlog_s == {"p": 0.02}
+
+
+@pytest.mark.parametrize("queue, latency_s, expected", [
+    (QueuedWork("t", 500, 10.0, 500, 2), None, 500.0),        # a storm: a task each, all startable
+    (QueuedWork("t", 500, 10.0, 1, 2), None, 2.0),            # one tenant's bulk: its cap, once
+    (QueuedWork("t", 500, 10.0, 1, 2), 2.5, 8.0),             # ... each slot 10 s / 2.5 s = 4 times
+    (QueuedWork("t", 500, 10.0, 1, 2), 30.0, 2.0),            # slow calls: at least once a window
+    (QueuedWork("t", 500, 10.0, 0, 2), 1.0, 0.0),             # every tenant parked at its cap
+    (QueuedWork("t", 500, 10.0, 1, 0), 1.0, 500.0),           # no cap: all of it
+    (QueuedWork("t", 3, 10.0, 100, 50), 0.1, 3.0),            # never more than is queued
+])
+def test_startable_tasks_table(queue, latency_s, expected):
+    assert startable_tasks(queue, 10.0, latency_s) == expected
+
+
+def test_pool_backlog_sums_its_tiers():
+    queues = [QueuedWork("vip", 10, 200.0, 10, 50), QueuedWork("batch", 1000, 50.0, 1, 2)]
+    assert pool_backlog_tokens(queues, 10.0, {"vip": 1.0, "batch": 5.0}) == 10 * 200.0 + 4 * 50.0
+
+
+@pytest.mark.parametrize("now, old, expected", [
+    ({"tiers": {"vip": {"completed": 30, "upstream_ms": 45_000}}},
+     {"tiers": {"vip": {"completed": 10, "upstream_ms": 5_000}}}, {"vip": 2.0}),      # over the window
+    ({"tiers": {"vip": {"completed": 10, "upstream_ms": 5_000}}},
+     {"tiers": {"vip": {"completed": 10, "upstream_ms": 5_000}}}, {"vip": 0.5}),      # none: all so far
+    ({"tiers": {"vip": {"completed": 4, "upstream_ms": 2_000}}}, None, {"vip": 0.5}),
+    ({"tiers": {"batch": {"dispatched": 3}}}, None, {"batch": None}),                 # none ever
+])
+def test_tier_latency_table(now, old, expected):
+    assert tier_latency_s(now, old) == expected
 
 
 @pytest.mark.parametrize("stored, now, window, expected", [

@@ -27,15 +27,15 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from gateway_tasks.core.celery_app import settings_of
-from gateway_tasks.core.index_entry import IndexEntry, backlog_tokens, tenant_range
+from gateway_tasks.core.index_entry import IndexEntry, mean_est_tokens, tenant_range
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_levels import Signals, baseline, hysteresis, measure, target_level
+from gateway_tasks.core.overload_levels import QueuedWork, Signals, baseline, hysteresis, measure, target_level
 from gateway_tasks.core.overload_state import HISTORY_MAX, LoadState, parse_state
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import MAX_LEVEL, Settings
 from workers.rescue import Rescuer
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPSTREAM_429, UPSTREAM_ERRORS,
-                                      WAIT_MS, tier_field)
+                                      UPSTREAM_MS, WAIT_MS, tier_field)
 from gateway_tasks.core.packer import connection_kwargs
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Counters:
 
     sample: dict[str, Any]              # cumulative counters now (overload_levels.Sample)
     depth: int                          # tasks queued, every tier and pool
-    backlog_tokens: dict[str, float]    # pool -> estimated tokens of its queued tasks
+    queued: dict[str, list[QueuedWork]]  # pool -> its tiers' queues (depth, tokens, tenants in line)
     state: LoadState
     samples: list[Any]                  # the stored samples
 
@@ -111,15 +111,18 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
                 pipe.zcard(keys.index(pool.name, tier.name))   # a tier's queue length
             for tier in settings.tiers:
                 pipe.zrandmember(keys.index(pool.name, tier.name), BACKLOG_SAMPLE)
+            for tier in settings.tiers:
+                pipe.zcard(keys.active(pool.name, tier.name))   # its tenants in line
         pipe.hgetall(keys.overload_state)
         pipe.lrange(keys.overload_samples, 0, -1)
         replies = pipe.execute()
     sec, usec = replies[0]
     now_ms = int(sec) * 1000 + int(usec) // 1000
     pools: dict[str, dict[str, float]] = {}
-    tiers = {t.name: {"dispatched": 0.0, "wait_ms": 0.0} for t in settings.tiers}
+    tiers = {t.name: {"dispatched": 0.0, "wait_ms": 0.0, "completed": 0.0, "upstream_ms": 0.0}
+             for t in settings.tiers}
     depth = 0
-    backlog: dict[str, float] = {}
+    queued: dict[str, list[QueuedWork]] = {}
     i = 1
     for pool in settings.pools:
         stats = {k.decode(): v for k, v in replies[i].items()}
@@ -131,12 +134,16 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
         for t in settings.tiers:
             tiers[t.name]["dispatched"] += num(tier_field(DISPATCHED, t.name))
             tiers[t.name]["wait_ms"] += num(tier_field(WAIT_MS, t.name))
-        n_tiers = len(settings.tiers)
-        depths = [int(n) for n in replies[i + 1:i + 1 + n_tiers]]
+            tiers[t.name]["completed"] += num(tier_field(COMPLETED, t.name))
+            tiers[t.name]["upstream_ms"] += num(tier_field(UPSTREAM_MS, t.name))
+        n = len(settings.tiers)
+        depths = [int(d) for d in replies[i + 1:i + 1 + n]]
         depth += sum(depths)
-        backlog[pool.name] = sum(backlog_tokens(entries or [], d)
-                                 for entries, d in zip(replies[i + 1 + n_tiers:i + 1 + 2 * n_tiers], depths))
-        i += 1 + 2 * n_tiers
+        queued[pool.name] = [
+            QueuedWork(t.name, d, mean_est_tokens(entries or []) or 0.0, int(in_line), t.max_concurrency_per_tenant)
+            for t, d, entries, in_line in zip(settings.tiers, depths, replies[i + 1 + n:i + 1 + 2 * n],
+                                              replies[i + 1 + 2 * n:i + 1 + 3 * n])]
+        i += 1 + 3 * n
     state = parse_state(replies[-2])
     samples = []
     for raw in replies[-1]:
@@ -144,7 +151,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
             samples.append(json.loads(raw))
         except ValueError:
             continue
-    return Counters({"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, backlog, state, samples)
+    return Counters({"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, queued, state, samples)
 
 
 def oldest_waits(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
@@ -194,7 +201,7 @@ class OverloadController:
         tpm = {p.name: float(p.tpm) for p in self.settings.pools}
         oldest = oldest_waits(self.client, self.keys, self.settings, now_ms)
         signals = measure(sample, baseline(read.samples, now_ms, window_ms), tpm, read.depth, o.error_min_calls,
-                          oldest, read.backlog_tokens)
+                          oldest, read.queued, o.window_s)
         target, reason = target_level(signals, o, {t.name: t.max_wait_ms for t in self.settings.tiers})
         seen, level = hysteresis(state.seen, target, now_ms, int(o.hold_s * 1000))
         if level > target:

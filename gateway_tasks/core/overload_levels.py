@@ -14,7 +14,8 @@ counters every tick; two samples a window apart give the measured signals
 
 A sample is JSON (it is stored in Redis by lua/overload_commit.lua):
 ``{"ts_ms": int, "pools": {pool: {"tokens", "ok", "errors", "r429"}},
-"tiers": {tier: {"dispatched", "wait_ms"}}}`` -- cumulative counters.
+"tiers": {tier: {"dispatched", "wait_ms", "completed", "upstream_ms"}}}`` -- cumulative
+counters.
 """
 
 from __future__ import annotations
@@ -66,6 +67,36 @@ def _delta(now: Mapping[str, Any], old: Mapping[str, Any], name: str) -> float:
     return max(0.0, float(now.get(name, 0)) - float(old.get(name, 0)))
 
 
+@dataclass(frozen=True)
+class QueuedWork:
+    """One tier's queue in one pool, as a tick reads it (workers.overload.read_counters)."""
+
+    tier: str
+    depth: int                  # tasks queued
+    mean_est_tokens: float      # the mean estimated tokens of (a sample of) them
+    tenants_in_line: int        # tenants in the tier's active set: with queued work, under their cap
+    cap: int                    # the tier's most tasks in flight per tenant (0 = no cap)
+
+
+def startable_tasks(queue: QueuedWork, window_s: float, latency_s: float | None) -> float:
+    """How many of a queue's tasks can start within one window: each tenant in line runs at
+    most ``cap`` at once, each of those slots about window / latency tasks one after another
+    (at least one; latency unknown: one).  So one tenant's bulk queue behind its own cap
+    counts for what that tenant can run, not for all of it; tenants at their cap (parked)
+    count for nothing more -- what they run is in the utilisation already."""
+    if queue.cap <= 0:
+        return float(queue.depth)
+    per_slot = max(1.0, window_s / latency_s) if latency_s and latency_s > 0 else 1.0
+    return min(float(queue.depth), queue.tenants_in_line * queue.cap * per_slot)
+
+
+def pool_backlog_tokens(queues: Sequence[QueuedWork], window_s: float,
+                   latency_s: Mapping[str, float | None]) -> float:
+    """A pool's backlog: the estimated tokens of the tasks its tiers' queues can start
+    within one window (``startable_tasks``; ``latency_s``: tier -> mean upstream call time)."""
+    return sum(startable_tasks(q, window_s, latency_s.get(q.tier)) * q.mean_est_tokens for q in queues)
+
+
 def backlog_seconds(backlog_tokens: Mapping[str, float], tpm: Mapping[str, float]) -> dict[str, float]:
     """Per pool, how many seconds of its TPM its queued tasks' estimated tokens hold (pools
     with no TPM left out)."""
@@ -73,13 +104,29 @@ def backlog_seconds(backlog_tokens: Mapping[str, float], tpm: Mapping[str, float
             for pool, tokens in backlog_tokens.items() if tpm.get(pool, 0) > 0}
 
 
+def tier_latency_s(now: Sample, old: Sample | None) -> dict[str, float | None]:
+    """Per tier, the mean upstream call time of the calls completed between the samples (all
+    of them so far when none completed in between or ``old`` is None; None when none ever)."""
+    out: dict[str, float | None] = {}
+    for tier, counters in now.get("tiers", {}).items():
+        before = (old or {}).get("tiers", {}).get(tier, {})
+        n, ms = _delta(counters, before, "completed"), _delta(counters, before, "upstream_ms")
+        if not n:
+            n, ms = float(counters.get("completed", 0)), float(counters.get("upstream_ms", 0))
+        out[tier] = round(ms / n / 1000.0, 3) if n else None
+    return out
+
+
 def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_depth: int,
             min_calls: int, oldest_wait_ms: Mapping[str, float] | None = None,
-            backlog_tokens: Mapping[str, float] | None = None) -> Signals:
+            queued: Mapping[str, Sequence[QueuedWork]] | None = None, window_s: float = 10.0) -> Signals:
     """The signals between two samples (``old`` None: only the queue's depth, ages and backlog
-    are known).  ``backlog_tokens``: pool -> estimated tokens of its queued tasks."""
+    are known).  ``queued``: pool -> its tiers' queues; their backlog is what they can start
+    within ``window_s`` (``pool_backlog_tokens``)."""
     oldest = dict(oldest_wait_ms or {})
-    backlog = backlog_seconds(backlog_tokens or {}, tpm)
+    latency = tier_latency_s(now, old)
+    backlog = backlog_seconds({pool: pool_backlog_tokens(qs, window_s, latency) for pool, qs in (queued or {}).items()},
+                              tpm)
     if old is None:
         return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest, backlog_s=backlog)
     window_ms = int(now["ts_ms"]) - int(old["ts_ms"])

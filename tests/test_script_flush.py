@@ -9,6 +9,7 @@ its scripts cannot disturb anything else sharing the test Redis.
 
 from __future__ import annotations
 
+import gc
 import sys
 import uuid
 
@@ -54,6 +55,9 @@ def gw(settings, client):
     g = Gateway(settings, client=client)
     g.register_tenant("acme", "vip")
     yield g
+    # the submits' AsyncResults unsubscribe from the result backend when collected: collect
+    # them while this module's private server is up, not in a later test after it stopped
+    gc.collect()
     g.app.close()
 
 

@@ -40,7 +40,8 @@ class Signals:
     wait_ms: dict[str, float | None] = field(default_factory=dict)       # tier -> mean wait of its dispatches
     # tier -> age of the oldest queued task among the tenants next in line (every pool)
     oldest_wait_ms: dict[str, float] = field(default_factory=dict)
-    # pool -> seconds of its TPM its queued tasks hold (their estimated tokens / TPM * 60)
+    # pool -> seconds of its TPM the queued tasks that can start within the window hold
+    # (their estimated tokens / TPM * 60; pool_backlog_tokens)
     backlog_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def startable_tasks(queue: QueuedWork, window_s: float, latency_s: float | None)
 
 
 def pool_backlog_tokens(queues: Sequence[QueuedWork], window_s: float,
-                   latency_s: Mapping[str, float | None]) -> float:
+                        latency_s: Mapping[str, float | None]) -> float:
     """A pool's backlog: the estimated tokens of the tasks its tiers' queues can start
     within one window (``startable_tasks``; ``latency_s``: tier -> mean upstream call time)."""
     return sum(startable_tasks(q, window_s, latency_s.get(q.tier)) * q.mean_est_tokens for q in queues)
@@ -125,8 +126,8 @@ def measure(now: Sample, old: Sample | None, tpm: Mapping[str, float], queue_dep
     within ``window_s`` (``pool_backlog_tokens``)."""
     oldest = dict(oldest_wait_ms or {})
     latency = tier_latency_s(now, old)
-    backlog = backlog_seconds({pool: pool_backlog_tokens(qs, window_s, latency) for pool, qs in (queued or {}).items()},
-                              tpm)
+    backlog = backlog_seconds({pool: pool_backlog_tokens(qs, window_s, latency)
+                               for pool, qs in (queued or {}).items()}, tpm)
     if old is None:
         return Signals(queue_depth=queue_depth, oldest_wait_ms=oldest, backlog_s=backlog)
     window_ms = int(now["ts_ms"]) - int(old["ts_ms"])

@@ -41,7 +41,7 @@ from gateway_tasks.core.packer import connection_kwargs
 logger = logging.getLogger(__name__)
 EXTRA_SAMPLES = 5
 FRONT_TENANTS = 16   # tenants next in line whose oldest task the wait signal looks at
-BACKLOG_SAMPLE = 64  # index entries a tick reads per queue to estimate its tokens (mean x depth)
+TOKENS_SAMPLE = 64  # index entries a tick reads per queue: their mean estimated tokens
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
             for tier in settings.tiers:
                 pipe.zcard(keys.index(pool.name, tier.name))   # a tier's queue length
             for tier in settings.tiers:
-                pipe.zrandmember(keys.index(pool.name, tier.name), BACKLOG_SAMPLE)
+                pipe.zrandmember(keys.index(pool.name, tier.name), TOKENS_SAMPLE)
             for tier in settings.tiers:
                 pipe.zcard(keys.active(pool.name, tier.name))   # its tenants in line
         pipe.hgetall(keys.overload_state)

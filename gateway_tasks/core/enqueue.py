@@ -70,28 +70,27 @@ class EnqueueCall:
 
 def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeline) -> None:
     """Add one enqueue to a MULTI pipeline (``client.pipeline(transaction=True)``): the
-    message, then the script.  Its reply is ``call.parse`` of the script's result (every
-    second result of the pipeline)."""
+    message, then the script as a plain EVALSHA, loaded once per client (``Scripts.command``;
+    a redis-py pipeline script would check SCRIPT EXISTS before every execute, a second round
+    trip).  Its reply is ``call.parse`` of the script's result (every second result of the
+    pipeline); a server that lost its scripts since answers NOSCRIPT for it (``enqueue``)."""
     pipe.hset(call.keys.messages(call.pool), call.tag, call.message_json)
-    scripts.queue(call, pipe)
+    pipe.execute_command(*scripts.command(call))
 
 
 def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
     """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
     Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it).
 
-    The EVALSHA goes into the MULTI as a plain command, the script loaded once per client
-    (``Scripts.command``), not as a redis-py pipeline script: that checks SCRIPT EXISTS
-    before every execute, a second round trip per enqueue.  A server that lost its scripts
-    since (restart, SCRIPT FLUSH) answers NOSCRIPT for the EVALSHA alone -- the HSET ran,
-    the script did not -- so the script is loaded and run once more on its own: the task is
-    queued once, its message written twice with the same bytes."""
+    A server that lost its scripts since this client loaded them (restart, SCRIPT FLUSH)
+    answers NOSCRIPT for the EVALSHA alone -- the HSET ran, the script did not -- so the
+    script is loaded and run once more on its own: the task is queued once, its message
+    written twice with the same bytes."""
     if isinstance(client, redis.RedisCluster):
         client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
     scripts = scripts_for(client)
     with client.pipeline(transaction=True) as pipe:
-        pipe.hset(call.keys.messages(call.pool), call.tag, call.message_json)
-        pipe.execute_command(*scripts.command(call))
+        queue_enqueue(scripts, call, pipe)
         try:
             return call.parse(pipe.execute()[1])
         except redis.exceptions.NoScriptError:

@@ -58,22 +58,27 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-BACKLOG_SAMPLE = 2000   # index entries read (ZRANDMEMBER) to estimate a queue's tokens
-
-
-def mean_est_tokens(entries: list[bytes]) -> float | None:
-    """The mean estimated tokens of index entries (None: none readable)."""
+def _est_tokens(entries: list[bytes]) -> list[int]:
+    """The estimated tokens of the readable ones of index entries."""
     ests = []
     for raw in entries:
         try:
             ests.append(IndexEntry.decode(raw).est_tokens)
         except (ValueError, UnicodeDecodeError):
             continue
+    return ests
+
+
+def mean_est_tokens(entries: list[bytes]) -> float | None:
+    """The mean estimated tokens of index entries (None: none readable)."""
+    ests = _est_tokens(entries)
     return sum(ests) / len(ests) if ests else None
 
 
 def backlog_tokens(entries: list[bytes], depth: int) -> float:
     """Estimated tokens of a queue of ``depth`` tasks from (a sample of) its index entries:
     their sum when the sample is the whole queue, else the sample's mean times the depth."""
-    mean = mean_est_tokens(entries)
-    return mean * depth if mean is not None and depth > 0 else 0.0
+    ests = _est_tokens(entries)
+    if not ests or depth <= 0:
+        return 0.0
+    return float(sum(ests)) if len(ests) >= depth else sum(ests) / len(ests) * depth

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.forecast import Forecast
-from gateway_tasks.core.index_entry import BACKLOG_SAMPLE, backlog_tokens
+from gateway_tasks.core.index_entry import backlog_tokens
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.urls import without_credentials
 from gateway_tasks.core.settings import Settings, get_settings
@@ -36,6 +36,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_TIER = "unknown"
 #: index entries read per (tier, pool) to estimate the backlog's tokens: exact up to
 #: this many queued tasks, a uniform sample (ZRANDMEMBER) scaled to the depth beyond
+BACKLOG_SAMPLE = 2000
 #: the forecast windows exported, in minutes from now (each one sums the bins it covers)
 FORECAST_WINDOWS_MIN = (1, 5, 10)
 

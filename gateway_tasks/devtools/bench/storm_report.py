@@ -28,6 +28,15 @@ MODE_TITLES = {"jitter_off": "jitter off", "jitter_on": "jitter on", "jitter_on_
                "jitter_on_no_gc_freeze": "on, no freeze", "jitter_on_no_backlog": "on, no backlog"}
 
 
+def _on_off(flag: bool | None) -> str | None:
+    return {True: "on", False: "off"}.get(flag)   # type: ignore[arg-type]
+
+
+def _peak_and_when(backlog: dict[str, Any] | None) -> str | None:
+    """A BacklogWatch's peak, s of TPM, and when it came, s after the boundary."""
+    return f"{backlog['peak_s']} ({backlog['peak_at_s']})" if backlog else None
+
+
 def format_storm_report(result: dict[str, Any]) -> str:
     spec = result["spec"]
     modes = list(result["modes"].values())
@@ -51,9 +60,9 @@ def format_storm_report(result: dict[str, Any]) -> str:
         return [get(m) for m in modes]
 
     row("worker GIL switch interval, ms", *each(lambda m: m.get("worker_switch_interval_ms")))
-    row("worker gc freeze", *each(lambda m: {True: "on", False: "off"}.get(m.get("worker_gc_freeze"))))
+    row("worker gc freeze", *each(lambda m: _on_off(m.get("worker_gc_freeze"))))
     row("simulator HTTP stack", *each(lambda m: m.get("sim_stack")))
-    row("overload backlog signal", *each(lambda m: {True: "on", False: "off"}.get(m.get("backlog_signal"))))
+    row("overload backlog signal", *each(lambda m: _on_off(m.get("backlog_signal"))))
     row("worker threads (vip/normal/batch)",
         *each(lambda m: "/".join(str(n) for n in (m.get("worker_threads") or {}).values()) or None))
     row("runs completed", *each(lambda m: f"{m['completed']}/{m['runs']}"))
@@ -61,7 +70,7 @@ def format_storm_report(result: dict[str, Any]) -> str:
     row("storm length (B to last result), s", *each(lambda m: m["storm_s"]))
     row("load level L3 reached, s after B", *each(lambda m: m.get("l3_at_s")))
     row("queue backlog peak, s of TPM (at s after B)",
-        *each(lambda m: (lambda b: b and f"{b['peak_s']} ({b['peak_at_s']})")(m.get("backlog"))))
+        *each(lambda m: _peak_and_when(m.get("backlog"))))
     row("upstream requests/s peak (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_per_s"]))
     row("upstream requests/s mean", *each(lambda m: m["upstream"]["rate"]["mean_per_s"]))
     row("upstream peak/mean (1 s bins)", *each(lambda m: m["upstream"]["rate"]["peak_over_mean"]))

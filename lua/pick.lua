@@ -16,8 +16,8 @@
 -- for each pool p (P pools), seven keys KEYS[7(p-1)+1] .. KEYS[7p] (the first pool's: KEYS[1] ..
 -- KEYS[7]), all under the pool's hash tag:
 --   state hash: the bucket (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
---     and the fair state beside it (v, f:<tier>, tv:<tier>; Keys.fair): read by one HMGET,
---     written by one HSET
+--     and the fair state beside it (v, f:<tier>, tv:<tier>, the empty flag e:<tier>; Keys.fair):
+--     read by one HMGET, written by one HSET
 --   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
 --   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
@@ -87,8 +87,8 @@ for p = 1, P do
     qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
     if qd.pool == p then
       local n = #fields
-      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] =
-        'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier
+      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] =
+        'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier, 'e:' .. qd.tier
       qd.field_at = n + 1
       mine[#mine + 1] = qd
     end
@@ -100,6 +100,8 @@ for p = 1, P do
       local j = qd.field_at
       qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
       qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
+      qd.was_empty = got[j + 4] == '1'
+      qd.empty = qd.was_empty
     end
   end
 end
@@ -182,20 +184,36 @@ end
 -- its real start tag (false: none) -- first in line by lane: a scheduled head's score
 -- carries the tier's lag.  A tenant in the active set is under its cap (it
 -- is parked when it reaches it) and has queued work (it leaves when it has none).
--- (known_tenant, known_head: a tenant whose head entry the caller just read)
-local function candidate(qd, known_tenant, known_head)
+-- The head is read with the tenant's next entry (c.nxt; false: none), which the
+-- dispatch puts in line without a second read.  (known_tenant, known_head, known_next:
+-- a tenant whose head entry -- and next, or nil -- the caller just read)
+--
+-- A tier whose active set was found empty is flagged ('e:<tier>' in the state hash,
+-- written back below) and not read again until a tenant joins it (gt_activate, the one
+-- way into an empty active set, clears the flag): an idle tier costs a pick no command.
+local function candidate(qd, known_tenant, known_head, known_next)
   local boosted = boosted_candidate(qd)                      -- [lifecycle]
   if boosted then return mark_stale(qd, boosted) end         -- [lifecycle]
+  if qd.empty then return false end
   for _ = 1, MAX_ROUNDS do
     local top = redis.call('ZRANGE', qd.active, '0', '0', 'WITHSCORES')
     local tenant = top[1]
-    if not tenant then return false end
-    local entry
-    if tenant == known_tenant then entry = known_head else entry = gt_tenant_head(qd.index, tenant) end
+    if not tenant then
+      qd.empty = true
+      return false
+    end
+    local entry, nxt
+    if tenant == known_tenant then
+      entry, nxt = known_head, known_next
+    else
+      local heads = gt_tenant_heads(qd.index, tenant, 2)
+      entry, nxt = heads[1], heads[2] or false
+    end
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      return mark_stale(qd, {entry = entry, tenant = tenant, start = gt_lane_start(tonumber(top[2]), qd.lag),
+      return mark_stale(qd, {entry = entry, nxt = nxt, tenant = tenant,
+              start = gt_lane_start(tonumber(top[2]), qd.lag),
               tag = tag, est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w})   -- [lifecycle]
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
@@ -216,7 +234,25 @@ for q = 1, Q do
     qd.taken = 0
   end
 end
-if not any_message then return {0, -1} end
+
+-- the state hash fields of pool p's tiers whose empty flag changed (candidate), appended
+local function empty_flags(p, fields)
+  for q = 1, Q do
+    local qd = queues[q]
+    if qd.pool == p and qd.empty ~= qd.was_empty then
+      fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and '1' or '0'
+    end
+  end
+  return fields
+end
+
+if not any_message then
+  for p = 1, P do
+    local fields = empty_flags(p, {})
+    if #fields > 0 then redis.call('HSET', KEYS[PK * (p - 1) + 1], unpack(fields)) end
+  end
+  return {0, -1}
+end
 
 -- pools with a candidate: refilled bucket levels and fair state, read once each
 local pools = {}
@@ -411,10 +447,16 @@ local function dispatch(q, n, last)
   -- whole tokens: a small sorted set (listpack) compares integer scores without
   -- parsing them, so every ZADD/ZSCORE on the active set stays cheap
   local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))
-  local next_entry = gt_tenant_head(qd.index, c.tenant)
+  -- its next entry: read with its head (candidate), else now, with the one after it
+  local next_entry, after_next = c.nxt, nil
+  if next_entry == nil then
+    local heads = gt_tenant_heads(qd.index, c.tenant, 2)
+    next_entry, after_next = heads[1], heads[2] or false
+  end
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
     -- its next task, in line at its finish tag, in that task's lane
     redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag), c.tenant)
+    qd.empty = false   -- (a boosted dispatch may bring a tenant into a tier found empty)
   else
     -- out of line (no work left, or at its cap: parked until a slot frees, lua/release.lua);
     -- where it comes back in starts from its finish tag
@@ -434,7 +476,7 @@ local function dispatch(q, n, last)
   out[k + 6], out[k + 7], out[k + 8], out[k + 9], out[k + 10] =
     c.tenant, c.tag, tostring(pool.debited), pool.dispatches, size
   out[1] = out[1] + 1
-  if not last then qd.c = candidate(qd, c.tenant, next_entry) end
+  if not last then qd.c = candidate(qd, c.tenant, next_entry, after_next) end
 end
 
 local wait_ms = nil
@@ -445,12 +487,16 @@ for k = 1, max_picks do
   dispatch(q, n, k == max_picks)
 end
 
--- write back what the dispatches changed: buckets and fair states
+-- write back what the dispatches changed: buckets, fair states and empty flags
 for p = 1, P do
   local pool = pools[p]
+  local fields = empty_flags(p, {})
   if pool.touched then
-    local fields = {'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms', now_s,
-               'debited_tokens', pool.debited, 'dispatches', pool.dispatches}
+    local n = #fields
+    fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] =
+      'tokens', pool.tokens, 'requests', pool.requests, 'ts_ms'
+    fields[n + 6], fields[n + 7], fields[n + 8], fields[n + 9], fields[n + 10] =
+      now_s, 'debited_tokens', pool.debited, 'dispatches', pool.dispatches
     if wfq then fields[#fields + 1], fields[#fields + 2] = 'v', pool.v end
     for q = 1, Q do
       local qd = queues[q]
@@ -460,8 +506,8 @@ for p = 1, P do
         if qd.tv then fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv end
       end
     end
-    redis.call('HSET', pool.state, unpack(fields))   -- the bucket and the fair state, one write
   end
+  if #fields > 0 then redis.call('HSET', pool.state, unpack(fields)) end   -- one write
 end
 
 -- [lifecycle: boosts] write back the inheritance and deadline lines that changed

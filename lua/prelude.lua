@@ -67,6 +67,10 @@ end
 -- time, its last finish tag) -- an idle tenant banks no credit, a busy one keeps
 -- its place -- in its head's lane (scheduled: the tier's lag behind); at its cap
 -- it is parked until a slot frees.
+--
+-- The one way into a tier's active set (every other ZADD re-scores a member): it clears
+-- the tier's empty flag ('e:<tier>' = '1' in the fair hash), which pick.lua sets when it
+-- finds the set empty and then no longer reads the set.
 local function gt_activate(active_key, finish_key, parked_key, inflight_key, fair_key,
                            tier, tenant, cap, scheduled, lag)
   local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
@@ -74,15 +78,21 @@ local function gt_activate(active_key, finish_key, parked_key, inflight_key, fai
     redis.call('HSET', parked_key, tenant, tier)
     return false
   end
-  local v = tonumber(redis.call('HGET', fair_key, 'tv:' .. tier)) or 0
+  local fair = redis.call('HMGET', fair_key, 'tv:' .. tier, 'e:' .. tier)
+  local v = tonumber(fair[1]) or 0
   local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
   redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag), tenant)
+  if fair[2] == '1' then redis.call('HSET', fair_key, 'e:' .. tier, '0') end
   return true
+end
+
+-- A tenant's first n index entries (its oldest queued tasks), oldest first.
+local function gt_tenant_heads(index_key, tenant, n)
+  return redis.call('ZRANGEBYLEX', index_key, '[' .. tenant .. '|', '[' .. tenant .. '|\255',
+                    'LIMIT', '0', tostring(n))
 end
 
 -- The first index entry of a tenant (its oldest queued task), or nil.
 local function gt_tenant_head(index_key, tenant)
-  local found = redis.call('ZRANGEBYLEX', index_key, '[' .. tenant .. '|', '[' .. tenant .. '|\255',
-                           'LIMIT', '0', '1')
-  return found[1]
+  return gt_tenant_heads(index_key, tenant, 1)[1]
 end

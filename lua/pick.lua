@@ -52,7 +52,9 @@
 --          this task), pool dispatches so far, message bytes}
 --         (now_ms is also the dispatch's token: release and renew name it; message is ''
 --         when it is larger than ARGV[5]: fetch it by tag).  n = 0: nothing admissible now,
---         wait_ms says for how long (-1: every queue is empty).
+--         wait_ms says for how long (-1: every queue is empty, or what is queued waits for
+--         a general slot; 0: pick again at once).  n >= 1: wait_ms is what the call's other
+--         slots face when it took fewer than ARGV[6] (0: it took them all, or pick again).
 
 local policy = ARGV[1]
 local P = tonumber(ARGV[2])
@@ -406,7 +408,7 @@ local function next_dispatch()
     redis.call('HSET', pool.finish, c.tenant, c.start)   -- back in line where it left
     qd.c = candidate(qd)
   end
-  return nil, wait_ms
+  return nil, 0   -- MAX_ROUNDS tenants parked: more may be dispatchable, pick again at once
 end
 
 -- dispatch queue q's candidate (its tenant's slot taken: n in flight): take the
@@ -480,10 +482,11 @@ local function dispatch(q, n, last)
 end
 
 local wait_ms = nil
+local stopped = false   -- before max_picks: the call's other slots found nothing admissible
 local max_picks = tonumber(ARGV[6])
 for k = 1, max_picks do
   local q, n = next_dispatch()
-  if q == nil then wait_ms = n break end
+  if q == nil then wait_ms, stopped = n, true break end
   dispatch(q, n, k == max_picks)
 end
 
@@ -524,11 +527,15 @@ for q = 1, Q do
   end
 end
 
-if out[1] == 0 then
-  -- messages exist but none is admissible: its pool needs time to refill (or
+if stopped then
+  -- messages exist but none (more) is admissible: its pool needs time to refill (or
   -- every head's tenant is capped: no wait time known; poll again soon).  -1 when what is
   -- queued waits for a slot this dispatcher keeps for reserved work: it picks again when one
-  -- of its tasks ends (workers/transport.py) or a bell rings
-  out[2] = wait_ms or (slot_limited and -1) or 50
+  -- of its tasks ends (workers/transport.py) or a bell rings.  0: pick again at once.
+  -- After dispatches too: what the call's other slots face, so that the dispatcher waits
+  -- instead of asking again at once for what this call just found missing
+  local left = false   -- a candidate left in some queue (else -1: only a bell brings work)
+  for q = 1, Q do left = left or (queues[q].c and true or false) end
+  out[2] = wait_ms or ((slot_limited or not left) and -1) or 50
 end
 return out

@@ -624,6 +624,41 @@ def test_a_batch_stops_at_a_tenants_cap_and_at_the_bucket(r, settings):
     assert isinstance(wait, Wait) and wait.wait_ms > 0
 
 
+class _RawBatch:
+    """A pick batch whose reply comes back unparsed (its wait hint read by PickBatch)."""
+
+    SCRIPT = "pick"
+
+    def __init__(self, batch):
+        self.script_keys, self.script_args = batch.script_keys, batch.script_args
+
+    @staticmethod
+    def parse(reply):
+        return reply
+
+
+def test_a_batch_that_took_fewer_than_asked_says_what_its_other_slots_face(r, settings):
+    from workers.router import PickBatch
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=60_000, rpm=10**6)   # capacity 60000 tokens, refilled at 1 a ms
+    s, plan = make(settings, "wfq", pools=(pool,))
+    scripts = scripts_for(r)
+
+    def rest(batch) -> tuple[int, int]:
+        reply = scripts.run(_RawBatch(batch))
+        return int(reply[0]), PickBatch.rest_wait_ms(reply)
+
+    for _ in range(5):
+        push(r, s, "normal", est=1000)
+    assert rest(plan.batch(2)) == (2, 0)                   # took all it was asked for
+    assert rest(plan.batch(3, general=1)) == (1, -1)       # the kept slots: no vip work
+    assert rest(plan.batch(8)) == (2, -1)                  # the queue ran dry
+    for _ in range(3):
+        push(r, s, "batch", est=25_000)
+    taken, wait_ms = rest(plan.batch(8))                   # the second waits for tokens
+    assert taken == 1 and 0 < wait_ms <= 25_000
+
+
 def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, settings):
     from workers.router import INLINE_MESSAGE_MAX_B
     s, plan = make(settings, "wfq")

@@ -227,3 +227,10 @@ class PickBatch:
 
     def parse(self, reply: Sequence[Any]) -> list[Picked] | Wait:
         return self.plan.parse_many(reply)
+
+    @staticmethod
+    def rest_wait_ms(reply: Sequence[Any]) -> int:
+        """After a reply that dispatched tasks: what the call's other slots face -- 0 when it
+        took all it was asked for (or more may be admissible: pick again at once), else how
+        long until the next admissible task, as a ``Wait`` says (-1: until a bell rings)."""
+        return int(reply[1]) if int(reply[0]) > 0 else 0

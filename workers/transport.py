@@ -237,6 +237,8 @@ class Channel(broker.Channel):
         conn = self.client.connection
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
+        if self._gt_mode == "wait" and self._gt_slot_limited and self._gt_general_now(plan) != 0:
+            self._gt_mode = "pick"   # a slot of its own freed since its last pick: no wait
         if self._gt_mode == "wait":
             self._gt_count(DISPATCH_WAITS)
             # with only kept slots free: woken by reserved interactive work or a slot of its own
@@ -250,11 +252,18 @@ class Channel(broker.Channel):
             # as many tasks as this channel has free slots for, in one call, keeping some
             # of them for reserved tiers' interactive work
             free = self.qos.can_consume_max_estimate() or 1
-            kept = kept_slots(self._gt_settings.reserved_worker_slots, self.qos.prefetch_count,
-                              plan.serves_reserved)
-            self._gt_batch = plan.batch(free, general_picks(free, kept))
+            self._gt_batch = plan.batch(free, self._gt_general_now(plan, free))
             self._gt_slot_limited = self._gt_batch.general == 0
             conn.send_command(*self._gt_scripts.command(self._gt_batch))
+
+    def _gt_general_now(self, plan: PickPlan, free: int | None = None) -> int:
+        """pick.lua's ARGV[7] for this dispatcher's free slots now (``free``: as counted
+        already): how many may take work outside the reserve (NO_LIMIT: any)."""
+        if free is None:
+            free = self.qos.can_consume_max_estimate() or 1
+        kept = kept_slots(self._gt_settings.reserved_worker_slots, self.qos.prefetch_count,
+                          plan.serves_reserved)
+        return general_picks(free, kept)
 
     def _brpop_read(self, **options: Any) -> bool:
         if self._gt_mode == "brpop":
@@ -296,13 +305,22 @@ class Channel(broker.Channel):
                     delivered += 1
                 if not delivered:
                     raise virtual.Empty()        # all dead-lettered: pick again at once
+                # the call took fewer than it was asked for: its other slots wait (a pick now
+                # would find what the call just found missing), only kept ones if that is all
+                rest_ms = self._gt_batch.rest_wait_ms(reply)
+                if len(result) < self._gt_batch.max_picks and rest_ms != 0:
+                    self._gt_wait(rest_ms)
+                    self._gt_slot_limited = self._gt_general_now(plan) == 0
                 return True
-            wait_ms = result.wait_ms
-            self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
-            self._gt_mode = "wait"
+            self._gt_wait(result.wait_ms)
             raise virtual.Empty()
         finally:
             self._in_poll = None
+
+    def _gt_wait(self, wait_ms: int) -> None:
+        """Wait on the bells next, for ``wait_ms`` (-1: MAX_WAIT_S, until a bell rings)."""
+        self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
+        self._gt_mode = "wait"
 
     def _gt_full(self, exc: BaseException) -> None:
         """A pick refused at maxmemory (noeviction: pick.lua's first write is refused, nothing

@@ -21,9 +21,11 @@
 --   messages hash (tag -> message)   finish tags (tenant -> F)
 --   parked tenants (tenant -> tier)   in-flight (tenant -> n)
 --   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
--- then for each queue q (Q queues, each one tier of one pool), two keys from KEYS[7P+2(q-1)+1]:
+-- then for each queue q (Q queues, each one tier of one pool), three keys from KEYS[7P+3(q-1)+1]:
 --   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag,
 --   lane-encoded: 2 x tag, or 2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua)
+--   the tier's bell (Keys.tier_bell): emptied when the tier is found empty -- its tokens were
+--   rung for work that is gone, and each would cost a waiting dispatcher an empty pick
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
 -- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
@@ -61,7 +63,7 @@ local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local wfq = policy == 'wfq'
 local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
-local PK, QK, PA, QA = 7, 2, 5, 8  -- keys and values per pool and per queue
+local PK, QK, PA, QA = 7, 3, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
 
@@ -73,17 +75,19 @@ local slot_limited = false                     -- a candidate waited for a gener
 for q = 1, Q do
   local a = qarg + QA * (q - 1)
   queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
-               index = KEYS[PK * P + QK * q - 1], active = KEYS[PK * P + QK * q],
+               index = KEYS[PK * P + QK * q - 2], active = KEYS[PK * P + QK * q - 1],
+               bell = KEYS[PK * P + QK * q],
                lag = tonumber(ARGV[qarg + QA * Q + Q + q - 1]) or 0}
 end
 
 -- [lifecycle: boosts] begin -------------------------------------------------------------
 -- each queue's TTL, inheritance lines and first deadline-urgent time, with the pool's fair
 -- state (virtual time, each tier's finish tag and tenant virtual time) and its bucket's fields
--- (2 .. 7, used below once the pool has a candidate; 'v' is 1): one HMGET of its state hash per pool
+-- (2 .. 8, used below once the pool has a candidate; 'v' is 1): one HMGET of its state hash per pool
 local pool_state = {}
 for p = 1, P do
-  local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches'}, {}
+  local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches',
+                        'wait_until_ms'}, {}
   for q = 1, Q do
     local qd = queues[q]
     qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
@@ -237,12 +241,15 @@ for q = 1, Q do
   end
 end
 
--- the state hash fields of pool p's tiers whose empty flag changed (candidate), appended
+-- the state hash fields of pool p's tiers whose empty flag changed (candidate), appended;
+-- a tier found empty has its bell emptied: its tokens wake nobody for anything now (work
+-- that comes rings it again, as an unparked tenant or a task put back do)
 local function empty_flags(p, fields)
   for q = 1, Q do
     local qd = queues[q]
     if qd.pool == p and qd.empty ~= qd.was_empty then
       fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and '1' or '0'
+      if qd.empty then redis.call('DEL', qd.bell) end
     end
   end
   return fields
@@ -282,6 +289,7 @@ for p = 1, P do
     pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
     pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
     pool.blocked_until = tonumber(b[5]) or 0
+    pool.wait_until = tonumber(b[8]) or 0
     pool.debited, pool.dispatches = tonumber(b[6]) or 0, tonumber(b[7]) or 0
     -- (the fair state, read above with the boosts: with lanes a dispatch's start tag can be
     -- below the last one -- a scheduled head served after interactive ones -- and tv never
@@ -343,6 +351,7 @@ local function choose()
   for q = 1, Q do queues[q].bypass = nil end
   for p = 1, P do
     local pool = pools[p]
+    pool.waits = nil
     local win, win_score = nil, nil
     for q = 1, Q do
       local qd = queues[q]
@@ -380,8 +389,9 @@ local function choose()
         slot_limited = true   -- it waits for a general slot of this dispatcher (or another's)
       elseif w == 0 then
         if best == nil or win_score > best_score then best, best_score = win, win_score end
-      elseif wait_ms == nil or w < wait_ms then
-        wait_ms = w
+      else
+        pool.waits = w   -- its winner waits for its bucket (tokens, requests, a drain)
+        if wait_ms == nil or w < wait_ms then wait_ms = w end
       end
     end
   end
@@ -490,10 +500,16 @@ for k = 1, max_picks do
   dispatch(q, n, k == max_picks)
 end
 
--- write back what the dispatches changed: buckets, fair states and empty flags
+-- write back what the dispatches changed: buckets, fair states and empty flags; and, when
+-- the call ends with a pool's winner waiting for its bucket, until when a dispatcher waits
+-- for it: token refunds ring the pool's bell only until then (lua/settle.lua) -- a refund
+-- nobody waits for would wake an idle dispatcher for an empty pick
 for p = 1, P do
   local pool = pools[p]
   local fields = empty_flags(p, {})
+  if stopped and pool.waits and now + pool.waits > pool.wait_until then
+    fields[#fields + 1], fields[#fields + 2] = 'wait_until_ms', now + pool.waits
+  end
   if pool.touched then
     local n = #fields
     fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] =

@@ -15,13 +15,15 @@ local function gt_refill(level, cap, rate_per_ms, elapsed_ms)
 end
 
 -- A pool's bucket hash (tokens, requests, ts_ms, blocked_until_ms) refilled to now_ms:
--- returns tokens, requests, blocked_until_ms.  A bucket never written is full.
+-- returns tokens, requests, blocked_until_ms, and until when a dispatcher waits for the
+-- bucket (wait_until_ms, written by pick.lua; 0: unknown).  A bucket never written is full.
 local function gt_bucket(key, tcap, trate, rcap, rrate, now_ms)
-  local b = redis.call('HMGET', key, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms')
+  local b = redis.call('HMGET', key, 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'wait_until_ms')
   local tokens, requests, ts = tonumber(b[1]), tonumber(b[2]), tonumber(b[3])
   if not tokens then tokens, requests, ts = tcap, rcap, now_ms end
   local dt = math.max(0, now_ms - ts)
-  return gt_refill(tokens, tcap, trate, dt), gt_refill(requests, rcap, rrate, dt), tonumber(b[4]) or 0
+  return gt_refill(tokens, tcap, trate, dt), gt_refill(requests, rcap, rrate, dt), tonumber(b[4]) or 0,
+         tonumber(b[5]) or 0
 end
 
 -- A bucket level lowered to what the upstream reported left (x-ratelimit-remaining-*):

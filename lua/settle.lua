@@ -3,7 +3,7 @@
 -- estimate debited at dispatch to the usage the upstream reported, lower it to
 -- what the reply's rate-limit headers say is left (as lua/sync_limits.lua: one
 -- call where there used to be two), update the tenant's learned completion
--- length, and ring the bell when tokens came back.
+-- length, and ring the bell when tokens came back while a dispatcher waits for them.
 --
 -- KEYS[1] bucket hash of the pool (tokens, requests, ts_ms, blocked_until_ms)
 -- KEYS[2] stats hash of the pool
@@ -31,7 +31,7 @@ local tcap, trate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rcap, rrate = tonumber(ARGV[3]), tonumber(ARGV[4])
 local est, actual = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = gt_now_ms()
-local tokens, requests = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
+local tokens, requests, _, wait_until = gt_bucket(KEYS[1], tcap, trate, rcap, rrate, now)
 local refund = est - actual
 tokens = math.min(tcap, tokens + refund)
 if ARGV[11] == '1' then requests = math.min(rcap, requests + 1) end
@@ -57,7 +57,9 @@ if w > 0 then
   if old then new = old + w * (c - old) end
   redis.call('HSET', KEYS[3], ARGV[7], new)
 end
-if refund > 0 then
+-- the bell only while a dispatcher waits for the bucket (pick.lua's wait_until_ms): a refund
+-- nobody waits for would wake an idle one for an empty pick
+if refund > 0 and wait_until >= now then
   gt_ring(KEYS[4], ARGV[10])
 end
 return {tostring(tokens), tostring(requests), tostring(now)}

@@ -3,6 +3,7 @@
 A pick that finds a tier's active set empty flags the tier ('e:<tier>' = '1' in the
 pool's fair hash) and reads the set no more until a tenant joins it: gt_activate
 (enqueue, an unparking or put-back release) is the one way in, and clears the flag.
+The pick that flags a tier also empties its bell (tokens rung for work that is gone).
 A flag left set with a tenant in line would stall the tier, so besides the paths
 one by one, a random mix of enqueues, picks, acks, put-backs and cancels checks
 after every step that a pick finding nothing means nothing could be dispatched,
@@ -82,6 +83,24 @@ def test_a_batch_that_empties_a_tier_flags_it_in_the_same_call(r, settings):
     got = scripts_for(r).run(plan.batch(4))
     assert {p.tag for p in got} == tags
     assert flags(r, s)["vip"] == "1"
+
+
+def test_a_tier_found_empty_has_its_bells_stale_tokens_dropped(r, settings):
+    # each arrival rang the tier's bell; once the tier is found empty those tokens would
+    # each cost a waiting dispatcher an empty pick
+    s, plan = make(settings, "wfq")
+    bell = Keys(s.key_prefix).tier_bell("default", "vip")
+    for i in range(3):
+        push(r, s, "vip", tenant=f"t{i}")
+    assert r.llen(bell) == 3
+    assert len(scripts_for(r).run(plan.batch(3))) == 3      # took all, did not look further
+    assert r.llen(bell) == 3
+    assert pick(r, plan) == Wait(-1)                         # found empty: flagged, bell emptied
+    assert r.llen(bell) == 0 and flags(r, s)["vip"] == "1"
+    push(r, s, "vip", tenant="late")
+    assert r.llen(bell) == 1                                 # an arrival rings it again
+    assert isinstance(pick(r, plan), Picked)
+    assert r.llen(bell) == 1                                 # not found empty yet: kept
 
 
 def test_a_tenants_next_task_read_with_its_head_keeps_its_order(r, settings, key_prefix):

@@ -306,6 +306,35 @@ def test_settle_refunds_and_sync_only_lowers(r, settings):
     assert same[0] < 1300   # never raised by the upstream's view
 
 
+def test_a_refund_rings_the_pools_bell_only_while_a_dispatcher_waits_for_the_bucket(r, settings):
+    # a refund nobody waits for would wake an idle dispatcher for an empty pick
+    from workers.bucket import PoolBucket
+    pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
+                tpm=6_000, rpm=600)   # capacity 6000 tokens, 100 a second
+    s, plan = make(settings, "wfq", pools=(pool,))
+    keys = Keys(s.key_prefix)
+    bucket = PoolBucket(r, keys, pool)
+
+    def refund() -> None:
+        bucket.settle(est_tokens=1_000, actual_tokens=300, tier="vip", tenant_id="t", model="m",
+                      completion_tokens=200)
+
+    push(r, s, "vip", est=1_000)
+    assert isinstance(pick(r, plan), Picked)
+    refund()
+    assert r.llen(keys.bell("default")) == 0            # nobody waits for tokens
+    push(r, s, "vip", est=5_900)                         # more than is left: waits for tokens
+    wait = pick(r, plan)
+    assert isinstance(wait, Wait) and wait.wait_ms > 0
+    until = int(r.hget(keys.bucket("default"), "wait_until_ms"))
+    assert until >= redis_now_ms(r)
+    refund()
+    assert r.llen(keys.bell("default")) == 1            # the waiting dispatcher is woken
+    r.hset(keys.bucket("default"), "wait_until_ms", until - 60_000)   # that wait is over
+    refund()
+    assert r.llen(keys.bell("default")) == 1
+
+
 def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     """x-ratelimit-remaining describes the upstream when it answered task A; tasks the
     gateway dispatched after A cannot be in it yet, so the sync keeps their debits."""

@@ -119,7 +119,8 @@ class PickPlan:
                      k.inflight(p), k.dispatched(p), k.dispatched_at(p)]
             argv += [*pool.rates(), pool.token_capacity * reserve_share]
         for q in self.queues:
-            keys += [k.index(q.pool.name, q.tier.name), k.active(q.pool.name, q.tier.name)]
+            keys += [k.index(q.pool.name, q.tier.name), k.active(q.pool.name, q.tier.name),
+                     k.tier_bell(q.pool.name, q.tier.name)]
             argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
                      q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
                      1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]

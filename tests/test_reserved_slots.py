@@ -21,6 +21,7 @@ from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers.release import ReleaseCall
+from workers.poll_step import next_step
 from workers.router import NO_LIMIT, PickPlan, Picked, Wait, general_picks, kept_slots
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
@@ -40,6 +41,20 @@ def test_kept_slots(setting, prefetch, serves_reserved, kept):
 @pytest.mark.parametrize("free, kept, general", [(8, 0, NO_LIMIT), (8, 1, 7), (1, 1, 0), (2, 3, 0)])
 def test_general_picks(free, kept, general):
     assert general_picks(free, kept) == general
+
+
+@pytest.mark.parametrize("mode, slot_limited, woke_own, general_now, step", [
+    ("wait", True, False, 1, ("pick", True)),     # a slot of its own freed since the pick
+    ("wait", True, False, NO_LIMIT, ("pick", True)),
+    ("wait", True, False, 0, ("wait", True)),     # still only kept slots: wait for a bell
+    ("wait", False, False, 0, ("wait", False)),   # waiting for tokens or work: as it was
+    ("pick", True, True, 0, ("wait", True)),      # its own bell's token was stale
+    ("pick", True, True, 2, ("pick", True)),      # ... and rang for a slot that is free
+    ("pick", True, False, 0, ("pick", True)),     # the reserved bell rang: look for vip work
+    ("pick", False, False, 3, ("pick", False)),
+])
+def test_next_step(mode, slot_limited, woke_own, general_now, step):
+    assert next_step(mode, slot_limited, woke_own, general_now) == step
 
 
 def test_the_setting_fails_fast_when_negative():

@@ -36,6 +36,7 @@ from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
 from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
+from workers.poll_step import PICK, WAIT, next_step
 from workers.redis_retry import through_restarts
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
@@ -165,6 +166,7 @@ class Channel(broker.Channel):
         # while only those are free, the wait also listens on this dispatcher's own bell
         self._gt_id = uuid.uuid4().hex[:12]
         self._gt_slot_limited = False
+        self._gt_woke_own = False   # the last wait ended on this dispatcher's own bell
 
     def _gt_count(self, name: str) -> None:
         self._gt_tally.round_trip(name)
@@ -237,9 +239,15 @@ class Channel(broker.Channel):
         conn = self.client.connection
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
-        if self._gt_mode == "wait" and self._gt_slot_limited and self._gt_general_now(plan) != 0:
-            self._gt_mode = "pick"   # a slot of its own freed since its last pick: no wait
-        if self._gt_mode == "wait":
+        # a slot of its own freed since it began waiting for one: pick; a stale token of its own
+        # bell with only kept slots free: wait again (workers.poll_step)
+        mode, self._gt_slot_limited = next_step(self._gt_mode, self._gt_slot_limited, self._gt_woke_own,
+                                                self._gt_general_now(plan))
+        self._gt_woke_own = False
+        if mode == WAIT and self._gt_mode == PICK:
+            self._gt_wait(-1)            # until a bell rings (MAX_WAIT_S)
+        self._gt_mode = mode
+        if self._gt_mode == WAIT:
             self._gt_count(DISPATCH_WAITS)
             # with only kept slots free: woken by reserved interactive work or a slot of its own
             # freeing -- never taking the wake-up of other work it could not pick
@@ -287,6 +295,8 @@ class Channel(broker.Channel):
                 raise virtual.Empty() from None
             if mode == "wait":
                 self._gt_mode = "pick"
+                self._gt_woke_own = (reply is not None and self._gt_plan is not None
+                                     and bytes_to_str(reply[0]) in self._gt_own_bells(self._gt_plan))
                 raise virtual.Empty()
             self._gt_refused = 0
             plan = self._gt_plan

@@ -27,6 +27,8 @@
 -- ARGV[11] the task's lane: 'scheduled' | 'interactive' (gateway_tasks/core/lanes.py)
 -- ARGV[12] the tier's scheduled lag (weighted tokens; 0 = no lanes: nothing is marked)
 -- ARGV[13] '1': the tier may use the pool's reserve (its interactive work rings KEYS[10] too)
+-- ARGV[14] the message's size in bytes, kept in the entry (pick.lua then hands a small message
+--          back without asking its length); '' = not known (an entry of six fields)
 --
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua;
@@ -60,6 +62,7 @@ local scheduled = ARGV[11] == 'scheduled' and lag > 0
 local seq = redis.call('INCR', KEYS[7])
 local entry = tenant .. '|' .. (scheduled and 's' or '') .. string.format('%016x', seq) .. '|' .. tag
               .. '|' .. ARGV[4] .. '|' .. now .. '|' .. ARGV[5]
+if ARGV[14] and ARGV[14] ~= '' then entry = entry .. '|' .. ARGV[14] end
 redis.call('ZADD', KEYS[2], '0', entry)
 local score = tonumber(redis.call('ZSCORE', KEYS[3], tenant))
 if score then

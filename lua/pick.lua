@@ -6,8 +6,9 @@
 -- in exactly the order as many single calls at the same instant would.
 --
 -- It reads small index entries only (lua/enqueue.lua), never a message body,
--- and hands back a message only when it is small (at most ARGV[5] bytes): a
--- larger one the dispatcher fetches itself (HGET of the messages hash).  Its
+-- and hands back a message, copied and never decoded, when it is at most ARGV[5]
+-- bytes (its size is in its entry): a larger one the dispatcher fetches itself
+-- (HGET of the messages hash).  Its
 -- cost does not grow with prompt size, queue depth or the number of tenants:
 -- a fixed number of O(log n) sorted-set and O(1) hash commands, each state hash
 -- read once (HMGET) and written once (HSET).  Per-tier dispatch statistics are
@@ -66,6 +67,10 @@ local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at m
 local PK, QK, PA, QA = 7, 3, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
+-- an index entry (gateway_tasks/core/index_entry.py): tenant|seq|tag|est|enqueued ms|weight, then
+-- its message's size when it was queued with it (older entries have six fields)
+local ENTRY = '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
+local ENTRY_WITH_TENANT = '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
 
 -- per queue: its tier and pool; the rest of its ARGV is read once it has a candidate
 local queues = {}
@@ -116,13 +121,13 @@ end
 -- tag is its place in line (its real tag: the lane's lag taken off), else (parked) its
 -- finish tag
 local function entry_candidate(qd, entry)
-  local _, _, tenant, tag, est, enq, w = string.find(entry, '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+  local _, _, tenant, tag, est, enq, w, size = string.find(entry, ENTRY_WITH_TENANT)
   if not tenant then return nil end
   local score = tonumber(redis.call('ZSCORE', qd.active, tenant))
   local start = score and gt_lane_start(score, qd.lag)
                 or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 3], tenant)) or 0
   return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
-          enq = tonumber(enq) or now, w = w}
+          enq = tonumber(enq) or now, w = w, size = tonumber(size)}
 end
 
 -- whether the queue of the same pool serving `tier` may use the reserve
@@ -217,10 +222,10 @@ local function candidate(qd, known_tenant, known_head, known_next)
     end
     known_tenant = nil
     if entry then
-      local _, _, tag, est, enq, w = string.find(entry, '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+      local _, _, tag, est, enq, w, size = string.find(entry, ENTRY)
       return mark_stale(qd, {entry = entry, nxt = nxt, tenant = tenant,
-              start = gt_lane_start(tonumber(top[2]), qd.lag),
-              tag = tag, est = tonumber(est) or 0, enq = tonumber(enq) or now, w = w})   -- [lifecycle]
+              start = gt_lane_start(tonumber(top[2]), qd.lag), tag = tag, est = tonumber(est) or 0,
+              enq = tonumber(enq) or now, w = w, size = tonumber(size)})   -- [lifecycle]
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end
@@ -480,7 +485,7 @@ local function dispatch(q, n, last)
   qd.taken = qd.taken + 1
   redis.call('HSET', pool.dispatched, c.tag, qd.tier .. '|' .. now_s .. '|' .. c.entry)
   redis.call('ZADD', pool.dispatched_at, now + lease_ms, c.tag)
-  local size = redis.call('HSTRLEN', pool.messages, c.tag)
+  local size = c.size or redis.call('HSTRLEN', pool.messages, c.tag)   -- (an entry without it)
   local message = ''
   if size <= inline_max_b then message = redis.call('HGET', pool.messages, c.tag) or '' end
   local k = #out

@@ -74,6 +74,15 @@ def test_index_entries_keep_their_lane(lane):
     assert IndexEntry.decode(text.encode()) == entry
 
 
+def test_an_index_entry_carries_its_messages_size_and_reads_one_without_it():
+    entry = IndexEntry("acme", 7, "tag1", 120, 1_700_000_000_000, 1.0, INTERACTIVE, 2432)
+    assert entry.encode().endswith("|1|2432") and IndexEntry.decode(entry.encode()) == entry
+    old = "acme|0000000000000007|tag1|120|1700000000000|1"
+    assert IndexEntry.decode(old) == replace(entry, message_b=None)
+    with pytest.raises(ValueError, match="6 or 7 fields"):
+        IndexEntry.decode(old + "|2432|9")
+
+
 def test_a_tenants_interactive_entries_sort_before_its_scheduled_ones():
     entries = [IndexEntry("acme", seq, f"t{seq}", 1, 1, 1.0, lane)
                for seq, lane in ((1, SCHEDULED), (2, INTERACTIVE), (3, SCHEDULED), (0xfff, INTERACTIVE))]

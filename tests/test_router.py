@@ -707,6 +707,35 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     assert fetched.payload["headers"]["gt_disp_ms"] == by_tag[tag].dispatched_ms
 
 
+class _EnqueueWithoutSize:
+    """enqueue.lua as a release before message sizes were kept in index entries ran it."""
+
+    SCRIPT = "enqueue"
+
+    def __init__(self, call: EnqueueCall):
+        self.script_keys, self.parse = call.script_keys, call.parse
+        self.script_args = [*call.script_args[:-1], ""]
+
+
+def test_an_entry_keeps_its_messages_size_and_one_queued_without_it_is_still_dispatched(r, settings):
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    sized = push(r, s, "normal", tenant="a")
+    [entry] = r.zrange(keys.index("default", "normal"), 0, -1)
+    assert IndexEntry.decode(entry).message_b == r.hstrlen(keys.messages("default"), sized)
+    tag = uuid.uuid4().hex                            # queued by an older release: six fields
+    message = json.dumps({"body": "é" * 10, "headers": {"gt_est_tokens": 10, "gt_tenant": "b"},
+                          "properties": {"delivery_tag": tag}}, ensure_ascii=False)
+    r.hset(keys.messages("default"), tag, message)
+    old = scripts_for(r).run(_EnqueueWithoutSize(EnqueueCall(keys, s.tier("normal"), "default", "b", tag,
+                                                              10, message)))
+    assert old.accepted and IndexEntry.decode(old.entry).message_b is None
+    got = {g.tag: g for g in scripts_for(r).run(plan.batch(2))}
+    assert set(got) == {sized, tag}
+    assert got[tag].payload["body"] == "é" * 10 and got[tag].message_b == len(message.encode())
+    assert got[sized].message_b == IndexEntry.decode(entry).message_b
+
+
 def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neither(r, settings):
     from redis.exceptions import ResponseError
     keys = Keys(settings.key_prefix)

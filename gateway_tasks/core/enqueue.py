@@ -60,7 +60,14 @@ class EnqueueCall:
         return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
                 self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
                 self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity,
-                self.lane, self.tier.scheduled_lag_tokens, 1 if self.tier.reserved_share > 0 else 0]
+                self.lane, self.tier.scheduled_lag_tokens, 1 if self.tier.reserved_share > 0 else 0,
+                self.message_b]
+
+    @property
+    def message_b(self) -> int:
+        """The message's size in bytes as Redis stores it (UTF-8), kept in its index entry."""
+        m = self.message_json
+        return len(m) if m.isascii() else len(m.encode("utf-8"))
 
     def parse(self, reply: Any) -> Enqueued:
         if int(reply[0]) == 0:

@@ -1,6 +1,6 @@
 """The router's index entry of one queued task: small, fixed, never the prompt.
 
-    <tenant>|<seq>|<delivery tag>|<est tokens>|<enqueued ms>|<tenant weight>
+    <tenant>|<seq>|<delivery tag>|<est tokens>|<enqueued ms>|<tenant weight>|<message bytes>
 
 Entries live in one sorted set per tier and pool (``Keys.index``), every score
 0, so Redis orders them by their bytes: a tenant's entries form one contiguous
@@ -10,6 +10,9 @@ interactive tasks first: a scheduled task's seq is ``'s'`` + 16 hex digits
 (``gateway_tasks.core.lanes``), after every hex digit.  A task put back
 (requeue, crash restore) re-enters with its original entry, so it returns to
 the front of its tenant's line (of its lane) with its original enqueue time.
+The message's size lets lua/pick.lua hand a small message back inline without
+asking its length first; entries queued before it was recorded (six fields) are
+read as well, their size unknown.
 lua/enqueue.lua builds entries, lua/pick.lua and lua/release.lua read them;
 this module is the same format for Python (tests, tools).
 """
@@ -32,21 +35,26 @@ class IndexEntry:
     enqueued_ms: int
     weight: float
     lane: str = INTERACTIVE
+    message_b: int | None = None   # the message's size (None: an entry from before it was kept)
 
     def encode(self) -> str:
         mark = SCHEDULED_SEQ_PREFIX if self.lane == SCHEDULED else ""
+        size = [] if self.message_b is None else [str(self.message_b)]
         return SEP.join([self.tenant, f"{mark}{self.seq:016x}", self.tag, str(self.est_tokens),
-                         str(self.enqueued_ms), _num(self.weight)])
+                         str(self.enqueued_ms), _num(self.weight), *size])
 
     @classmethod
     def decode(cls, text: str | bytes) -> "IndexEntry":
         if isinstance(text, bytes):
             text = text.decode()
-        tenant, seq, tag, est, enq, weight = text.split(SEP)
+        tenant, seq, tag, est, enq, weight, *size = text.split(SEP)
+        if len(size) > 1:
+            raise ValueError(f"an index entry has 6 or 7 fields, not {6 + len(size)}: {text!r}")
         lane = INTERACTIVE
         if seq.startswith(SCHEDULED_SEQ_PREFIX):
             seq, lane = seq[len(SCHEDULED_SEQ_PREFIX):], SCHEDULED
-        return cls(tenant, int(seq, 16), tag, int(est), int(enq), float(weight), lane)
+        return cls(tenant, int(seq, 16), tag, int(est), int(enq), float(weight), lane,
+                   int(size[0]) if size else None)
 
 
 def tenant_range(tenant: str) -> tuple[str, str]:

@@ -64,6 +64,10 @@ local P = tonumber(ARGV[2])
 local Q = tonumber(ARGV[3])
 local wfq = policy == 'wfq'
 local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
+-- a tier found empty is not read again for this long, unless a tenant joins it first (its
+-- flag bounds what a tenant let in without clearing it costs: a producer of a release before
+-- the flag, during a rolling upgrade, is seen as late as an idle worker's poll)
+local EMPTY_RECHECK_MS = 1000
 local PK, QK, PA, QA = 7, 3, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
@@ -111,7 +115,7 @@ for p = 1, P do
       local j = qd.field_at
       qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
       qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
-      qd.was_empty = got[j + 4] == '1'
+      qd.was_empty = (tonumber(got[j + 4]) or 0) > now
       qd.empty = qd.was_empty
     end
   end
@@ -199,9 +203,10 @@ end
 -- dispatch puts in line without a second read.  (known_tenant, known_head, known_next:
 -- a tenant whose head entry -- and next, or nil -- the caller just read)
 --
--- A tier whose active set was found empty is flagged ('e:<tier>' in the state hash,
--- written back below) and not read again until a tenant joins it (gt_activate, the one
--- way into an empty active set, clears the flag): an idle tier costs a pick no command.
+-- A tier whose active set was found empty is flagged ('e:<tier>' in the state hash: until
+-- when; written back below) and not read again until a tenant joins it (gt_activate, the one
+-- way into an empty active set, clears the flag) or EMPTY_RECHECK_MS passes: an idle tier
+-- costs a pick no command.
 local function candidate(qd, known_tenant, known_head, known_next)
   local boosted = boosted_candidate(qd)                      -- [lifecycle]
   if boosted then return mark_stale(qd, boosted) end         -- [lifecycle]
@@ -253,7 +258,7 @@ local function empty_flags(p, fields)
   for q = 1, Q do
     local qd = queues[q]
     if qd.pool == p and qd.empty ~= qd.was_empty then
-      fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and '1' or '0'
+      fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and (now + EMPTY_RECHECK_MS) or 0
       if qd.empty then redis.call('DEL', qd.bell) end
     end
   end

@@ -71,8 +71,8 @@ end
 -- it is parked until a slot frees.
 --
 -- The one way into a tier's active set (every other ZADD re-scores a member): it clears
--- the tier's empty flag ('e:<tier>' = '1' in the fair hash), which pick.lua sets when it
--- finds the set empty and then no longer reads the set.
+-- the tier's empty flag ('e:<tier>' in the fair hash: until when pick.lua, which found the set
+-- empty, does not read it again; 0 = cleared).
 local function gt_activate(active_key, finish_key, parked_key, inflight_key, fair_key,
                            tier, tenant, cap, scheduled, lag)
   local n = tonumber(redis.call('HGET', inflight_key, tenant)) or 0
@@ -84,7 +84,7 @@ local function gt_activate(active_key, finish_key, parked_key, inflight_key, fai
   local v = tonumber(fair[1]) or 0
   local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
   redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag), tenant)
-  if fair[2] == '1' then redis.call('HSET', fair_key, 'e:' .. tier, '0') end
+  if (tonumber(fair[2]) or 0) > 0 then redis.call('HSET', fair_key, 'e:' .. tier, '0') end
   return true
 end
 

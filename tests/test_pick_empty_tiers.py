@@ -1,9 +1,11 @@
 """pick.lua's empty-tier flag and its head+next read, against a real Redis.
 
-A pick that finds a tier's active set empty flags the tier ('e:<tier>' = '1' in the
-pool's fair hash) and reads the set no more until a tenant joins it: gt_activate
+A pick that finds a tier's active set empty flags the tier ('e:<tier>' in the pool's
+fair hash: until when) and reads the set no more until a tenant joins it: gt_activate
 (enqueue, an unparking or put-back release) is the one way in, and clears the flag.
-The pick that flags a tier also empties its bell (tokens rung for work that is gone).
+The flag holds for a second at most (a tenant let in without clearing it, by a producer
+of an earlier release, is found then).  The pick that flags a tier also empties its
+bell (tokens rung for work that is gone).
 A flag left set with a tenant in line would stall the tier, so besides the paths
 one by one, a random mix of enqueues, picks, acks, put-backs and cancels checks
 after every step that a pick finding nothing means nothing could be dispatched,
@@ -16,6 +18,7 @@ import random
 from collections import Counter
 
 from gateway_tasks.core.cancel import CancelCall, TaskRef, find_entry
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
@@ -28,9 +31,20 @@ TIERS = ("vip", "normal", "batch")
 
 
 def flags(r, s) -> dict[str, str | None]:
+    """Each tier's empty flag: None (never written), "set" (pick.lua skips the tier until
+    the time it holds, a second from the pick that found it empty) or "clear"."""
     fair = Keys(s.key_prefix).fair("default")
     got = r.hmget(fair, [f"e:{t}" for t in TIERS])
-    return {t: (v.decode() if v is not None else None) for t, v in zip(TIERS, got)}
+    now = redis_now_ms(r)
+    out: dict[str, str | None] = {}
+    for t, v in zip(TIERS, got):
+        if v is None:
+            out[t] = None
+        else:
+            until = float(v)
+            assert until == 0 or now < until <= now + 1_000
+            out[t] = "set" if until > now else "clear"
+    return out
 
 
 def capped(cap: int):
@@ -45,13 +59,13 @@ def test_a_tier_found_empty_is_flagged_and_an_arrival_clears_the_flag(r, setting
     s, plan = make(settings, "wfq")
     assert flags(r, s) == dict.fromkeys(TIERS)           # never read: no flag
     assert pick(r, plan) == Wait(-1)
-    assert flags(r, s) == dict.fromkeys(TIERS, "1")
+    assert flags(r, s) == dict.fromkeys(TIERS, "set")
     tag = push(r, s, "normal", tenant="acme")
-    assert flags(r, s) == {"vip": "1", "normal": "0", "batch": "1"}
+    assert flags(r, s) == {"vip": "set", "normal": "clear", "batch": "set"}
     got = pick(r, plan)
     assert isinstance(got, Picked) and got.tag == tag
     assert pick(r, plan) == Wait(-1)
-    assert flags(r, s)["normal"] == "1"
+    assert flags(r, s)["normal"] == "set"
 
 
 def test_a_task_put_back_into_a_tier_found_empty_is_dispatched_again(r, settings):
@@ -59,9 +73,9 @@ def test_a_task_put_back_into_a_tier_found_empty_is_dispatched_again(r, settings
     tag = push(r, s, "batch", tenant="acme")
     assert pick(r, plan).tag == tag
     assert pick(r, plan) == Wait(-1)
-    assert flags(r, s)["batch"] == "1"
+    assert flags(r, s)["batch"] == "set"
     assert release(r, s, tag, "requeue").released
-    assert flags(r, s)["batch"] == "0"
+    assert flags(r, s)["batch"] == "clear"
     assert pick(r, plan).tag == tag
 
 
@@ -71,9 +85,9 @@ def test_a_tenant_unparked_into_a_tier_found_empty_is_dispatched(r, settings):
     second = push(r, s, "normal", tenant="acme")
     assert pick(r, plan).tag == first                    # acme at its cap of 1: parked
     assert pick(r, plan) == Wait(-1)
-    assert flags(r, s)["normal"] == "1"
+    assert flags(r, s)["normal"] == "set"
     assert release(r, s, first).released                 # the ack unparks acme
-    assert flags(r, s)["normal"] == "0"
+    assert flags(r, s)["normal"] == "clear"
     assert pick(r, plan).tag == second
 
 
@@ -82,7 +96,7 @@ def test_a_batch_that_empties_a_tier_flags_it_in_the_same_call(r, settings):
     tags = {push(r, s, "vip", tenant=f"t{i}") for i in range(2)}
     got = scripts_for(r).run(plan.batch(4))
     assert {p.tag for p in got} == tags
-    assert flags(r, s)["vip"] == "1"
+    assert flags(r, s)["vip"] == "set"
 
 
 def test_a_tier_found_empty_has_its_bells_stale_tokens_dropped(r, settings):
@@ -96,7 +110,7 @@ def test_a_tier_found_empty_has_its_bells_stale_tokens_dropped(r, settings):
     assert len(scripts_for(r).run(plan.batch(3))) == 3      # took all, did not look further
     assert r.llen(bell) == 3
     assert pick(r, plan) == Wait(-1)                         # found empty: flagged, bell emptied
-    assert r.llen(bell) == 0 and flags(r, s)["vip"] == "1"
+    assert r.llen(bell) == 0 and flags(r, s)["vip"] == "set"
     push(r, s, "vip", tenant="late")
     assert r.llen(bell) == 1                                 # an arrival rings it again
     assert isinstance(pick(r, plan), Picked)
@@ -115,6 +129,20 @@ def test_a_tenants_next_task_read_with_its_head_keeps_its_order(r, settings, key
     assert [t for t in order if t in mine] == mine
     assert [t for t in order if t in theirs] == theirs
     assert pick(r, plan) == Wait(-1)
+
+
+def test_a_flag_lasts_a_second_so_a_tenant_let_in_without_clearing_it_waits_no_longer(r, settings):
+    # a producer of a release before the flag (a rolling upgrade) adds a tenant to an empty
+    # active set without clearing it: the tier is read again once the flag's second is over
+    s, plan = make(settings, "wfq")
+    keys = Keys(s.key_prefix)
+    assert pick(r, plan) == Wait(-1)
+    tag = push(r, s, "normal", tenant="acme")
+    now = redis_now_ms(r)
+    r.hset(keys.fair("default"), "e:normal", now + 60_000)   # as if the arrival left it set
+    assert pick(r, plan) == Wait(-1)                        # skipped while the flag holds
+    r.hset(keys.fair("default"), "e:normal", now - 1)       # its time is over
+    assert pick(r, plan).tag == tag
 
 
 def _dispatchable(r, s, inflight: Counter, cap: int) -> bool:

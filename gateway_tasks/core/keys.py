@@ -81,10 +81,11 @@ class Keys:
 
     def fair(self, pool: str) -> str:
         """The pool's fair-queuing state: tier WFQ virtual time 'v', per-tier finish tags
-        'f:<tier>', tenant virtual times 'tv:<tier>', empty flags 'e:<tier>' ('1': the tier's
-        active set was found empty; pick.lua skips it until a tenant joins) and the lifecycle
-        lines 'b:', 'd:', 'dn:<tier>'.  It lives in the bucket hash, beside the bucket's fields, so a pick
-        reads a pool's whole state with one HMGET and writes it with one HSET."""
+        'f:<tier>', tenant virtual times 'tv:<tier>', empty flags 'e:<tier>' (until when
+        pick.lua, which found the tier's active set empty, skips it; 0 once a tenant joins)
+        and the lifecycle lines 'b:', 'd:', 'dn:<tier>'.  It lives in the bucket hash, beside
+        the bucket's fields, so a pick reads a pool's whole state with one HMGET and writes it
+        with one HSET."""
         return self.bucket(pool)
 
     def fair_before_merge(self, pool: str) -> str:

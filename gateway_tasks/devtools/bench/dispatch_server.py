@@ -26,8 +26,9 @@ the EVALSHA time, the script's own (Lua, KEYS/ARGV set-up, the reply).  The
 slowlog's own bookkeeping inflates that batch a little: its shares, not its
 total, are the point.
 
-The floor under a pick (``pick_floor``): the commands one pick ran, taken from
-the slowlog with their arguments, replayed by a script that does nothing else,
+The floor under a pick (``pick_floor``): the commands one pick ran (the second on
+a fresh queue: the first reads the idle tiers and flags them), taken from the
+slowlog with their arguments, replayed by a script that does nothing else,
 and an empty script called with the pick's KEYS and ARGV -- what those commands
 cost through Lua's redis.call bridge alone, before any of the pick's own logic.
 """
@@ -267,6 +268,7 @@ def pick_floor(client: redis.Redis, base: Settings, message: str) -> dict[str, A
     plan = PickPlan(settings, settings.queue_names())
     try:
         fill(client, settings, Scenario(PROMPT_SIZES_B[0], 10, PICK_BATCH, PICK_BATCH), message)
+        scripts_for(client).run(plan)   # the first pick flags the idle tiers: the second is steady
         with redis_stats.recording(client):
             scripts_for(client).run(plan)
             raw = client.execute_command("SLOWLOG", "GET", redis_stats.SLOWLOG_MAX_LEN)

@@ -83,10 +83,17 @@ local general_left = tonumber(ARGV[7]) or -1   -- dispatches left for work outsi
 local slot_limited = false                     -- a candidate waited for a general slot
 for q = 1, Q do
   local a = qarg + QA * (q - 1)
+  -- every field the call sets later is named here: a table grown one field at a time is
+  -- rehashed as it grows (a 13-field table built so costs 4x one built whole)
   queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
                index = KEYS[PK * P + QK * q - 2], active = KEYS[PK * P + QK * q - 1],
                bell = KEYS[PK * P + QK * q],
-               lag = tonumber(ARGV[qarg + QA * Q + Q + q - 1]) or 0}
+               lag = tonumber(ARGV[qarg + QA * Q + Q + q - 1]) or 0,
+               ttl = 0, field_at = 0, boosts = false, urgent_at = false, f = 0, tv0 = false,
+               was_empty = false, empty = false, c = false, weight = 0, alpha = 0, share = 0,
+               max_wait = 0, reserved = false, tenant_max = 0, taken = 0, score = 0, start = 0,
+               bypass = false, tv = false, boosts_dirty = false, urgent_lines = false,
+               urgent_dirty = false}
 end
 
 -- [lifecycle: boosts] begin -------------------------------------------------------------
@@ -281,6 +288,9 @@ for p = 1, P do
     state = KEYS[base + 1], messages = KEYS[base + 2],
     finish = KEYS[base + 3], parked = KEYS[base + 4], inflight = KEYS[base + 5],
     dispatched = KEYS[base + 6], dispatched_at = KEYS[base + 7],
+    live = false, tcap = 0, trate = 0, rcap = 0, rrate = 0, reserve = 0, tokens = 0, requests = 0,
+    blocked_until = 0, wait_until = 0, debited = 0, dispatches = 0, v = 0, touched = false,
+    waits = false,
   }
   pools[p] = pool
   local live = false

@@ -75,8 +75,9 @@ class Keys:
 
     def bucket(self, pool: str) -> str:
         """Hash: tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches of one
-        pool's bucket, wait_until_ms (until when a dispatcher waits for it: lua/pick.lua; refunds
-        ring the pool's ``bell`` only until then), and beside them the pool's fair-queuing state (``fair``)."""
+        pool's bucket, wait_until_ms (until when a dispatcher waits for it: lua/pick.lua;
+        refunds ring the pool's ``bell`` only until then), and beside them the pool's
+        fair-queuing state (``fair``)."""
         return f"{self.pool_tag(pool)}bucket"
 
     def fair(self, pool: str) -> str:
@@ -100,8 +101,9 @@ class Keys:
     def bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's idle dispatchers, one per token refund
         (lua/settle.lua) while a dispatcher waits for the bucket (``wait_until_ms`` in the
-        bucket hash, written by lua/pick.lua): tokens concern every tier.  Work that becomes dispatchable -- an
-        enqueue, a task put back, a tenant unparked -- rings its tier's ``tier_bell`` instead."""
+        bucket hash, written by lua/pick.lua): tokens concern every tier.  Work that becomes
+        dispatchable -- an enqueue, a task put back, a tenant unparked -- rings its tier's
+        ``tier_bell`` instead."""
         return f"{self.pool_tag(pool)}bell"
 
     def tier_bell(self, pool: str, tier: str) -> str:

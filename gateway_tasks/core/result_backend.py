@@ -1,18 +1,30 @@
-"""The result backend: Celery's Redis backend, whose retries also ride out a full Redis.
+"""The result backend: Celery's Redis backend, one round trip per result write, and whose
+retries also ride out a full Redis.
 
-``result_backend_always_retry`` retries a result write (STARTED, SUCCESS, FAILURE)
-with exponential back-off -- but Celery's Redis backend counts only connection
-errors as worth it, so a result refused at ``maxmemory`` (noeviction) was dropped
-and its task, acked, never reached a final state.  Here that refusal is retried
-as well (``result_backend_max_retries`` times, ~1 minute in all): memory frees as
-the queues drain, or when the limit is raised.
+* Celery's Redis backend reads a task's meta back before every write (a late write of a
+  lost worker must not overwrite a success), then writes and publishes it: two round trips
+  per write, and a task whose STARTED state is tracked writes twice.  Here
+  lua/result_store.lua checks and writes in one atomic call (``ResultStoreCall``).
+* ``result_backend_always_retry`` retries a result write (STARTED, SUCCESS, FAILURE)
+  with exponential back-off -- but Celery's Redis backend counts only connection
+  errors as worth it, so a result refused at ``maxmemory`` (noeviction) was dropped
+  and its task, acked, never reached a final state.  Here that refusal is retried
+  as well (``result_backend_max_retries`` times, ~1 minute in all): memory frees as
+  the queues drain, or when the limit is raised.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from celery import states
 from celery.backends.redis import RedisBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core.oom import is_out_of_memory
+from gateway_tasks.core.scripts import scripts_for
 
 RESULT_BACKEND = "gateway_tasks.core.result_backend:ResultBackend"
 
@@ -22,6 +34,42 @@ def backend_url(redis_url: str) -> str:
     return f"{RESULT_BACKEND}+{redis_url}"
 
 
+@dataclass(frozen=True)
+class ResultStoreCall:
+    """lua/result_store.lua: store and publish a result meta unless a success is stored."""
+
+    SCRIPT: ClassVar[str] = "result_store"
+
+    key: str
+    meta: str | bytes      # encoded
+    expires_s: int         # 0: none
+
+    @property
+    def script_keys(self) -> list[str]:
+        return [self.key]
+
+    @property
+    def script_args(self) -> list[str | bytes | int]:
+        return [self.meta, self.expires_s]
+
+    def parse(self, reply: Any) -> bool:
+        return int(reply) == 1
+
+
 class ResultBackend(RedisBackend):
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         return bool(super().exception_safe_to_retry(exc)) or is_out_of_memory(exc)
+
+    def _store_result(self, task_id: Any, result: Any, state: str, traceback: Any = None,
+                      request: Any = None, **kwargs: Any) -> Any:
+        """Celery's ``_store_result`` (the meta, its size limit, the failure expiry) in one
+        round trip: a stored success is kept by the script, not by a read before."""
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
+        expires = self.failure_expires if state == states.FAILURE else self.expires
+        call = ResultStoreCall(self.get_key_for_task(task_id), value, int(expires or 0))
+        self.ensure(lambda: scripts_for(self.client).run(call), ())
+        return result

@@ -43,18 +43,16 @@ def test_general_picks(free, kept, general):
     assert general_picks(free, kept) == general
 
 
-@pytest.mark.parametrize("mode, slot_limited, woke_own, general_now, step", [
-    ("wait", True, False, 1, ("pick", True)),     # a slot of its own freed since the pick
-    ("wait", True, False, NO_LIMIT, ("pick", True)),
-    ("wait", True, False, 0, ("wait", True)),     # still only kept slots: wait for a bell
-    ("wait", False, False, 0, ("wait", False)),   # waiting for tokens or work: as it was
-    ("pick", True, True, 0, ("wait", True)),      # its own bell's token was stale
-    ("pick", True, True, 2, ("pick", True)),      # ... and rang for a slot that is free
-    ("pick", True, False, 0, ("pick", True)),     # the reserved bell rang: look for vip work
-    ("pick", False, False, 3, ("pick", False)),
+@pytest.mark.parametrize("mode, slot_limited, general_now, step", [
+    ("wait", True, 1, "pick"),          # a slot of its own freed since the pick
+    ("wait", True, NO_LIMIT, "pick"),
+    ("wait", True, 0, "wait"),          # still only kept slots: wait for a bell
+    ("wait", False, 0, "wait"),         # waiting for tokens or work: as it was
+    ("pick", True, 0, "pick"),          # woken (its own bell, the reserved bell): pick
+    ("pick", False, 3, "pick"),
 ])
-def test_next_step(mode, slot_limited, woke_own, general_now, step):
-    assert next_step(mode, slot_limited, woke_own, general_now) == step
+def test_next_step(mode, slot_limited, general_now, step):
+    assert next_step(mode, slot_limited, general_now) == step
 
 
 def test_the_setting_fails_fast_when_negative():

@@ -36,7 +36,7 @@ from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
 from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
-from workers.poll_step import PICK, WAIT, next_step
+from workers.poll_step import WAIT, next_step
 from workers.redis_retry import through_restarts
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
@@ -166,7 +166,6 @@ class Channel(broker.Channel):
         # while only those are free, the wait also listens on this dispatcher's own bell
         self._gt_id = uuid.uuid4().hex[:12]
         self._gt_slot_limited = False
-        self._gt_woke_own = False   # the last wait ended on this dispatcher's own bell
 
     def _gt_count(self, name: str) -> None:
         self._gt_tally.round_trip(name)
@@ -239,14 +238,8 @@ class Channel(broker.Channel):
         conn = self.client.connection
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
-        # a slot of its own freed since it began waiting for one: pick; a stale token of its own
-        # bell with only kept slots free: wait again (workers.poll_step)
-        mode, self._gt_slot_limited = next_step(self._gt_mode, self._gt_slot_limited, self._gt_woke_own,
-                                                self._gt_general_now(plan))
-        self._gt_woke_own = False
-        if mode == WAIT and self._gt_mode == PICK:
-            self._gt_wait(-1)            # until a bell rings (MAX_WAIT_S)
-        self._gt_mode = mode
+        # a slot of its own freed since it began waiting for one: pick (workers.poll_step)
+        self._gt_mode = next_step(self._gt_mode, self._gt_slot_limited, self._gt_general_now(plan))
         if self._gt_mode == WAIT:
             self._gt_count(DISPATCH_WAITS)
             # with only kept slots free: woken by reserved interactive work or a slot of its own
@@ -295,8 +288,6 @@ class Channel(broker.Channel):
                 raise virtual.Empty() from None
             if mode == "wait":
                 self._gt_mode = "pick"
-                self._gt_woke_own = (reply is not None and self._gt_plan is not None
-                                     and bytes_to_str(reply[0]) in self._gt_own_bells(self._gt_plan))
                 raise virtual.Empty()
             self._gt_refused = 0
             plan = self._gt_plan
@@ -316,11 +307,15 @@ class Channel(broker.Channel):
                 if not delivered:
                     raise virtual.Empty()        # all dead-lettered: pick again at once
                 # the call took fewer than it was asked for: its other slots wait (a pick now
-                # would find what the call just found missing), only kept ones if that is all
+                # would find what the call just found missing) -- unless only kept slots are
+                # left: then the next pick, sent with its slot-limited mark set (releases ring its
+                # own bell from then on), looks for reserved work and leads to that wait.  Waiting
+                # here instead would miss a release that ran before the mark and whose freed
+                # slot this thread's count does not show yet (an ack's bookkeeping follows it)
                 rest_ms = self._gt_batch.rest_wait_ms(reply)
-                if len(result) < self._gt_batch.max_picks and rest_ms != 0:
+                if (len(result) < self._gt_batch.max_picks and rest_ms != 0
+                        and self._gt_general_now(plan) != 0):
                     self._gt_wait(rest_ms)
-                    self._gt_slot_limited = self._gt_general_now(plan) == 0
                 return True
             self._gt_wait(result.wait_ms)
             raise virtual.Empty()

@@ -5,8 +5,8 @@ The same trivial task (``gateway.noop``: no upstream call) goes through
 * **plain** -- a stock Celery app on kombu's own Redis transport (BRPOP, and
   kombu's ack emulation: one pipeline recording the unacked message, one
   removing it at ack), with the gateway app's settings otherwise: JSON, late
-  acks, prefetch 1, task events, a result backend with the same key prefix
-  scheme; and
+  acks, prefetch 1, task events, stock Celery's Redis result backend with the
+  same key prefix scheme; and
 * **gateway** -- ``gateway_tasks.core.celery_app`` on the gateway transport
   (pick.lua + the bell), queue ``gt.vip.default``, headers ``gt_est_tokens=1``
   and ``gt_tenant``, on a pool whose TPM/RPM are so large the bucket never
@@ -67,6 +67,9 @@ def plain_app(redis_url: str, prefix: str) -> Celery:
     conf.update(
         broker_transport_options={"global_keyprefix": prefix,
                                   "visibility_timeout": Settings().visibility_timeout_s},
+        # stock Celery's Redis backend (its read before every result write included): the
+        # gateway's own backend writes a result in one round trip (core/result_backend.py)
+        result_backend=redis_url,
         result_backend_transport_options={"global_keyprefix": prefix},
         task_default_queue=PLAIN_QUEUE,
     )

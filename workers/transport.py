@@ -238,8 +238,11 @@ class Channel(broker.Channel):
         conn = self.client.connection
         self._in_poll = conn
         self._brpop_sent_at = kredis.monotonic()
-        # a slot of its own freed since it began waiting for one: pick (workers.poll_step)
-        self._gt_mode = next_step(self._gt_mode, self._gt_slot_limited, self._gt_general_now(plan))
+        # its free slots now, of them how many may take work outside the reserve; a slot of its
+        # own freed since it began waiting for one: pick (workers.poll_step)
+        free = self.qos.can_consume_max_estimate() or 1
+        general = self._gt_general_now(plan, free)
+        self._gt_mode = next_step(self._gt_mode, self._gt_slot_limited, general)
         if self._gt_mode == WAIT:
             self._gt_count(DISPATCH_WAITS)
             # with only kept slots free: woken by reserved interactive work or a slot of its own
@@ -252,8 +255,7 @@ class Channel(broker.Channel):
             self._gt_count(DISPATCH_PICKS)
             # as many tasks as this channel has free slots for, in one call, keeping some
             # of them for reserved tiers' interactive work
-            free = self.qos.can_consume_max_estimate() or 1
-            self._gt_batch = plan.batch(free, self._gt_general_now(plan, free))
+            self._gt_batch = plan.batch(free, general)
             self._gt_slot_limited = self._gt_batch.general == 0
             conn.send_command(*self._gt_scripts.command(self._gt_batch))
 

@@ -1,7 +1,8 @@
 """The result backend's one-round-trip write (lua/result_store.lua via ResultBackend), on a
 real Redis: a result is stored, expires and is published as Celery's backend does it; a
 stored success is never overwritten by a late write; a meta whose status is not its first
-field is read whole to find it."""
+field is read whole to find it.  A task that takes its STARTED write along has it held for
+its first round trip (workers/tasks.before_call), once, and a later state stands instead."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import uuid
 import pytest
 import redis
 from celery import states
+from celery.app.task import Context
 
 from gateway_tasks.core.celery_app import make_app
-from gateway_tasks.core.result_backend import ResultBackend, ResultStoreCall
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.result_backend import (STARTED_WITH_FIRST_TRIP, ResultBackend, ResultStoreCall, same_server,
+                                               take_started)
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import load_settings
 
@@ -95,3 +99,98 @@ def test_the_success_check_reads_any_meta(r, key_prefix, stored, kept):
     assert scripts_for(r).run(ResultStoreCall(key, new, 0)) is (not kept)
     assert r.get(key).decode() == (stored if kept else new)
     assert r.ttl(key) == -1                              # 0: no expiry set
+
+
+# -- a task that takes its STARTED write along with its first round trip ------------------
+
+def _holding_request(backend: ResultBackend) -> Context:
+    """A request of a task registered with STARTED_WITH_FIRST_TRIP."""
+    name = "gt-test.holds-started"
+    if name not in backend.app.tasks:
+        def holds_started() -> None:
+            return None
+        backend.app.task(name=name, **{STARTED_WITH_FIRST_TRIP: True})(holds_started)
+    return Context(task=name)
+
+
+def test_a_task_that_takes_its_started_write_along_gets_it_held_once(r, backend):
+    task_id, other = str(uuid.uuid4()), str(uuid.uuid4())
+    key = backend.get_key_for_task(task_id)
+    try:
+        backend.store_result(task_id, {"pid": 1}, states.STARTED, request=_holding_request(backend))
+        assert r.get(key) is None                           # nothing written yet
+        assert take_started(other) is None                  # another task's: dropped
+        assert take_started(task_id) is None                # ... and so was this one: once
+        backend.store_result(task_id, {"pid": 1}, states.STARTED, request=_holding_request(backend))
+        held = take_started(task_id)
+        assert held is not None and held.rides_with(r) and take_started(task_id) is None
+        held.send()
+        assert meta(r, backend, task_id)["status"] == states.STARTED
+    finally:
+        r.delete(key)
+
+
+def test_a_later_state_of_the_task_stands_instead_of_its_held_started(r, backend):
+    task_id = str(uuid.uuid4())
+    try:
+        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
+        backend.store_result(task_id, ValueError("bad request"), states.FAILURE, request=_holding_request(backend))
+        assert take_started(task_id) is None
+        assert meta(r, backend, task_id)["status"] == states.FAILURE
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+
+
+def test_other_tasks_write_started_at_once(r, backend):
+    task_id = str(uuid.uuid4())
+    try:
+        backend.store_result(task_id, None, states.STARTED, request=Context(task="some.other"))
+        assert take_started(task_id) is None
+        assert meta(r, backend, task_id)["status"] == states.STARTED
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+
+
+def test_before_call_sends_the_held_started_write_in_its_round_trip(r, backend, settings):
+    from workers.tasks import before_call
+    keys, pool = Keys(settings.key_prefix), settings.pools[0]
+    task_id = str(uuid.uuid4())
+    r.set(keys.cancelled(task_id), "queued")
+    try:
+        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
+        got = before_call(r, keys, settings, pool, task_id, started=take_started(task_id))
+        assert got.cancel_mark == "queued" and got.lease_held
+        assert meta(r, backend, task_id)["status"] == states.STARTED
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+
+
+def test_a_held_started_write_for_another_server_goes_through_the_backend(r, backend, settings):
+    from workers.tasks import before_call
+    keys, gateway_pool = Keys(settings.key_prefix), settings.pools[0]
+    task_id = str(uuid.uuid4())
+    pool = r.connection_pool                                # the task's reads: another database
+    elsewhere = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 1}))
+    try:
+        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
+        held = take_started(task_id)
+        assert held is not None and not held.rides_with(elsewhere)
+        assert before_call(elsewhere, keys, settings, gateway_pool, task_id, started=held).cancel_mark is None
+        assert meta(r, backend, task_id)["status"] == states.STARTED
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+        elsewhere.close()
+
+
+@pytest.mark.parametrize("a, b, same", [
+    (dict(host="h", port=1, db=0), dict(host="h", port=1, db=0), True),
+    (dict(host="h", port=1, db=0), dict(host="h", port=2, db=0), False),
+    (dict(host="h", port=1, db=0), dict(host="h", port=1, db=1), False),
+    (dict(path="/tmp/r.sock", db=0), dict(path="/tmp/r.sock"), True),
+])
+def test_same_server(a, b, same):
+    class Client:
+        def __init__(self, kw):
+            self.connection_pool = type("P", (), {"connection_kwargs": kw})()
+    assert same_server(Client(a), Client(b)) is same

@@ -29,6 +29,8 @@ from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_M
                                          HEADER_EST_TOKENS, HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES,
                                          HEADER_TENANT, InferenceRequest)
 from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.result_backend import STARTED_WITH_FIRST_TRIP, HeldStarted, take_started
+from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.overload_actions import degrade, record
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings
 from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
@@ -134,19 +136,34 @@ def holds_lease(record: bytes | None, dispatched_ms: Any) -> bool:
 
 
 def before_call(r: redis.Redis, keys: Keys, settings: Settings, pool: Pool, task_id: str,
-                tag: str | None = None, dispatched_ms: Any = None) -> BeforeCall:
+                tag: str | None = None, dispatched_ms: Any = None,
+                started: HeldStarted | None = None) -> BeforeCall:
     """The load level, the task's cancel mark and the pool's circuit state in one pipeline of
     plain reads.  A closed circuit's verdict is known from the read; when it is open or
     half-open the caller asks circuit.lua (``PoolCircuit.allow``: whether this call is the
-    probe is its decision) once it knows the call will be made."""
-    with r.pipeline(transaction=False) as pipe:
-        pipe.hget(keys.overload_state, "level")
-        pipe.get(keys.cancelled(task_id))
-        pipe.hmget(keys.circuit(pool.name), *READ_FIELDS)
-        check_lease = isinstance(tag, str) and bool(tag) and dispatched_ms is not None
-        if check_lease:
-            pipe.hget(keys.dispatched(pool.name), tag)
-        raw_level, raw_mark, raw_circuit, *raw_lease = pipe.execute()
+    probe is its decision) once it knows the call will be made.  ``started``: the task's
+    STARTED write the result backend held back (``take_started``), sent first in the same
+    round trip -- or, on a failure of its own, again through the backend and its retries."""
+    reads: list[tuple[str, ...]] = [("HGET", keys.overload_state, "level"), ("GET", keys.cancelled(task_id)),
+                                    ("HMGET", keys.circuit(pool.name), *READ_FIELDS)]
+    check_lease = isinstance(tag, str) and bool(tag) and dispatched_ms is not None
+    if check_lease:
+        reads.append(("HGET", keys.dispatched(pool.name), str(tag)))
+    calls = []
+    if started is not None:
+        if started.rides_with(r):
+            calls.append(started.call)
+        else:
+            started.send()
+    scripts = scripts_for(r)
+    try:
+        _, got = scripts.run_together(calls, reads)
+    except redis.RedisError:
+        if started is None or not calls:
+            raise
+        started.send()   # refused (a full Redis) or cut off: the backend's retries take it over
+        _, got = scripts.run_together([], reads)
+    raw_level, raw_mark, raw_circuit, *raw_lease = got
     level = min(MAX_LEVEL, max(0, int(raw_level or 0))) if settings.overload.enabled else 0
     held = holds_lease(raw_lease[0], dispatched_ms) if check_lease else True
     return BeforeCall(level, closed_verdict(raw_circuit), _mark_of(raw_mark), held)
@@ -160,7 +177,7 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
 
 
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True,
-             Request=RESULT_HIDING_REQUEST)
+             Request=RESULT_HIDING_REQUEST, **{STARTED_WITH_FIRST_TRIP: True})
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     """One inference; when it ends (not requeued), the tasks held on it are released."""
     try:
@@ -217,7 +234,8 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
         bucket.settle(est_tokens=est, actual_tokens=0, tier=req.tier, tenant_id=req.tenant_id,
                       model=req.model, completion_tokens=0, learn=False, reached_upstream=False)
 
-    before = before_call(r, keys, settings, pool, self.request.id, get(HEADER_DELIVERY_TAG), disp_ms)
+    before = before_call(r, keys, settings, pool, self.request.id, get(HEADER_DELIVERY_TAG), disp_ms,
+                         started=take_started(self.request.id))
     if before.cancel_mark is not None:   # cancelled after it was taken (or put back): never call the upstream
         refund()
         raise _cancelled_error(self.request.id, before.cancel_mark)

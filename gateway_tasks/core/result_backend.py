@@ -5,6 +5,9 @@ retries also ride out a full Redis.
   lost worker must not overwrite a success), then writes and publishes it: two round trips
   per write, and a task whose STARTED state is tracked writes twice.  Here
   lua/result_store.lua checks and writes in one atomic call (``ResultStoreCall``).
+* A task may take its STARTED write along with its first round trip (``HeldStarted``):
+  Celery's tracer writes STARTED on its own just before the task's body runs, and the
+  body's first pipeline is microseconds later -- one round trip less per task.
 * ``result_backend_always_retry`` retries a result write (STARTED, SUCCESS, FAILURE)
   with exponential back-off -- but Celery's Redis backend counts only connection
   errors as worth it, so a result refused at ``maxmemory`` (noeviction) was dropped
@@ -15,6 +18,7 @@ retries also ride out a full Redis.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -56,6 +60,49 @@ class ResultStoreCall:
         return int(reply) == 1
 
 
+# the attribute of a task (``@shared_task(**{STARTED_WITH_FIRST_TRIP: True})``) whose body
+# sends its STARTED write in its first round trip (``take_started``); it must do so before
+# anything else reaches Redis, and do it on every path
+STARTED_WITH_FIRST_TRIP = "gt_started_with_first_trip"
+
+
+@dataclass(frozen=True)
+class HeldStarted:
+    """A task's STARTED write, held back by the backend for the task's first round trip."""
+
+    task_id: str
+    call: ResultStoreCall
+    backend: "ResultBackend"
+
+    def send(self) -> None:
+        """Write it now, on the backend's own client, with its retries."""
+        self.backend.store_now(self.call)
+
+    def rides_with(self, client: Any) -> bool:
+        """Whether ``client`` talks to the backend's server: then the write may go in its pipeline."""
+        return same_server(self.backend.client, client)
+
+
+def same_server(a: Any, b: Any) -> bool:
+    """Whether two redis clients talk to the same server and database (pure)."""
+    def where(client: Any) -> tuple[Any, ...]:
+        kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if kw is None:
+            return (id(client),)
+        return kw.get("host"), kw.get("port"), kw.get("path"), kw.get("db", 0)
+    return where(a) == where(b)
+
+
+_held = threading.local()   # the STARTED write of the task this thread runs
+
+
+def take_started(task_id: str) -> HeldStarted | None:
+    """The STARTED write this thread's backend held back for ``task_id`` (once), else None."""
+    held: HeldStarted | None = getattr(_held, "started", None)
+    _held.started = None
+    return held if held is not None and held.task_id == task_id else None
+
+
 class ResultBackend(RedisBackend):
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         return bool(super().exception_safe_to_retry(exc)) or is_out_of_memory(exc)
@@ -71,5 +118,20 @@ class ResultBackend(RedisBackend):
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         expires = self.failure_expires if state == states.FAILURE else self.expires
         call = ResultStoreCall(self.get_key_for_task(task_id), value, int(expires or 0))
-        self.ensure(lambda: scripts_for(self.client).run(call), ())
+        tid = bytes_to_str(task_id)
+        if state == states.STARTED and self._holds_started(request):
+            _held.started = HeldStarted(tid, call, self)
+            return result
+        held = getattr(_held, "started", None)
+        if held is not None and held.task_id == tid:   # a later state of it stands instead
+            _held.started = None
+        self.store_now(call)
         return result
+
+    def store_now(self, call: ResultStoreCall) -> None:
+        self.ensure(lambda: scripts_for(self.client).run(call), ())
+
+    def _holds_started(self, request: Any) -> bool:
+        """Whether the running task takes its STARTED write along itself (STARTED_WITH_FIRST_TRIP)."""
+        task = self.app.tasks.get(getattr(request, "task", None) or "")
+        return bool(getattr(task, STARTED_WITH_FIRST_TRIP, False))

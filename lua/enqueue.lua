@@ -29,6 +29,9 @@
 -- ARGV[13] '1': the tier may use the pool's reserve (its interactive work rings KEYS[10] too)
 -- ARGV[14] the message's size in bytes, kept in the entry (pick.lua then hands a small message
 --          back without asking its length); '' = not known (an entry of six fields)
+-- ARGV[15] the task's ref key's index in KEYS (0 or absent: none) -- Keys.task_ref_in, under the
+--          pool's tag: written once the task is queued, '<pool>|<tier>|<tenant>|<tag>|<entry>'
+--          (gateway_tasks/core/cancel.py TaskRef; ARGV[16] its pool name, ARGV[17] its TTL, ms)
 --
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/evict.lua;
@@ -76,4 +79,9 @@ gt_ring(KEYS[9], ARGV[8])
 -- at most one token: nobody waits on it most of the time, and stale tokens would each cost a
 -- dispatcher that starts waiting on it an empty pick
 if ARGV[13] == '1' and not scheduled then gt_ring(KEYS[10], 1) end
+local ref = tonumber(ARGV[15]) or 0
+if ref > 0 then
+  redis.call('SET', KEYS[ref], ARGV[16] .. '|' .. tier .. '|' .. tenant .. '|' .. tag .. '|' .. entry,
+             'PX', ARGV[17])
+end
 return {1, now, depth + 1, entry}   -- [lifecycle] the entry: cancel finds the task by it

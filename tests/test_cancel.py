@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import threading
 import time
+import uuid
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -19,14 +21,15 @@ from fastapi.testclient import TestClient
 
 from gateway_tasks.cli import task as task_cli
 from gateway_tasks.core.broker import queued_messages
-from gateway_tasks.core.errors import TaskCancelled, UnknownTask
+from gateway_tasks.core.cancel import TaskRef, read_refs
+from gateway_tasks.core.errors import QueueFull, TaskCancelled, UnknownTask
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import DISPATCHED, tier_field
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.ports import free_port
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
-from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.rest.app import create_app, sync_timeout_s
 from gateway_tasks.rest.results import wait_for_meta
 
@@ -70,6 +73,38 @@ def test_the_last_queued_task_of_a_tenant_takes_it_out_of_line(gw):
     assert gw.r.zscore(keys.active("default", "vip"), "acme") is not None
     gw.cancel(h.id)
     assert gw.r.zscore(keys.active("default", "vip"), "acme") is None
+    assert gw.r.zcard(keys.index("default", "vip")) == 0
+
+
+def test_the_enqueue_writes_the_tasks_ref_under_its_pool_and_a_refused_one_writes_none(gw):
+    keys = Keys(gw.settings.key_prefix)
+    h = gw.submit("acme", "where am I", max_tokens=5)
+    raw = gw.r.get(keys.task_ref_in("default", h.id))
+    assert raw is not None and gw.r.get(keys.task_ref(h.id)) is None      # not the old key
+    ref = TaskRef.decode(raw)
+    (entry,) = gw.r.zrange(keys.index("default", "vip"), 0, -1)
+    assert (ref.pool, ref.tier, ref.tenant, ref.entry) == ("default", "vip", "acme", entry.decode())
+    assert 0 < gw.r.pttl(keys.task_ref_in("default", h.id)) <= gw.settings.result_ttl_s * 1000
+    assert read_refs(gw.r, keys, ["default"], [h.id, "no-such-task"]) == {h.id: ref}
+    small = gw.settings.with_(tiers=tuple(t if t.name != "vip" else replace(t, queue_max_len=1)
+                                          for t in gw.settings.tiers))   # full: its one task queued
+    g2 = Gateway(small, client=gw.r)
+    try:
+        with pytest.raises(QueueFull):
+            g2.submit("acme", "no room", max_tokens=5, idempotency_key="refused")
+        refused = uuid.uuid5(IDEMPOTENCY_NAMESPACE, "acme:refused")
+        assert gw.r.get(keys.task_ref_in("default", str(refused))) is None
+    finally:
+        g2.app.close()
+
+
+def test_a_ref_an_earlier_producer_wrote_is_still_found(gw):
+    keys = Keys(gw.settings.key_prefix)
+    h = gw.submit("acme", "queued before the upgrade", max_tokens=5)
+    raw = gw.r.get(keys.task_ref_in("default", h.id))
+    gw.r.delete(keys.task_ref_in("default", h.id))
+    gw.r.set(keys.task_ref(h.id), raw)                   # where earlier producers wrote it
+    assert gw.cancel(h.id).was == "queued"
     assert gw.r.zcard(keys.index("default", "vip")) == 0
 
 

@@ -158,7 +158,7 @@ def test_a_higher_tier_dependent_boosts_its_queued_lower_tier_dependency(gw):
     gw.submit("acme", "and again", max_tokens=5, depends_on=[dep.id])
     (line,) = gw.r.hget(gw.keys.fair("default"), "b:batch").decode().split("\n")
     tier, entry = line.split(">")
-    assert tier == "vip" and f"|{gw.r.get(gw.keys.task_ref(dep.id)).decode().split('|')[3]}|" in entry
+    assert tier == "vip" and f"|{gw.r.get(gw.keys.task_ref_in('default', dep.id)).decode().split('|')[3]}|" in entry
     assert gw.r.zscore(gw.keys.index("default", "batch"), entry) is not None
     assert same.status == states.PENDING
 

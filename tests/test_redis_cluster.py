@@ -186,6 +186,7 @@ def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_p
     no script call crosses a slot (Redis would refuse it with CROSSSLOT)."""
     import json
 
+    from gateway_tasks.core.cancel import read_refs
     from gateway_tasks.core.enqueue import EnqueueCall, enqueue
     from gateway_tasks.core.keys import Keys
     from gateway_tasks.core.scripts import scripts_for
@@ -213,7 +214,11 @@ def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_p
                 msg = {"body": "", "headers": {"gt_est_tokens": 10, "gt_tenant": f"t{i}"},
                        "properties": {"delivery_tag": f"{pool}-{i}"}}
                 assert enqueue(client, EnqueueCall(keys, s.tier("vip"), pool, f"t{i}", f"{pool}-{i}", 10,
-                                               json.dumps(msg))).accepted
+                                               json.dumps(msg), task_id=f"id-{pool}-{i}",
+                                               ref_ttl_s=60)).accepted
+        # each task's ref is written by the enqueue, in its pool's slot, and found by id alone
+        refs = read_refs(client, keys, names, [f"id-{pool}-{i}" for pool in names for i in range(3)])
+        assert {(r.pool, r.tag) for r in refs.values()} == {(p, f"{p}-{i}") for p in names for i in range(3)}
         for pool in names:
             plan = PickPlan(s, [s.queue_name(t.name, pool) for t in s.tiers])
             got = [scripts.run(plan) for _ in range(3)]

@@ -22,7 +22,6 @@ from kombu.exceptions import InconsistencyError
 from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
-from gateway_tasks.core.cancel import TaskRef
 from gateway_tasks.core.deadline import DeadlineCall, urgent_from_ms
 from gateway_tasks.core.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
@@ -106,14 +105,11 @@ class Channel(kredis.Channel):
                            tenant_weight=_weight(headers.get(HEADER_TENANT_WEIGHT, 1)),
                            pool_capacity=self._gt_pool_capacity(parts[1]),
                            pool_tiers=tuple(t.name for t in self._gt_settings.tiers),
-                           lane=SCHEDULED if headers.get(HEADER_LANE) == SCHEDULED else INTERACTIVE)
+                           lane=SCHEDULED if headers.get(HEADER_LANE) == SCHEDULED else INTERACTIVE,
+                           # where it sits, written as it is queued: Gateway.cancel and eviction find it by it
+                           task_id=task_id if isinstance(task_id := headers.get("id"), str) else "",
+                           ref_ttl_s=self._gt_settings.result_ttl_s)
         done = enqueue(self._gt_raw, call)
-        task_id = headers.get("id")
-        if done.accepted and isinstance(task_id, str) and task_id:
-            # where it sits: Gateway.cancel and eviction find it by it
-            self._gt_raw.set(self._gt_keys.task_ref(task_id),
-                             TaskRef(parts[1], tier.name, call.tenant, call.tag, done.entry).encode(),
-                             ex=self._gt_settings.result_ttl_s)
         deadline_s = headers.get(HEADER_DEADLINE_S)
         boost_s = self._gt_settings.deadline_boost_s
         if done.accepted and boost_s and done.entry and isinstance(deadline_s, (int, float)) \

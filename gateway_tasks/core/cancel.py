@@ -1,7 +1,8 @@
 """Cancelling a task, Redis side: where a queued task sits, and lua/cancel.lua as a typed call.
 
-The producer records each gateway task's place when it enqueues it
-(``Keys.task_ref``: pool, tier, tenant, delivery tag).  Cancelling finds the
+lua/enqueue.lua records each gateway task's place as it queues it
+(``Keys.task_ref_in``, under the pool's tag: pool, tier, tenant, delivery tag, index
+entry; ``read_refs`` finds it by task id alone).  Cancelling finds the
 task's index entry in its tenant's range of the tier's index, then runs
 cancel.lua, which marks the task cancelled (``Keys.cancelled``) and -- if it is
 still queued -- removes its entry and message together, atomically: no
@@ -13,7 +14,7 @@ sweep drops it instead of putting it back (``workers.leases``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import redis
 
@@ -41,6 +42,28 @@ class TaskRef:
             text = text.decode()
         pool, tier, tenant, tag, *entry = text.split(SEP, 4)
         return cls(pool, tier, tenant, tag, entry[0] if entry else "")
+
+
+def read_refs(client: redis.Redis | redis.RedisCluster, keys: Keys, pools: Sequence[str],
+              task_ids: Sequence[str]) -> dict[str, TaskRef]:
+    """Where each of ``task_ids`` was queued, if it was (id -> TaskRef), in one round trip: its
+    ref under each pool's tag (``Keys.task_ref_in``; the task id does not say its pool), and
+    the key producers of an earlier release wrote (``Keys.task_ref``)."""
+    if not task_ids:
+        return {}
+    with client.pipeline(transaction=False) as pipe:
+        for task_id in task_ids:
+            for pool in pools:
+                pipe.get(keys.task_ref_in(pool, task_id))
+            pipe.get(keys.task_ref(task_id))
+        got = pipe.execute()
+    out: dict[str, TaskRef] = {}
+    per = len(pools) + 1
+    for i, task_id in enumerate(task_ids):
+        raw = next((r for r in got[i * per:(i + 1) * per] if r is not None), None)
+        if raw is not None:
+            out[task_id] = TaskRef.decode(raw)
+    return out
 
 
 def find_entry(client: redis.Redis, keys: Keys, ref: TaskRef) -> str:

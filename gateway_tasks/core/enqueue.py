@@ -47,13 +47,16 @@ class EnqueueCall:
     pool_capacity: int = 0           # the pool's shared queue capacity (0: none)
     pool_tiers: tuple[str, ...] = ()  # every tier of the pool: their queues count against it
     lane: str = INTERACTIVE          # gateway_tasks.core.lanes: scheduled work queues behind
+    task_id: str = ""                # its ref (Keys.task_ref_in) is written as it is queued ('': none)
+    ref_ttl_s: int = 0
 
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
         return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
                 k.inflight(p), k.seq(p), k.fair(p), k.tier_bell(p, t), k.reserved_bell(p),
-                *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ())]
+                *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ()),
+                *((k.task_ref_in(p, self.task_id),) if self.task_id else ())]
 
     @property
     def script_args(self) -> list[str | int | float]:
@@ -61,7 +64,12 @@ class EnqueueCall:
                 self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
                 self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity,
                 self.lane, self.tier.scheduled_lag_tokens, 1 if self.tier.reserved_share > 0 else 0,
-                self.message_b]
+                self.message_b, *self._ref_args()]
+
+    def _ref_args(self) -> tuple[int | str, ...]:
+        if not self.task_id:
+            return ()
+        return len(self.script_keys), self.pool, max(1, self.ref_ttl_s) * 1000
 
     @property
     def message_b(self) -> int:

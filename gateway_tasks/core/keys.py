@@ -231,9 +231,15 @@ class Keys:
         API process waiting on them (``gateway_tasks.core.chunks``)."""
         return f"{self.prefix}chunks:{task_id}"
     def task_ref(self, task_id: str) -> str:
-        """String (TTL): where a queued task sits, '<pool>|<tier>|<delivery tag>|<index entry>'
-        (written after its enqueue; cancel and eviction find it by it)."""
+        """String (TTL): where a queued task sits, as ``task_ref_in`` -- the key of producers
+        before the ref moved under its pool's tag (still read: ``core.cancel.read_refs``)."""
         return f"{self.prefix}task-ref:{task_id}"
+
+    def task_ref_in(self, pool: str, task_id: str) -> str:
+        """String (TTL): where a task queued on ``pool`` sits, '<pool>|<tier>|<tenant>|<delivery
+        tag>|<index entry>' (core.cancel.TaskRef), written by lua/enqueue.lua as it queues it;
+        cancel and priority inheritance find the task by it."""
+        return f"{self.pool_tag(pool)}ref:{task_id}"
 
     def cancelled(self, task_id: str) -> str:
         """String (TTL): a cancelled task's reason ('queued' | 'running'); the worker, the lease

@@ -26,7 +26,7 @@ from kombu.exceptions import OperationalError
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core import depends
-from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry
+from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, find_entry, read_refs
 from gateway_tasks.core.errors import (DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, QueueFull,
                                        RedisFull, RedisUnavailable, TaskCancelled, UnknownTask)
 from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
@@ -117,6 +117,7 @@ class Gateway:
         self.app = app or make_app(self.settings)
         self.r = client or redis.Redis.from_url(self.app.conf.broker_url, **connection_kwargs())
         self.keys = Keys(self.settings.key_prefix)
+        self._pool_names = tuple(p.name for p in self.settings.pools)
         self.tenants = TenantRegistry(self.r, self.settings)
         self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,
                                   reserve_bytes=int(self.settings.redis_memory_reserve_mib * MIB))
@@ -361,11 +362,7 @@ class Gateway:
         """Priority inheritance: each dependency queued in a lower tier than this task is
         dispatched at this task's tier's priority (lua/boost.lua, then lua/pick.lua)."""
         rank = self.settings.tier_rank(req.tier)
-        refs = self.r.mget([self.keys.task_ref(d) for d in deps])
-        for raw in refs:
-            if raw is None:
-                continue
-            ref = TaskRef.decode(raw)
+        for ref in read_refs(self.r, self.keys, self._pool_names, deps).values():
             if ref.entry and self.settings.tier_rank(ref.tier) > rank:
                 scripts_for(self.r).run(depends.BoostCall(self.keys, ref.pool, ref.tier, req.tier, ref.entry))
 
@@ -448,10 +445,9 @@ class Gateway:
             self._store_cancelled(task_id, WAITING, "cancelled while it waited on its depends_on; "
                                                     "it was never queued")
             return Cancelled(task_id, WAITING, states.FAILURE)
-        raw_ref = self.r.get(self.keys.task_ref(task_id))
+        ref = read_refs(self.r, self.keys, self._pool_names, [task_id]).get(task_id)
         was = GONE
-        if raw_ref is not None:
-            ref = TaskRef.decode(raw_ref)
+        if ref is not None:
             lag = next((t.scheduled_lag_tokens for t in self.settings.tiers if t.name == ref.tier), 0)
             for _ in range(CANCEL_TRIES):
                 was = scripts_for(self.r).run(CancelCall(self.keys, task_id, ref, find_entry(self.r, self.keys, ref),

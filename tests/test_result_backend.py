@@ -6,9 +6,11 @@ its first round trip (workers/tasks.before_call), once, and a later state stands
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from typing import Iterator
 
 import pytest
 import redis
@@ -103,25 +105,36 @@ def test_the_success_check_reads_any_meta(r, key_prefix, stored, kept):
 
 # -- a task that takes its STARTED write along with its first round trip ------------------
 
-def _holding_request(backend: ResultBackend) -> Context:
-    """A request of a task registered with STARTED_WITH_FIRST_TRIP."""
-    name = "gt-test.holds-started"
-    if name not in backend.app.tasks:
+HOLDING_TASK = "gt-test.holds-started"
+
+
+@contextlib.contextmanager
+def running(backend: ResultBackend, task_id: str) -> Iterator[Context]:
+    """The task registered with STARTED_WITH_FIRST_TRIP running ``task_id`` in this thread, as
+    Celery's tracer has it when it writes STARTED (its request pushed); yields that request."""
+    if HOLDING_TASK not in backend.app.tasks:
         def holds_started() -> None:
             return None
-        backend.app.task(name=name, **{STARTED_WITH_FIRST_TRIP: True})(holds_started)
-    return Context(task=name)
+        backend.app.task(name=HOLDING_TASK, **{STARTED_WITH_FIRST_TRIP: True})(holds_started)
+    task = backend.app.tasks[HOLDING_TASK]
+    request = Context(task=HOLDING_TASK, id=task_id)
+    task.push_request(id=task_id, task=HOLDING_TASK)
+    try:
+        yield request
+    finally:
+        task.pop_request()
 
 
 def test_a_task_that_takes_its_started_write_along_gets_it_held_once(r, backend):
     task_id, other = str(uuid.uuid4()), str(uuid.uuid4())
     key = backend.get_key_for_task(task_id)
     try:
-        backend.store_result(task_id, {"pid": 1}, states.STARTED, request=_holding_request(backend))
-        assert r.get(key) is None                           # nothing written yet
-        assert take_started(other) is None                  # another task's: dropped
-        assert take_started(task_id) is None                # ... and so was this one: once
-        backend.store_result(task_id, {"pid": 1}, states.STARTED, request=_holding_request(backend))
+        with running(backend, task_id) as request:
+            backend.store_result(task_id, {"pid": 1}, states.STARTED, request=request)
+            assert r.get(key) is None                       # nothing written yet
+            assert take_started(other) is None              # another task's: dropped
+            assert take_started(task_id) is None            # ... and so was this one: once
+            backend.store_result(task_id, {"pid": 1}, states.STARTED, request=request)
         held = take_started(task_id)
         assert held is not None and held.rides_with(r) and take_started(task_id) is None
         held.send()
@@ -133,8 +146,9 @@ def test_a_task_that_takes_its_started_write_along_gets_it_held_once(r, backend)
 def test_a_later_state_of_the_task_stands_instead_of_its_held_started(r, backend):
     task_id = str(uuid.uuid4())
     try:
-        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
-        backend.store_result(task_id, ValueError("bad request"), states.FAILURE, request=_holding_request(backend))
+        with running(backend, task_id) as request:
+            backend.store_result(task_id, None, states.STARTED, request=request)
+            backend.store_result(task_id, ValueError("bad request"), states.FAILURE, request=request)
         assert take_started(task_id) is None
         assert meta(r, backend, task_id)["status"] == states.FAILURE
     finally:
@@ -151,13 +165,28 @@ def test_other_tasks_write_started_at_once(r, backend):
         r.delete(backend.get_key_for_task(task_id))
 
 
+def test_a_started_write_for_a_task_not_running_here_is_written_at_once(r, backend):
+    # a tool or an API process writing a task's state: no task body of it follows in this thread
+    task_id, running_id = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        with running(backend, running_id) as request:
+            backend.store_result(task_id, None, states.STARTED, request=Context(task=HOLDING_TASK))
+            assert take_started(task_id) is None
+            assert meta(r, backend, task_id)["status"] == states.STARTED
+        backend.store_result(running_id, None, states.STARTED, request=request)   # popped: not running
+        assert meta(r, backend, running_id)["status"] == states.STARTED
+    finally:
+        r.delete(backend.get_key_for_task(task_id), backend.get_key_for_task(running_id))
+
+
 def test_before_call_sends_the_held_started_write_in_its_round_trip(r, backend, settings):
     from workers.tasks import before_call
     keys, pool = Keys(settings.key_prefix), settings.pools[0]
     task_id = str(uuid.uuid4())
     r.set(keys.cancelled(task_id), "queued")
     try:
-        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
+        with running(backend, task_id) as request:
+            backend.store_result(task_id, None, states.STARTED, request=request)
         got = before_call(r, keys, settings, pool, task_id, started=take_started(task_id))
         assert got.cancel_mark == "queued" and got.lease_held
         assert meta(r, backend, task_id)["status"] == states.STARTED
@@ -173,7 +202,8 @@ def test_a_held_started_write_for_another_server_goes_through_the_backend(r, bac
     elsewhere = redis.Redis(connection_pool=redis.ConnectionPool(
         connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 1}))
     try:
-        backend.store_result(task_id, None, states.STARTED, request=_holding_request(backend))
+        with running(backend, task_id) as request:
+            backend.store_result(task_id, None, states.STARTED, request=request)
         held = take_started(task_id)
         assert held is not None and not held.rides_with(elsewhere)
         assert before_call(elsewhere, keys, settings, gateway_pool, task_id, started=held).cancel_mark is None

@@ -119,7 +119,7 @@ class ResultBackend(RedisBackend):
         expires = self.failure_expires if state == states.FAILURE else self.expires
         call = ResultStoreCall(self.get_key_for_task(task_id), value, int(expires or 0))
         tid = bytes_to_str(task_id)
-        if state == states.STARTED and self._holds_started(request):
+        if state == states.STARTED and self._holds_started(tid, request):
             _held.started = HeldStarted(tid, call, self)
             return result
         held = getattr(_held, "started", None)
@@ -131,7 +131,8 @@ class ResultBackend(RedisBackend):
     def store_now(self, call: ResultStoreCall) -> None:
         self.ensure(lambda: scripts_for(self.client).run(call), ())
 
-    def _holds_started(self, request: Any) -> bool:
-        """Whether the running task takes its STARTED write along itself (STARTED_WITH_FIRST_TRIP)."""
+    def _holds_started(self, task_id: str, request: Any) -> bool:
+        """Whether the task runs in this thread now (Celery's tracer pushed its request) and
+        takes its STARTED write along itself (STARTED_WITH_FIRST_TRIP)."""
         task = self.app.tasks.get(getattr(request, "task", None) or "")
-        return bool(getattr(task, STARTED_WITH_FIRST_TRIP, False))
+        return bool(getattr(task, STARTED_WITH_FIRST_TRIP, False)) and task.request.id == task_id

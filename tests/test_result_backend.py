@@ -224,3 +224,87 @@ def test_same_server(a, b, same):
         def __init__(self, kw):
             self.connection_pool = type("P", (), {"connection_kwargs": kw})()
     assert same_server(Client(a), Client(b)) is same
+
+
+# -- a task's SUCCESS write taking the ack of its dispatch along --------------------------
+
+def _dispatched(r, settings, keys: Keys, tag: str):
+    """One task queued and picked (held by a dispatcher), as a worker runs it."""
+    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+    from workers.router import PickPlan, Picked
+    tier = settings.tier("vip")
+    assert enqueue(r, EnqueueCall(keys, tier, "default", "acme", tag, 10, json.dumps({"body": ""}))).accepted
+    got = scripts_for(r).run(PickPlan(settings, [settings.queue_name("vip", "default")]))
+    assert isinstance(got, Picked) and got.tag == tag
+    return got
+
+
+@contextlib.contextmanager
+def acks_found(finder):
+    """``finder`` installed as a worker transport's, for this test only."""
+    from gateway_tasks.core import result_backend
+    result_backend.find_acks_with(finder)
+    try:
+        yield
+    finally:
+        result_backend._ack_finders.remove(finder)
+
+
+def test_a_success_takes_the_ack_of_its_dispatch_along(r, backend, settings):
+    from gateway_tasks.core.result_backend import AckWithResult
+    from workers.release import ReleaseCall, Released
+    keys, task_id, tag = Keys(settings.key_prefix), str(uuid.uuid4()), f"tag-{uuid.uuid4().hex[:8]}"
+    picked = _dispatched(r, settings, keys, tag)
+    settled: list = []
+    call = ReleaseCall(keys, settings, "default", tag, "ack", str(picked.dispatched_ms))
+    finder = lambda request: AckWithResult(call, r, settled.append) if request.id == task_id else None  # noqa: E731
+    try:
+        with acks_found(finder):
+            backend.store_result(task_id, {"text": "hi"}, states.SUCCESS, request=Context(id=task_id))
+            backend.store_result(str(uuid.uuid4()), 1, states.SUCCESS, request=Context(id="other"))
+        assert meta(r, backend, task_id)["status"] == states.SUCCESS
+        assert settled == [Released(True, "acme", "vip")]          # released once, with it
+        assert r.hget(keys.dispatched("default"), tag) is None and not r.hget(keys.inflight("default"), "acme")
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+
+
+def test_an_ack_that_fails_is_left_to_the_transport_and_the_result_stands(r, backend, settings, key_prefix):
+    from gateway_tasks.core.result_backend import AckWithResult
+    from workers.release import ReleaseCall
+    broken = Keys(f"{key_prefix}broken:")
+    r.set(broken.dispatched("default"), "not a hash")              # release.lua fails: WRONGTYPE
+    task_id, settled = str(uuid.uuid4()), []
+    call = ReleaseCall(broken, settings, "default", "tag-x", "ack", "1")
+    finder = lambda request: AckWithResult(call, r, settled.append) if request.id == task_id else None  # noqa: E731
+    try:
+        with acks_found(finder):
+            backend.store_result(task_id, 7, states.SUCCESS, request=Context(id=task_id))
+        assert meta(r, backend, task_id)["status"] == states.SUCCESS and settled == []
+    finally:
+        r.delete(backend.get_key_for_task(task_id))
+
+
+def test_an_ack_held_for_another_server_or_a_failure_does_not_ride(r, backend, settings):
+    from gateway_tasks.core.result_backend import AckWithResult
+    from workers.release import ReleaseCall
+    keys, tag = Keys(settings.key_prefix), f"tag-{uuid.uuid4().hex[:8]}"
+    picked = _dispatched(r, settings, keys, tag)
+    pool = r.connection_pool
+    elsewhere = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 1}))
+    settled: list = []
+    call = ReleaseCall(keys, settings, "default", tag, "ack", str(picked.dispatched_ms))
+    ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    finder = lambda request: AckWithResult(call, elsewhere if request.id == ids[0] else r,  # noqa: E731
+                                           settled.append)
+    try:
+        with acks_found(finder):
+            backend.store_result(ids[0], 1, states.SUCCESS, request=Context(id=ids[0]))      # another db
+            backend.store_result(ids[1], ValueError("no"), states.FAILURE, request=Context(id=ids[1]))
+        assert settled == [] and r.hget(keys.dispatched("default"), tag) is not None   # still held
+        assert meta(r, backend, ids[0])["status"] == states.SUCCESS
+        assert meta(r, backend, ids[1])["status"] == states.FAILURE
+    finally:
+        r.delete(*(backend.get_key_for_task(i) for i in ids))
+        elsewhere.close()

@@ -47,3 +47,12 @@ def test_a_port_taken_on_every_pick_gives_up_after_the_attempts(taken_port, monk
     with pytest.raises(PortTaken):
         EmbeddedRedis().start(timeout_s=5.0)
     assert len(picked) == redis_server.PORT_ATTEMPTS
+
+
+def test_entering_a_started_server_does_not_start_it_again():
+    started = EmbeddedRedis().start(timeout_s=5.0)
+    first = started.process
+    with started as server:          # a second start would launch another server on its port
+        assert server.process is first and first.poll() is None
+        assert redis_server.redis.Redis.from_url(server.url).ping()
+    assert first.poll() is not None  # stopped on leaving

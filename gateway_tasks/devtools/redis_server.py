@@ -190,6 +190,11 @@ class EmbeddedRedis:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedRedis":
+        """Start it, unless it runs already (``with EmbeddedRedis().start() as server``: a second
+        start would launch a second server on the same port, which either dies on the taken
+        port or -- if the first answers PING before it dies -- is taken for started)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

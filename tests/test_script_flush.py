@@ -158,35 +158,3 @@ def test_beat_pipeline_and_lock_after_flush(settings, client, gw):
     engine.close()                                                   # release
     assert not engine.is_leader and client.get(Keys(settings.key_prefix).beat_lock) is None
     assert CronStore(client, settings).get("acme", "digest").last_task_id == "task"
-
-
-def test_result_with_its_ack_after_flush(settings, client):
-    """Both scripts of a SUCCESS write with its ack answer NOSCRIPT: the result is stored again
-    (loaded), the ack is left to the transport's own, which loads release.lua in turn."""
-    from celery import states
-    from celery.app.task import Context
-
-    from gateway_tasks.core import result_backend
-    from gateway_tasks.core.celery_app import make_app
-    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
-    from workers.release import ReleaseCall
-    from workers.router import PickPlan
-
-    keys, app = Keys(settings.key_prefix), make_app(settings)
-    backend = app.backend
-    assert enqueue(client, EnqueueCall(keys, settings.tier("vip"), "default", "acme", "tag-f", 10, "{}")).accepted
-    picked = scripts_for(client).run(PickPlan(settings, [settings.queue_name("vip", "default")]))
-    call = ReleaseCall(keys, settings, "default", "tag-f", "ack", str(picked.dispatched_ms))
-    scripts_for(backend.client).command(call)                   # known loaded on the backend's client
-    settled: list = []
-    finder = lambda request: result_backend.AckWithResult(call, client, settled.append)  # noqa: E731
-    result_backend.find_acks_with(finder)
-    try:
-        flush(client)
-        backend.store_result("t-f", 1, states.SUCCESS, request=Context(id="t-f"))
-        assert backend.get_task_meta("t-f")["status"] == states.SUCCESS
-        assert settled == [] and client.hget(keys.dispatched("default"), "tag-f") is not None
-        assert scripts_for(client).run(call).released               # the transport's own ack
-    finally:
-        result_backend._ack_finders.remove(finder)
-        app.close()

@@ -20,10 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import uuid
-import weakref
-from functools import partial
 from typing import Any
 
 import redis
@@ -34,8 +31,6 @@ from kombu.utils.encoding import bytes_to_str
 from gateway_tasks.core import broker
 from gateway_tasks.core.fair_merge import FairMerge
 from gateway_tasks.core.oom import is_out_of_memory
-from gateway_tasks.core.request import HEADER_DELIVERY_TAG
-from gateway_tasks.core.result_backend import AckWithResult, find_acks_with
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
 from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
@@ -43,7 +38,7 @@ from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
 from workers.poll_step import WAIT, next_step
 from workers.redis_retry import through_restarts
-from workers.release import ACK, REQUEUE, Released, ReleaseCall
+from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
 
 logger = logging.getLogger(__name__)
@@ -103,19 +98,8 @@ class QoS(kredis.QoS):
         else:
             super().append(message, delivery_tag)
 
-    def _gt_done_with_result(self, delivery_tag: Any, what: str) -> bool:
-        """Whether the task was acked with its SUCCESS write (``ack_with_result``): released,
-        its slot freed then; nothing is left to do."""
-        if self.channel._gt_acked_with_result.pop(bytes_to_str(delivery_tag), None) is None:
-            return False
-        if what != "ack":
-            logger.warning("task %s was acked with its result; its %s is ignored", delivery_tag, what)
-        return True
-
     def ack(self, delivery_tag: str) -> None:
-        if self._gt_done_with_result(delivery_tag, "ack"):
-            kill_point(AFTER_ACK)
-        elif self._gt_release(delivery_tag, ACK):
+        if self._gt_release(delivery_tag, ACK):
             virtual.QoS.ack(self, delivery_tag)
             kill_point(AFTER_ACK)
         else:
@@ -123,8 +107,6 @@ class QoS(kredis.QoS):
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         # requeue: back to the front of its tenant's line, keeping its enqueue time
-        if self._gt_done_with_result(delivery_tag, "requeue" if requeue else "reject"):
-            return
         if self._gt_release(delivery_tag, REQUEUE if requeue else ACK):
             virtual.QoS.ack(self, delivery_tag)
         else:
@@ -169,11 +151,6 @@ class Channel(broker.Channel):
         super().__init__(*args, **kwargs)
         # delivery tag -> (pool, dispatch token) of each task this channel holds
         self._gt_picked: dict[str, tuple[str, str]] = {}
-        # delivery tag -> release.lua's reply, for tasks acked with their SUCCESS write
-        # (``ack_with_result``): Celery's ack of them has nothing left to do
-        self._gt_acked_with_result: dict[str, Released] = {}
-        self._gt_pid = os.getpid()   # a forked child's copy of this channel holds nothing
-        _CHANNELS.add(self)
         self._gt_closing = False
         self._gt_leases = LeaseKeeper(self._gt_raw, self._gt_scripts, self._gt_keys, self._gt_settings,
                                       lambda: self._gt_picked)
@@ -203,28 +180,6 @@ class Channel(broker.Channel):
         with contextlib.suppress(redis.RedisError, OSError):
             self._gt_tally.flush(self._gt_raw)
         super().close()
-
-    def _gt_ack_for_result(self, tag: str) -> AckWithResult | None:
-        """The ack of a task this channel holds, to ride with its SUCCESS write (as QoS.ack
-        would send it: the own bell rung while only kept slots were free)."""
-        held = self._gt_picked.get(tag) if self._gt_pid == os.getpid() else None
-        if held is None:
-            return None
-        pool, token = held
-        wake = self._gt_keys.dispatcher_bell(pool, self._gt_id) if self._gt_slot_limited else ""
-        call = ReleaseCall(self._gt_keys, self._gt_settings, pool, tag, ACK, token, wake=wake)
-        return AckWithResult(call, self._gt_raw, partial(self._gt_acked_early, tag))
-
-    def _gt_acked_early(self, tag: str, done: Released) -> None:
-        """Its ack ran with its result: the task is no longer held and its slot is free now --
-        as QoS.ack does after release.lua -- and the later ack has nothing left to do."""
-        self._gt_acked_with_result[tag] = done
-        self._gt_picked.pop(tag, None)
-        virtual.QoS.ack(self.qos, tag)
-        self._gt_released_one()
-        if done.stale:
-            logger.warning("task %s finished after its lease expired and it was dispatched again: "
-                           "a duplicate execution (counted in %s)", tag, STALE_RELEASES)
 
     def _gt_released_one(self) -> None:
         if self._gt_closing and not self._gt_picked:
@@ -396,27 +351,6 @@ class Channel(broker.Channel):
         self._gt_hold(result)
         self._gt_tally.dispatched(result)
         return result.payload
-
-
-_CHANNELS: "weakref.WeakSet[Channel]" = weakref.WeakSet()
-
-
-def ack_with_result(request: Any) -> AckWithResult | None:
-    """The ack of a running task's dispatch, held by a channel of this process, for the result
-    backend to send with the task's SUCCESS write (``gateway_tasks.core.result_backend``): the
-    channel then frees the task's slot at once, and Celery's later ack has nothing to do."""
-    headers = getattr(request, "headers", None) or {}
-    tag = headers.get(HEADER_DELIVERY_TAG) or getattr(request, HEADER_DELIVERY_TAG, None)
-    if not isinstance(tag, str) or not tag:
-        return None
-    for channel in list(_CHANNELS):
-        ack = channel._gt_ack_for_result(tag)
-        if ack is not None:
-            return ack
-    return None
-
-
-find_acks_with(ack_with_result)
 
 
 def _mark_failed(task_id: str, exc: BaseException) -> None:

@@ -8,10 +8,6 @@ retries also ride out a full Redis.
 * A task may take its STARTED write along with its first round trip (``HeldStarted``):
   Celery's tracer writes STARTED on its own just before the task's body runs, and the
   body's first pipeline is microseconds later -- one round trip less per task.
-* A task's SUCCESS write may take the ack of its dispatch along (``AckWithResult``): a worker
-  transport that holds the task in this process hands the ack (lua/release.lua) to the
-  backend, which sends both in one pipeline, the result first; the transport's own ack
-  then has nothing left to send.  One round trip less per task.
 * ``result_backend_always_retry`` retries a result write (STARTED, SUCCESS, FAILURE)
   with exponential back-off -- but Celery's Redis backend counts only connection
   errors as worth it, so a result refused at ``maxmemory`` (noeviction) was dropped
@@ -24,13 +20,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
-from redis.exceptions import NoScriptError, RedisError
 
 from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.scripts import scripts_for
@@ -108,27 +103,6 @@ def take_started(task_id: str) -> HeldStarted | None:
     return held if held is not None and held.task_id == task_id else None
 
 
-@dataclass(frozen=True)
-class AckWithResult:
-    """The ack of a task's dispatch, held by a worker transport in this process, to send in
-    the round trip of the task's SUCCESS write."""
-
-    call: Any                                # its script call (lua/release.lua)
-    client: Any                              # the transport's client: the ack rides only to its server
-    settled: Callable[[Any], None]           # called with the ack's parsed reply once it ran
-
-
-# the worker transport's finder (``find_acks_with``): the ack of a task request's dispatch, or
-# None (not held here: the ack goes as usual)
-_ack_finders: list[Callable[[Any], AckWithResult | None]] = []
-
-
-def find_acks_with(finder: Callable[[Any], AckWithResult | None]) -> None:
-    """Install a worker transport's finder of the ack that rides with a task's SUCCESS write."""
-    if finder not in _ack_finders:
-        _ack_finders.append(finder)
-
-
 class ResultBackend(RedisBackend):
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         return bool(super().exception_safe_to_retry(exc)) or is_out_of_memory(exc)
@@ -151,46 +125,8 @@ class ResultBackend(RedisBackend):
         held = getattr(_held, "started", None)
         if held is not None and held.task_id == tid:   # a later state of it stands instead
             _held.started = None
-        ack = self._ack_with(tid, request) if state == states.SUCCESS else None
-        if ack is not None:
-            self._store_and_ack(call, ack)
-        else:
-            self.store_now(call)
+        self.store_now(call)
         return result
-
-    def _ack_with(self, task_id: str, request: Any) -> AckWithResult | None:
-        """The ack that rides with this SUCCESS write: the running task's own (its request),
-        held by a transport of this process that talks to this backend's server."""
-        if request is None or getattr(request, "id", None) != task_id:
-            return None
-        for finder in _ack_finders:
-            ack = finder(request)
-            if ack is not None:
-                return ack if same_server(self.client, ack.client) else None
-        return None
-
-    def _store_and_ack(self, call: ResultStoreCall, ack: AckWithResult) -> None:
-        """The result, then the ack, in one pipeline.  An ack that did not run (an error, a
-        server that lost its scripts) is left to the transport's own ack; a result that was
-        not stored is stored again through ``store_now`` and its retries."""
-        scripts = scripts_for(self.client)
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.execute_command(*scripts.command(call))
-                pipe.execute_command(*scripts.command(ack.call))
-                stored, acked = pipe.execute(raise_on_error=False)
-        except RedisError:
-            # cut off (a restart): whether either ran is unknown.  The result is stored again;
-            # the transport's ack runs release.lua, which releases the task once -- if this one
-            # had, it finds it gone and counts a stale release (this rare case counts one)
-            self.store_now(call)
-            return
-        if isinstance(stored, NoScriptError) or isinstance(acked, NoScriptError):
-            scripts.lost()
-        if not isinstance(acked, Exception):
-            ack.settled(ack.call.parse(acked))
-        if isinstance(stored, Exception):
-            self.store_now(call)
 
     def store_now(self, call: ResultStoreCall) -> None:
         self.ensure(lambda: scripts_for(self.client).run(call), ())

@@ -554,7 +554,7 @@ def test_every_key_of_a_dispatch_shares_the_pools_hash_slot(r, settings):
     for pool in two:
         tier = s.tiers[0]
         calls = [PickPlan(s, [s.queue_name(t.name, pool.name) for t in s.tiers]),
-                 EnqueueCall(keys, tier, pool.name, "acme", "tag", 1, "{}"),
+                 EnqueueCall(keys, tier, pool.name, "acme", "tag", 1, "{}", task_id="t-1", ref_ttl_s=60),
                  ReleaseCall(keys, s, pool.name, "tag")]
         slots = {slot_of(k) for call in calls for k in call.script_keys}
         assert slots == {slot_of(keys.pool_tag(pool.name))}, pool.name

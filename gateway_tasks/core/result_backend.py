@@ -61,8 +61,8 @@ class ResultStoreCall:
 
 
 # the attribute of a task (``@shared_task(**{STARTED_WITH_FIRST_TRIP: True})``) whose body
-# sends its STARTED write in its first round trip (``take_started``); it must do so before
-# anything else reaches Redis, and do it on every path
+# sends its STARTED write in its first round trip (``take_started``); a body that ends before
+# it (a request found invalid) leaves it unsent, and the task's final state stands instead
 STARTED_WITH_FIRST_TRIP = "gt_started_with_first_trip"
 
 

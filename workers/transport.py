@@ -36,13 +36,14 @@ from workers.dead_letter import DeadLetterer, problem_of
 from workers.dispatch_stats import DispatchTally
 from workers.faults import AFTER_ACK, AFTER_PICK, kill_point
 from workers.leases import LeaseKeeper, sweep_expired
-from workers.poll_step import WAIT, next_step
+from workers.poll_step import PICK, WAIT, next_step
 from workers.redis_retry import through_restarts
 from workers.release import ACK, REQUEUE, ReleaseCall
 from workers.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
 
 logger = logging.getLogger(__name__)
 
+BRPOP = "brpop"   # the channel's mode when it consumes other queues too: kombu's own BRPOP
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
 FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
 FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
@@ -158,7 +159,7 @@ class Channel(broker.Channel):
         self._gt_batch: PickBatch | None = None   # the pick in flight
         self._gt_plan_for: tuple[str, ...] = ()
         self._gt_fair_merged: set[str] = set()   # pools whose old fair hash this channel merged
-        self._gt_mode = "pick"
+        self._gt_mode = PICK
         self._gt_wait_s = 0.0
         self._gt_tally = DispatchTally(self._gt_keys)
         self._gt_refused = 0     # picks refused in a row by Redis at its maxmemory
@@ -233,7 +234,7 @@ class Channel(broker.Channel):
     def _brpop_start(self, timeout: float | None = None) -> None:
         plan = self._gt_plan_now()
         if plan is None:
-            self._gt_mode = "brpop"
+            self._gt_mode = BRPOP
             return super()._brpop_start(timeout)
         conn = self.client.connection
         self._in_poll = conn
@@ -251,7 +252,7 @@ class Channel(broker.Channel):
                      else plan.bell_keys)
             conn.send_command("BLPOP", *bells, bell_timeout(self._gt_wait_s))
         else:
-            self._gt_mode = "pick"
+            self._gt_mode = PICK
             self._gt_count(DISPATCH_PICKS)
             # as many tasks as this channel has free slots for, in one call, keeping some
             # of them for reserved tiers' interactive work
@@ -269,14 +270,14 @@ class Channel(broker.Channel):
         return general_picks(free, kept)
 
     def _brpop_read(self, **options: Any) -> bool:
-        if self._gt_mode == "brpop":
+        if self._gt_mode == BRPOP:
             return super()._brpop_read(**options)
         conn = self.client.connection
         mode = self._gt_mode
         try:
             try:
                 reply = redis.Redis.parse_response(self.client, conn,
-                                                   "EVALSHA" if mode == "pick" else "BLPOP", **options)
+                                                   "EVALSHA" if mode == PICK else "BLPOP", **options)
             except redis.exceptions.NoScriptError:
                 self._gt_scripts.lost()  # the server lost its scripts (restart): load on the next poll
                 raise virtual.Empty() from None
@@ -284,12 +285,12 @@ class Channel(broker.Channel):
                 conn.disconnect()
                 raise
             except redis.exceptions.ResponseError as exc:
-                if mode != "pick" or not is_out_of_memory(exc):
+                if mode != PICK or not is_out_of_memory(exc):
                     raise
                 self._gt_full(exc)   # Redis at its maxmemory refused the pick: wait, pick again
                 raise virtual.Empty() from None
-            if mode == "wait":
-                self._gt_mode = "pick"
+            if mode == WAIT:
+                self._gt_mode = PICK
                 raise virtual.Empty()
             self._gt_refused = 0
             plan = self._gt_plan
@@ -327,7 +328,7 @@ class Channel(broker.Channel):
     def _gt_wait(self, wait_ms: int) -> None:
         """Wait on the bells next, for ``wait_ms`` (-1: MAX_WAIT_S, until a bell rings)."""
         self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
-        self._gt_mode = "wait"
+        self._gt_mode = WAIT
 
     def _gt_full(self, exc: BaseException) -> None:
         """A pick refused at maxmemory (noeviction: pick.lua's first write is refused, nothing
@@ -338,7 +339,7 @@ class Channel(broker.Channel):
                            "%.1f s until memory frees (%d refused so far)", exc, FULL_PAUSE_S,
                            self._gt_refused + 1)
         self._gt_refused += 1
-        self._gt_mode = "wait"
+        self._gt_mode = WAIT
         self._gt_wait_s = FULL_PAUSE_S
 
     def _get(self, queue: str) -> Any:

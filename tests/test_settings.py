@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION, channel_settings
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.settings import Pool, load_settings, settings_to_json
+from gateway_tasks.core.settings import Pool, load_settings, settings_from_json, settings_to_json
 
 
 def test_defaults_follow_the_seeds():
@@ -113,14 +116,68 @@ def test_api_key_env_reads_the_key_from_the_environment_and_never_shows_it():
     pools = '[{"name": "p", "base_url": "https://api.openai.com/v1", "api_key_env": "MY_UPSTREAM_KEY", ' \
             '"models": ["gpt-4o-mini"], "tpm": 1000, "rpm": 10}]'
     s = load_settings(env={"GATEWAY_POOLS_JSON": pools, "MY_UPSTREAM_KEY": "sk-from-env-123"})
-    assert s.pools[0].api_key == "sk-from-env-123"
+    assert s.pools[0].api_key == "sk-from-env-123" and s.pools[0].key_problem() == ""
     assert "sk-from-env-123" not in repr(s)                   # reprs (logs) never show a key
     assert s.public().pools[0].api_key == "" and "sk-from-env" not in settings_to_json(s.public())
-    with pytest.raises(ConfigError, match="MY_UPSTREAM_KEY is not set; export MY_UPSTREAM_KEY="):
-        load_settings(env={"GATEWAY_POOLS_JSON": pools})
     no_key = pools.replace('"api_key_env": "MY_UPSTREAM_KEY", ', "")
     with pytest.raises(ConfigError, match="set api_key_env"):
         load_settings(env={"GATEWAY_POOLS_JSON": no_key})
+
+
+def test_a_pool_whose_key_variable_is_unset_loads_without_its_key_and_a_worker_check_names_it():
+    """Processes that do not call the upstream (API, beat, Flower, CLI) load it; the check a
+    worker runs at start names the pool, the variable and how to set it."""
+    pools = '[{"name": "p", "base_url": "https://api.openai.com/v1", "api_key_env": "MY_UPSTREAM_KEY", ' \
+            '"models": ["gpt-4o-mini"], "tpm": 1000, "rpm": 10}]'
+    s = load_settings(env={"GATEWAY_POOLS_JSON": pools})
+    assert s.pools[0].api_key == "" and s.pools[0].api_key_env == "MY_UPSTREAM_KEY"
+    s.require_keys([])                                            # a worker that calls no pool of it
+    with pytest.raises(ConfigError) as err:
+        s.require_keys(["p"])
+    assert str(err.value) == ("pool 'p': api_key_env='MY_UPSTREAM_KEY' but MY_UPSTREAM_KEY is not set in this "
+                              "worker's environment; export MY_UPSTREAM_KEY=<the upstream's API key>")
+
+
+def test_the_public_view_in_transport_options_reloads_without_reading_any_key(monkeypatch):
+    """celery_app puts settings.public() as JSON in the broker's transport options and every
+    channel reloads it (broker.channel_settings): it must load where the variable is unset,
+    and never read it where it is set."""
+    pools = '[{"name": "p", "base_url": "https://api.openai.com/v1", "api_key_env": "MY_UPSTREAM_KEY", ' \
+            '"models": ["gpt-4o-mini"], "tpm": 1000, "rpm": 10}]'
+    full = load_settings(env={"GATEWAY_POOLS_JSON": pools, "MY_UPSTREAM_KEY": "sk-from-env-123"})
+    monkeypatch.delenv("MY_UPSTREAM_KEY", raising=False)
+    options = {PUBLIC_SETTINGS_OPTION: settings_to_json(full.public())}
+    assert channel_settings(options).pools[0].api_key == ""
+    monkeypatch.setenv("MY_UPSTREAM_KEY", "sk-from-env-456")
+    public = settings_from_json(settings_to_json(full.public().with_(key_prefix="gt-public:")))
+    assert public.pools[0].api_key == "" and public.pools[0] == full.public().pools[0]
+    # a full settings JSON (GATEWAY_SETTINGS_JSON of a child process) keeps its inline key
+    assert settings_from_json(settings_to_json(full)).pools[0].api_key == "sk-from-env-123"
+
+
+def test_api_key_env_must_name_a_variable_and_a_key_put_there_is_never_echoed():
+    pools = '[{"name": "p", "base_url": "https://api.openai.com/v1", "api_key_env": "sk-proj-SECRET123", ' \
+            '"models": ["gpt-4o-mini"], "tpm": 1000, "rpm": 10}]'
+    with pytest.raises(ConfigError, match="api_key_env is not an environment variable name") as err:
+        load_settings(env={"GATEWAY_POOLS_JSON": pools})
+    assert "SECRET123" not in str(err.value)
+
+
+def test_settings_record_where_they_were_loaded_from(tmp_path):
+    path = tmp_path / "gw.toml"
+    path.write_text('policy = "fifo"\n')
+    pools = '[{"name": "p", "base_url": "http://x/v1", "api_key": "k", "models": ["m"], "tpm": 1, "rpm": 1}]'
+    assert load_settings(env={}).config_source == "built-in defaults (GATEWAY_CONFIG is unset)"
+    assert load_settings(env={"GATEWAY_CONFIG": str(path)}).config_source == f"GATEWAY_CONFIG={path}"
+    assert load_settings(env={"GATEWAY_CONFIG": str(path), "GATEWAY_POOLS_JSON": pools}).config_source == \
+        f"GATEWAY_CONFIG={path}, pools from GATEWAY_POOLS_JSON"
+    as_json = settings_to_json(load_settings(env={}))
+    assert "config_source" not in json.loads(as_json)
+    assert load_settings(env={"GATEWAY_SETTINGS_JSON": as_json, "GATEWAY_CONFIG": str(path)}).config_source == \
+        f"GATEWAY_SETTINGS_JSON (GATEWAY_CONFIG={path} ignored)"
+    assert load_settings(env={}, key_prefix="x:").config_source.endswith(", overridden in code: key_prefix")
+    with pytest.raises(ConfigError, match="config_source is not a setting"):
+        load_settings(env={"GATEWAY_SETTINGS_JSON": '{"config_source": "elsewhere"}'})
 
 
 def test_public_view_drops_credentials_from_urls():

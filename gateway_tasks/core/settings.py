@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from gateway_tasks.core.errors import ConfigError
@@ -117,7 +118,9 @@ class Pool:
     # pools reserved tiers fail over to when this one is drained by a 429, failing (circuit
     # open) or cannot admit within the tier's max wait: another key, or another provider
     backup_pools: tuple[str, ...] = ()
-    # the environment variable the API key was read from (documentation only once loaded)
+    # the environment variable holding the API key: read when the settings are loaded, in
+    # each process's own environment; where it is not set the pool has no key in that process
+    # (only workers call the upstream, and a worker refuses to start without its pools' keys)
     api_key_env: str = ""
 
     @property
@@ -156,6 +159,18 @@ class Pool:
     def public(self) -> "Pool":
         """This pool without its secret: no API key, no credentials in the URL."""
         return replace(self, api_key="", base_url=without_credentials(self.base_url))
+
+    def key_problem(self, who: str = "this process") -> str:
+        """'' when this pool has its API key here, else what is missing and how to give it
+        (never the key itself)."""
+        if self.api_key:
+            return ""
+        if self.api_key_env:
+            var = self.api_key_env
+            return (f"pool {self.name!r}: api_key_env={var!r} but {var} is not set in {who}'s "
+                    f"environment; export {var}=<the upstream's API key>")
+        return (f"pool {self.name!r}: no API key; set api_key_env = \"VAR\" in its [[pools]] table "
+                f"and export VAR=<the upstream's API key>, or api_key")
 
 
 def bucket_capacity(per_minute: float, burst_s: float) -> float:
@@ -340,6 +355,9 @@ class Settings:
     deadline_boost_s: float = 60.0
     overload: Overload = field(default_factory=Overload)
     circuit: Circuit = field(default_factory=Circuit)
+    # where these settings were loaded from (set by load_settings, shown at each process's
+    # start and by `gateway status`; not a setting: a file or JSON cannot hold it)
+    config_source: str = field(default="", compare=False)
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
@@ -458,6 +476,16 @@ class Settings:
     def with_(self, **changes: Any) -> "Settings":
         return replace(self, **changes).validate()
 
+    def require_keys(self, pool_names: Iterable[str], who: str = "this worker") -> None:
+        """A ConfigError naming every pool of ``pool_names`` without its API key here, the
+        variable it names and how to set it (a worker's check at start: only the processes
+        that call the upstream need the keys)."""
+        wanted = set(pool_names)
+        problems = [p.key_problem(who) for p in self.pools if p.name in wanted]
+        problems = [p for p in problems if p]
+        if problems:
+            raise ConfigError("; ".join(problems))
+
     def require_redis_url(self, who: str) -> str:
         """The Redis URL, or a ConfigError saying that `who` needs one and how to give it."""
         if not self.redis_url:
@@ -512,23 +540,33 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _pool(data: Mapping[str, Any], where: str, env: Mapping[str, str]) -> Pool:
+def _pool(data: Mapping[str, Any], where: str, env: Mapping[str, str], resolve_keys: bool) -> Pool:
     """A pool from its table; ``api_key_env = "OPENAI_API_KEY"`` reads the key from the
-    environment, so a settings file never has to hold a secret."""
+    environment, so a settings file never has to hold a secret.  A variable that is not set
+    here leaves the pool without its key in this process -- loading never fails for it: the
+    API, beat, Flower and the CLI route and account by a pool's other fields, and a worker
+    checks its pools' keys at start (workers/startup.py).  With ``resolve_keys`` off no
+    variable is read at all (a public view: keys are blank)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a table of pool settings, got {data!r}")
     _check_keys(Pool, data, where)
     data = dict(data)
     var = data.get("api_key_env") or ""
-    if var and not data.get("api_key"):
-        if not env.get(var):
-            raise ConfigError(f"{where}: api_key_env={var!r} but the environment variable {var} "
-                              f"is not set; export {var}=<the upstream's API key>")
-        data["api_key"] = env[var]
+    if var:
+        if not isinstance(var, str) or not _ENV_NAME.fullmatch(var):
+            # never echo it: a key pasted here in place of a variable's name is a secret
+            raise ConfigError(f"{where}: api_key_env is not an environment variable name (letters, "
+                              f"digits and _, not starting with a digit); it names the variable "
+                              f"that holds the key, e.g. api_key_env = \"OPENAI_API_KEY\"")
+        if not data.get("api_key"):
+            data["api_key"] = env.get(var, "") if resolve_keys else ""
     if "api_key" not in data:
         raise ConfigError(f"{where}: set api_key_env (the name of an environment variable holding "
                           f"the upstream's API key) or api_key")
     return _build(Pool, data, where)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _overload(data: Any) -> Overload:
@@ -556,17 +594,24 @@ def _overload(data: Any) -> Overload:
         raise ConfigError(f"[overload]: {exc}") from None
 
 
-def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-    """Defaults, then the TOML file named by GATEWAY_CONFIG, then env vars, then overrides."""
+def load_settings(env: Mapping[str, str] | None = None, *, resolve_keys: bool = True,
+                  **overrides: Any) -> Settings:
+    """Defaults, then the TOML file named by GATEWAY_CONFIG, then env vars, then overrides.
+
+    Pools' ``api_key_env`` variables are read from ``env`` (a pool whose variable is not
+    set there has no key: see ``_pool``); ``resolve_keys=False`` reads none.  The result
+    records where it came from in ``config_source``."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     path = env.get("GATEWAY_CONFIG", "")
     if env.get("GATEWAY_SETTINGS_JSON"):
+        source = "GATEWAY_SETTINGS_JSON" + (f" (GATEWAY_CONFIG={path} ignored)" if path else "")
         try:
             data = json.loads(env["GATEWAY_SETTINGS_JSON"])
         except json.JSONDecodeError as exc:
             raise ConfigError(f"GATEWAY_SETTINGS_JSON is not valid JSON: {exc}") from None
     elif path:
+        source = f"GATEWAY_CONFIG={os.path.abspath(path)}"
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
@@ -574,12 +619,16 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             raise ConfigError(f"GATEWAY_CONFIG={path!r}: file not found") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"GATEWAY_CONFIG={path!r}: invalid TOML: {exc}") from None
+    else:
+        source = BUILT_IN_DEFAULTS
+    if "config_source" in data:
+        raise ConfigError("config_source is not a setting: it records where the settings were loaded from")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key == "tiers":
             kwargs["tiers"] = tuple(_build(Tier, t, f"[[tiers]] #{i}") for i, t in enumerate(value))
         elif key == "pools":
-            kwargs["pools"] = tuple(_pool(p, f"[[pools]] #{i}", env) for i, p in enumerate(value))
+            kwargs["pools"] = tuple(_pool(p, f"[[pools]] #{i}", env, resolve_keys) for i, p in enumerate(value))
         elif key == "overload":
             kwargs["overload"] = _overload(value)
         elif key == "circuit":
@@ -617,24 +666,36 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
             raw = json.loads(pools_json)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"GATEWAY_POOLS_JSON is not valid JSON: {exc}") from None
-        kwargs["pools"] = tuple(_pool(p, f"GATEWAY_POOLS_JSON[{i}]", env) for i, p in enumerate(raw))
+        kwargs["pools"] = tuple(_pool(p, f"GATEWAY_POOLS_JSON[{i}]", env, resolve_keys)
+                                for i, p in enumerate(raw))
+        source += ", pools from GATEWAY_POOLS_JSON"
+    if overrides:
+        source += f", overridden in code: {', '.join(sorted(overrides))}"
     kwargs.update(overrides)
-    allowed = {f.name for f in fields(Settings)}
+    allowed = {f.name for f in fields(Settings)} - {"config_source"}
     unknown = set(kwargs) - allowed
     if unknown:
         raise ConfigError(f"unknown settings {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return Settings(**kwargs).validate()
+    return Settings(**kwargs, config_source=source).validate()
+
+
+BUILT_IN_DEFAULTS = "built-in defaults (GATEWAY_CONFIG is unset)"
 
 
 def settings_to_json(settings: Settings) -> str:
     """The settings as JSON (same shape as the TOML file); load with GATEWAY_SETTINGS_JSON."""
-    return json.dumps(asdict(settings))
+    data = asdict(settings)
+    del data["config_source"]   # where these came from; the loader of the JSON records its own
+    return json.dumps(data)
 
 
 @lru_cache(maxsize=32)
 def settings_from_json(text: str) -> Settings:
-    """Parse settings_to_json() output (cached: workers look this up per task)."""
-    return load_settings(env={"GATEWAY_SETTINGS_JSON": text})
+    """Parse settings_to_json() output (cached: workers look this up per task).  Inline keys
+    stay as they are; no ``api_key_env`` variable is read -- the public view in the broker's
+    transport options is parsed with this, and a process that calls the upstream uses its own
+    settings, loaded from its own environment."""
+    return load_settings(env={"GATEWAY_SETTINGS_JSON": text}, resolve_keys=False)
 
 
 @lru_cache(maxsize=1)

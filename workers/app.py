@@ -15,10 +15,11 @@ from gateway_tasks.core.settings import Settings, get_settings
 from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
+# workers.startup: the configuration line, and no start without the called pools' keys;
 # workers.overload: the load-level controller, started by each worker when it is ready;
 # workers.warmup: the openai SDK's one-time work, done before the worker takes a task;
 # workers.interpreter: the process's GIL switch interval and its startup objects frozen
-TASK_MODULES = ("workers.tasks", "workers.overload", "workers.warmup", "workers.interpreter")
+TASK_MODULES = ("workers.startup", "workers.tasks", "workers.overload", "workers.warmup", "workers.interpreter")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

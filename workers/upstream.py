@@ -15,7 +15,7 @@ import httpx
 import openai
 
 from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
-from gateway_tasks.core.errors import UpstreamError
+from gateway_tasks.core.errors import ConfigError, UpstreamError
 from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
@@ -23,6 +23,10 @@ _lock = threading.Lock()
 
 
 def client_for(pool: Pool) -> openai.OpenAI:
+    if not pool.api_key:
+        # a worker checks its pools' keys at start (workers/startup.py); a queue added to it
+        # later (`celery control add_consumer`) may name a pool without its key here
+        raise ConfigError(pool.key_problem("this worker"))
     key = (pool.base_url, pool.api_key, pool.timeout_s)
     with _lock:
         found = _clients.get(key)

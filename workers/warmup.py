@@ -57,13 +57,16 @@ def warm_sdk() -> dict[str, Any]:
 
 
 def warm_worker(settings: Settings) -> float:
-    """Warm the SDK and build every pool's client; seconds it took.  Never raises: a worker
-    that could not warm up still works, it is only slower on its first calls."""
+    """Warm the SDK and build the client of every pool with its key here; seconds it took.
+    Never raises: a worker that could not warm up still works, it is only slower on its
+    first calls."""
     from workers.upstream import client_for
     started = time.monotonic()
     try:
         warm_sdk()
         for pool in settings.pools:
+            if not pool.api_key:   # a pool this worker does not call (workers/startup.py)
+                continue
             client_for(pool).chat.completions   # noqa: B018 -- builds the resource objects
     except Exception as exc:  # noqa: BLE001 -- see the docstring
         log.warning("worker warm-up failed (the first upstream calls will be slower): %s",

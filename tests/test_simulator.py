@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import random
 import re
@@ -457,3 +458,44 @@ def test_simulator_process(stack):
         assert proc.stats()["requests_ok"] == 2
         pid_proc = proc.proc
     assert pid_proc.poll() is not None
+
+
+# -- a required API key ------------------------------------------------------------------
+SIM_KEY = "sk-sim-required-0123456789"
+
+
+def test_a_required_api_key_is_checked_as_openai_does_and_never_shown():
+    with SimulatorThread(SimConfig(api_key=SIM_KEY, **FAST)) as sim:
+        right = openai.OpenAI(base_url=sim.base_url, api_key=SIM_KEY, max_retries=0)
+        assert chat(right).parse().usage.prompt_tokens == PROMPT
+        assert [m.id for m in right.models.list()] == ["gpt-4o-mini", "gpt-4o"]
+        wrong = openai.OpenAI(base_url=sim.base_url, api_key="sk-not-it", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as err:
+            chat(wrong)
+        assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+        assert "sk-not-it" not in str(err.value.body)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        bare = httpx.post(f"{sim.base_url}/chat/completions", json={"model": "gpt-4o-mini", "messages": MESSAGES})
+        assert bare.status_code == 401 and bare.json()["error"]["type"] == "invalid_request_error"
+        stats = sim.stats()
+        assert stats["requests_ok"] == 1 and stats["requests_unauthorized"] == 2
+        assert stats["config"]["api_key_required"] is True and SIM_KEY not in json.dumps(stats)
+        assert SIM_KEY not in repr(sim.config)
+    with SimulatorThread(SimConfig(**FAST)) as open_sim:   # no key set: any key, or none, is taken
+        assert httpx.post(f"{open_sim.base_url}/chat/completions", json={
+            "model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 4}).status_code == 200
+        assert open_sim.stats()["config"]["api_key_required"] is False
+
+
+def test_the_api_key_flag_reads_its_default_from_the_environment_and_stays_off_the_command_line(monkeypatch):
+    monkeypatch.setenv("SIMULATOR_API_KEY", SIM_KEY)
+    parser = argparse.ArgumentParser(prog="gateway")
+    register(parser.add_subparsers(dest="command", required=True))
+    assert config_from_args(parser.parse_args(["simulate-upstream"])).api_key == SIM_KEY
+    assert config_from_args(parser.parse_args(["simulate-upstream", "--api-key", "other"])).api_key == "other"
+    monkeypatch.delenv("SIMULATOR_API_KEY")
+    with SimulatorProcess(SimConfig(api_key=SIM_KEY, **FAST)) as proc:
+        assert SIM_KEY not in " ".join(proc.argv())
+        assert httpx.get(f"{proc.base_url}/models").status_code == 401
+        assert httpx.get(f"{proc.base_url}/models", headers={"Authorization": f"Bearer {SIM_KEY}"}).status_code == 200

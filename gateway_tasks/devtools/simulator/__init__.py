@@ -34,6 +34,10 @@ looks like one to the official ``openai`` SDK:
   served per monotonic second over the last 10 minutes;
   ``POST /stats/reset`` zeroes them and refills the buckets.
   ``GET /health`` answers ``{"ok": true}``; ``GET /v1/models`` lists models.
+* With ``api_key`` set (``--api-key``, default ``$SIMULATOR_API_KEY``) every ``/v1``
+  request must bear it (``Authorization: Bearer``), else 401 as OpenAI answers
+  (``invalid_request_error``, code ``invalid_api_key``); the key is never shown.
+  Unset, any key or none is taken.
 
 Streaming and ``n > 1`` are rejected with 400.  Run it with ``serve`` (blocking),
 ``SimulatorThread`` (tests), ``SimulatorProcess`` (demo), ``python -m

@@ -12,6 +12,7 @@ neither bucket.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -48,6 +49,22 @@ def create_app(config: SimConfig) -> FastAPI:
         return JSONResponse(error_body(exc), status_code=exc.status,
                             headers={**sim.rate_limit_headers(), **exc.headers})
 
+    def refused_key(request: Request) -> JSONResponse | None:
+        """401 as OpenAI answers it when config.api_key is set and the request does not
+        bear it (the message never repeats the key given); None when it may go on."""
+        if not config.api_key:
+            return None
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given = given.strip() if scheme.lower() == "bearer" else ""
+        if given and hmac.compare_digest(given.encode(), config.api_key.encode()):
+            return None
+        message = ("Incorrect API key provided." if given else
+                   "You didn't provide an API key. You need to provide your API key in an "
+                   "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+        return JSONResponse(error_body(ApiError(401, "invalid_request_error", message,
+                                                code="invalid_api_key" if given else None)),
+                            status_code=401)
+
     @app.get("/health")
     async def health() -> dict[str, bool]:
         return {"ok": True}
@@ -55,7 +72,8 @@ def create_app(config: SimConfig) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         snap = sim.stats.snapshot()
-        snap["config"] = asdict(config)
+        snap["config"] = {k: v for k, v in asdict(config).items() if k != "api_key"}
+        snap["config"]["api_key_required"] = bool(config.api_key)
         snap["remaining_tokens"] = sim.tokens.remaining()
         snap["remaining_requests"] = sim.requests.remaining()
         # the exact token accounting at now_monotonic (devtools/bench/utilisation.py)
@@ -86,8 +104,11 @@ def create_app(config: SimConfig) -> FastAPI:
             return JSONResponse({"error": {"type": INVALID, "message": str(exc)}}, status_code=400)
         return JSONResponse(fault_box[0].describe())
 
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
+    @app.get("/v1/models", response_model=None)
+    async def list_models(request: Request) -> dict[str, Any] | JSONResponse:
+        refused = refused_key(request)
+        if refused is not None:
+            return refused
         created = int(time.time())
         return {"object": "list",
                 "data": [{"id": m, "object": "model", "created": created,
@@ -97,6 +118,10 @@ def create_app(config: SimConfig) -> FastAPI:
     async def chat_completions(request: Request) -> JSONResponse:
         started_s = time.monotonic()
         task_id = request.headers.get(UPSTREAM_TASK_ID_HEADER, "")
+        refused = refused_key(request)
+        if refused is not None:
+            sim.stats.record_unauthorized()
+            return refused
         calls.attempt(task_id)
         raw = await request.body()
         try:

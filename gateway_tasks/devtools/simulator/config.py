@@ -3,7 +3,7 @@ at construction (a bad value raises ConfigError naming it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_tasks.core.errors import ConfigError
@@ -34,6 +34,9 @@ class SimConfig:
     seed: int = 0
     reply_text: str = ""   # the completion's text ('' = filler words of the simulated length)
     server_stack: str = "native"   # SERVER_STACKS: uvicorn's loop and HTTP parser
+    # the API key every /v1 request must bear (Authorization: Bearer), else 401 as OpenAI
+    # answers; '' = any key or none.  Never shown (not in repr, /stats or the start line)
+    api_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
@@ -58,6 +61,8 @@ class SimConfig:
         _check(0 <= self.fail_rate <= 1, "fail_rate", self.fail_rate, "in [0, 1]")
         _check(self.server_stack in SERVER_STACKS, "server_stack", self.server_stack,
                f"one of {sorted(SERVER_STACKS)}")
+        if not isinstance(self.api_key, str):
+            raise ConfigError("simulator: api_key is invalid; expected a string ('' = any key)")
         return self
 
     @property

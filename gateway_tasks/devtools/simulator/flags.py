@@ -5,12 +5,14 @@ and ``config_from_args`` parse them, ``config_to_argv`` writes them (for
 from __future__ import annotations
 
 import argparse
+import os
 
 from gateway_tasks.core.settings import CHARGE_MODES
 from gateway_tasks.devtools.simulator.config import SERVER_STACKS, SimConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8099
+API_KEY_ENV = "SIMULATOR_API_KEY"   # --api-key's default: a key kept out of the command line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-stack", choices=sorted(SERVER_STACKS), default=d.server_stack,
                         help="uvicorn's event loop and HTTP parser: native = uvloop + httptools, "
                              "python = asyncio + h11 (default %(default)s)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
+                        help=f"the API key every /v1 request must bear (Authorization: Bearer), else "
+                             f"401 as OpenAI answers (default: ${API_KEY_ENV}; unset = any key)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -55,11 +60,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                      ms_per_output_token=args.ms_per_output_token,
                      completion_fraction=args.completion_fraction,
                      default_max_tokens=args.default_max_tokens, models=models,
-                     fail_rate=args.fail_rate, seed=args.seed, server_stack=args.server_stack)
+                     fail_rate=args.fail_rate, seed=args.seed, server_stack=args.server_stack,
+                     api_key=args.api_key)
 
 
 def config_to_argv(config: SimConfig) -> list[str]:
-    """The command-line flags that rebuild ``config`` (inverse of config_from_args)."""
+    """The command-line flags that rebuild ``config`` (inverse of config_from_args), but its
+    api_key: that one goes in the environment (API_KEY_ENV), out of the process list."""
     return ["--tpm", str(config.tpm), "--rpm", str(config.rpm),
             "--burst-s", repr(config.burst_s), "--charge", config.charge,
             "--base-latency-ms", repr(config.base_latency_ms),

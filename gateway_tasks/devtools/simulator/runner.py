@@ -26,7 +26,7 @@ from gateway_tasks.devtools.processes import stop_process
 from gateway_tasks.devtools.simulator.admission import Simulator
 from gateway_tasks.devtools.simulator.app import create_app
 from gateway_tasks.devtools.simulator.config import SimConfig
-from gateway_tasks.devtools.simulator.flags import DEFAULT_HOST, DEFAULT_PORT, config_to_argv
+from gateway_tasks.devtools.simulator.flags import API_KEY_ENV, DEFAULT_HOST, DEFAULT_PORT, config_to_argv
 
 ENTRY_MODULE = "gateway_tasks.devtools.simulator.cli"   # what SimulatorProcess runs with -m
 
@@ -61,7 +61,8 @@ def serve(config: SimConfig, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT)
     bound_port = sock.getsockname()[1]
     print(f"simulate-upstream: {_url(host, bound_port)}/v1 (tpm={config.tpm}, rpm={config.rpm}, "
           f"burst_s={config.burst_s:g}, charge={config.charge}, "
-          f"models={','.join(config.models)}, server stack {config.server_stack})", file=sys.stderr, flush=True)
+          f"models={','.join(config.models)}, server stack {config.server_stack}, "
+          f"{'API key required' if config.api_key else 'any API key'})", file=sys.stderr, flush=True)
     try:
         _server(config, host, bound_port).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after a clean shutdown
@@ -186,6 +187,7 @@ class SimulatorProcess(_Endpoint):
         project_root = str(Path(gateway_tasks.__file__).resolve().parent.parent)  # holds gateway_tasks/
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
+        env[API_KEY_ENV] = self.config.api_key
         fd, self.log_path = tempfile.mkstemp(prefix="gateway-simulator-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,

@@ -27,6 +27,7 @@ class SimStats:
         self.requests_429_by_type = {"requests": 0, "tokens": 0}
         self.requests_error = 0
         self.requests_invalid = 0
+        self.requests_unauthorized = 0   # 401: not the API key SimConfig.api_key requires
         self.tokens_prompt = 0
         self.tokens_completion = 0
         self.per_model: dict[str, dict[str, int]] = {}
@@ -63,6 +64,9 @@ class SimStats:
     def record_invalid(self) -> None:
         self.requests_invalid += 1
 
+    def record_unauthorized(self) -> None:
+        self.requests_unauthorized += 1
+
     def _prune(self, now_second: int) -> None:
         oldest = now_second - SERIES_WINDOW_S + 1
         for second in [s for s in self._series if s < oldest]:
@@ -80,6 +84,7 @@ class SimStats:
             "requests_429_by_type": dict(self.requests_429_by_type),
             "requests_error": self.requests_error,
             "requests_invalid": self.requests_invalid,
+            "requests_unauthorized": self.requests_unauthorized,
             "requests_in_flight": self.in_flight,
             "tokens_prompt": self.tokens_prompt,
             "tokens_completion": self.tokens_completion,

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import beat_init
 
-from gateway_tasks.core.celery_app import lazy_app, make_app
+from gateway_tasks.core.celery_app import lazy_app, make_app, settings_of
+from gateway_tasks.core.config_report import announce
 from gateway_tasks.core.settings import Settings, get_settings
 
 SCHEDULER = "beat.scheduler:TenantCronScheduler"
@@ -17,6 +19,14 @@ SCHEDULER = "beat.scheduler:TenantCronScheduler"
 
 def make_beat_app(settings: Settings, redis_url: str | None = None, **conf: Any) -> Celery:
     return make_app(settings, redis_url, "gateway-beat", beat_scheduler=SCHEDULER, **conf)
+
+
+@beat_init.connect
+def _announce(sender: Any = None, **_: Any) -> None:
+    """Beat says which configuration it loaded, once, as it starts (config_report)."""
+    app = getattr(sender, "app", None)
+    if app is not None:
+        announce(settings_of(app), "beat")
 
 
 default_app, __getattr__ = lazy_app(lambda: make_beat_app(get_settings()))

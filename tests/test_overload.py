@@ -255,9 +255,14 @@ def test_gateway_status_command(r, gw, redis_url):
     text = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status"], env=env, check=True,
                           capture_output=True, text=True).stdout
     assert "load level: L2" in text and "utilisation 0.90" in text and "fallback model" in text
-    as_json = subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status", "--json"], env=env,
-                             check=True, capture_output=True, text=True).stdout
-    assert json.loads(as_json)["level"] == 2
+    # GATEWAY_CONFIG unset: it says it runs on the built-in defaults, and their pool
+    assert text.startswith("configuration: built-in defaults (GATEWAY_CONFIG is unset)\n"
+                           "  pool default http://127.0.0.1:8099/v1\n"), text
+    as_json = json.loads(subprocess.run([sys.executable, "-m", "gateway_tasks.cli", "status", "--json"], env=env,
+                                        check=True, capture_output=True, text=True).stdout)
+    assert as_json["level"] == 2
+    assert as_json["configuration"] == {"source": "built-in defaults (GATEWAY_CONFIG is unset)",
+                                        "pools": [{"name": "default", "base_url": "http://127.0.0.1:8099/v1"}]}
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import sys
 from typing import Any, Mapping
 
 from gateway_tasks.core.celery_app import lazy_app, make_app
+from gateway_tasks.core.config_report import announce
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import get_settings
 
@@ -69,6 +70,7 @@ def flower_env(basic_auth: str, base: Mapping[str, str] | None = None) -> dict[s
 
 
 def _run(args: argparse.Namespace) -> int:
+    announce(get_settings(), "flower")
     auth, generated = basic_auth_from(os.environ)
     user, password = first_credentials(auth)
     where = f"http://{args.address}:{args.port}"

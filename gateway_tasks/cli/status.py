@@ -1,5 +1,6 @@
-"""``gateway status``: the deployment's load level, its reason and history, what each
-tier gets now, and each pool's circuit breaker -- read from Redis, no Flower needed."""
+"""``gateway status``: the configuration it loaded (source, pools), the deployment's load
+level, its reason and history, what each tier gets now, and each pool's circuit breaker --
+read from Redis, no Flower needed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import redis
 
+from gateway_tasks.core.config_report import config_summary, format_config
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import get_settings
 from gateway_tasks.core.status import deployment_status, format_status
@@ -24,14 +26,22 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read the status from {settings.public().redis_url}: {exc}") from None
     finally:
         client.close()
-    sys.stdout.write((json.dumps(status, indent=2) if args.json else format_status(status)) + "\n")
+    summary = config_summary(settings)
+    if args.json:
+        text = json.dumps({"configuration": summary, **status}, indent=2)
+    else:
+        text = "\n".join([*format_config(summary), format_status(status)])
+    sys.stdout.write(text + "\n")
     return 0
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "status", help="print the load level (L0-L4), its reason and history, and the pools' circuits",
-        description="The overload controller's decision as the workers committed it in Redis: "
+        "status", help="print the configuration, the load level (L0-L4), its reason and history, "
+                       "and the pools' circuits",
+        description="Where this command's settings were loaded from (GATEWAY_CONFIG, GATEWAY_SETTINGS_JSON "
+                    "or the built-in defaults; GATEWAY_POOLS_JSON) and the pools' base URLs, then the "
+                    "overload controller's decision as the workers committed it in Redis: "
                     "level, reason, signals, level changes, tier actions, circuit breakers.")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     parser.add_argument("--history", type=int, default=20, help="level changes shown (default %(default)s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway_tasks.core.config_report import announce
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
@@ -15,6 +16,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None
     import uvicorn
 
     settings.require_redis_url("the REST API")
+    announce(settings, "api")
     uvicorn.run(create_app(Gateway(settings)), host=host, port=port)
 
 

@@ -80,8 +80,7 @@ def test_keys_prompts_and_completions_never_leak(tmp_path):
         api_port, flower_port = free_port(), free_port()
         logs = {name: tmp_path / f"{name}.log" for name in ("worker", "api", "flower")}
         worker = processes.worker(settings, concurrency=4, log_path=str(logs["worker"]), loglevel=LOGLEVEL)
-        api_proc = processes.Child([sys.executable, "-m", "gateway_tasks.cli", "api", "--port", str(api_port)],
-                                   processes.child_env(settings), str(logs["api"]))
+        api_proc = processes.api(processes.child_env(settings), port=api_port, log_path=str(logs["api"]))
         basic = flower_cli.generated_basic_auth()
         flower = processes.flower(settings, port=flower_port, basic_auth=basic, log_path=str(logs["flower"]))
         for child in (worker, api_proc, flower):

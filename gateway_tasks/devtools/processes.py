@@ -1,9 +1,11 @@
-"""Child processes of a local deployment: Celery workers and Flower, and how
-any child is stopped (``stop_process``).
+"""Child processes of a local deployment: Celery workers, `gateway api` and Flower,
+and how any child is stopped (``stop_process``).
 
 Used by `make demo`, the benchmark and the multi-process tests.  Each child
 gets the complete settings as JSON in its environment, so it sees exactly the
-deployment (Redis URL, key prefix, tiers, pools, policy) of its parent.
+deployment (Redis URL, key prefix, tiers, pools, policy) of its parent -- unless
+it is given the environment a user would set instead (``env=``:
+gateway_tasks.devtools.env_deployment).
 """
 
 from __future__ import annotations
@@ -94,12 +96,24 @@ def celery_worker_argv(app_module: str, queues: Sequence[str], *, concurrency: i
 
 def worker(settings: Settings, *, queues: Sequence[str] | None = None, concurrency: int = 8,
            pool: str = "threads", name: str = "gw", log_path: str = "",
-           loglevel: str = "warning") -> Child:
+           loglevel: str = "warning", env: dict[str, str] | None = None) -> Child:
+    """A worker on ``settings``' queues; its environment is ``child_env(settings)``, or
+    ``env`` as given (the worker then loads its settings from that, as a user's does)."""
     if not settings.redis_url:
         raise ConfigError("a worker needs settings.redis_url")
     argv = celery_worker_argv("workers.app", list(queues or settings.queue_names()),
                               concurrency=concurrency, pool=pool, name=name, loglevel=loglevel)
-    return Child(argv, child_env(settings), log_path)
+    return Child(argv, child_env(settings) if env is None else env, log_path)
+
+
+def gateway_argv(*args: str) -> list[str]:
+    """The command line of ``gateway ARGS...`` run by this interpreter."""
+    return [sys.executable, "-m", "gateway_tasks.cli", *args]
+
+
+def api(env: dict[str, str], *, port: int, log_path: str = "") -> Child:
+    """``gateway api`` on 127.0.0.1:``port`` with the environment ``env``."""
+    return Child(gateway_argv("api", "--port", str(port)), env, log_path)
 
 
 def flower(settings: Settings, *, port: int, basic_auth: str, log_path: str = "") -> Child:

@@ -4,6 +4,9 @@
   the test's Redis, and GATEWAY_KEY_PREFIX isolates its keys): simulator,
   worker, beat, REST API, a tenant, a chat completion through the queue, a cron;
 * the "Using it" Python block runs against a real worker and the simulator;
+* the "A real upstream" recipe, applied to a copy of gateway.example.toml as it says,
+  runs a real worker and `gateway api` against the simulator requiring the key, the
+  key given to the worker only;
 * every `gateway ...` line parses with the CLI, every `make` target exists, every
   `celery -A` module has an app, and gateway.example.toml loads.
 """
@@ -16,10 +19,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,6 +33,7 @@ import pytest
 from gateway_tasks.cli.main import build_parser
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.devtools import processes
+from gateway_tasks.devtools.env_deployment import EnvDeployment
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
@@ -146,3 +153,61 @@ def test_using_it_python_block_runs_against_a_worker(settings, r, tmp_path):
             worker.stop()
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("OK vip")
+
+
+def bullet(title: str) -> str:
+    """A bullet of the README's lists, ``* **<title>.** ...``, up to the next one."""
+    start = README.index(f"* **{title}.**")
+    return README[start:README.index("\n* **", start + 1)]
+
+
+def indented_block(text: str, language: str) -> str:
+    found = re.findall(rf"^  ```{language}\n(.*?)^  ```", text, flags=re.S | re.M)
+    assert len(found) == 1, f"expected one {language} block in {text[:60]!r}"
+    return textwrap.dedent(found[0])
+
+
+def edited_pools(toml_text: str, lines: str) -> str:
+    """The README's edit of the copy: in its [[pools]] table (the file's last table),
+    each line replaces the line of the same key, and api_key_env the api_key line."""
+    head, marker, pools = toml_text.rpartition("[[pools]]\n")
+    assert marker and not re.search(r"^\[", pools, flags=re.M), "[[pools]] should be the last table"
+    for line in lines.strip().splitlines():
+        key = line.split("=", 1)[0].strip()
+        target = "api_key" if key == "api_key_env" else key
+        pools, n = re.subn(rf"^{target} = .*$", lambda _: line, pools, count=1, flags=re.M)
+        assert n == 1, f"the example's [[pools]] table has no line for {target}"
+    return head + marker + pools
+
+
+@pytest.mark.slow
+def test_real_upstream_recipe_runs_as_written(redis_url, r, key_prefix, tmp_path):
+    text = bullet("A real upstream")
+    edit, shell = indented_block(text, "toml"), indented_block(text, "sh")
+    example = (ROOT / "gateway.example.toml").read_text()
+    for line in edit.strip().splitlines():            # the example's own comment says the same
+        assert f"#   {line.split('#')[0].strip()}\n" in example, line
+    key = f"sk-readme-{uuid.uuid4().hex}"
+    with SimulatorThread(SimConfig(base_latency_ms=1, api_key=key)) as sim:
+        shutil.copy(ROOT / "gateway.example.toml", tmp_path)
+        exported = re.findall(r"^export (\w+)=", shell, flags=re.M)
+        script = shell.replace("=sk-...", f"={key}") + "".join(f'\necho "{v}=${v}"' for v in exported)
+        run = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        values = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+        config = tmp_path / values.pop("GATEWAY_CONFIG")
+        config.write_text(edited_pools(config.read_text(), edit.replace("https://api.openai.com/v1", sim.base_url)))
+        pool = load_settings(env={"GATEWAY_CONFIG": str(config)}).pools[0]
+        assert pool.api_key == "" and values == {pool.api_key_env: key}   # the key: in the environment only
+        # the README quotes the error of a worker without it
+        assert f"error: {pool.key_problem('this worker')}" in " ".join(text.replace("`", "").split())
+        env = {"GATEWAY_CONFIG": str(config), "REDIS_URL": redis_url, "GATEWAY_KEY_PREFIX": key_prefix}
+        with EnvDeployment(env, tmp_path, worker_env=values) as deployment:
+            deployment.start()
+            reply = deployment.chat(deployment.add_tenant("acme", "vip"), "Say hello")
+            logs = deployment.logs()
+        stats = sim.stats()
+    assert reply.status_code == 200 and reply.json()["object"] == "chat.completion", reply.text
+    assert stats["requests_ok"] >= 1 and stats["requests_unauthorized"] == 0, stats
+    assert f"worker configuration: GATEWAY_CONFIG={config}; pool default {sim.base_url} (key present)" in logs["worker"]
+    assert not [name for name, log in logs.items() if key in log]

@@ -16,7 +16,9 @@ gateway-tasks: a task queue in front of rate-limited OpenAI-compatible LLM APIs.
 Every command reads the deployment from the environment: REDIS_URL (the Redis
 holding queues, tenants and buckets), GATEWAY_CONFIG (a TOML settings file, see
 gateway.example.toml) or GATEWAY_SETTINGS_JSON, and GATEWAY_POOLS_JSON (the
-upstreams with their API keys)."""
+upstreams, each with its API key inline or named by api_key_env).  Only workers
+need the upstream keys; every long-running process says at start which
+configuration it loaded, and `gateway status` shows it."""
 
 EPILOG = """\
 examples:

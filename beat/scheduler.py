@@ -2,9 +2,9 @@
 
     celery -A beat.app beat
 
-(``beat.app`` sets ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``).  Run as
-many beat processes as you like: one is active (the Redis lock), the others
-wait and take over within 1.75 ticks if it stops (``beat.lock``).
+(``beat.app`` sets ``app.conf.beat_scheduler`` to ``beat.app:process_scheduler``, which
+builds this class).  Run as many beat processes as you like: one is active (the Redis
+lock), the others wait and take over within 1.75 ticks if it stops (``beat.lock``).
 
 Configuration (all optional):
 

@@ -69,6 +69,7 @@ def flower_env(basic_auth: str, base: Mapping[str, str] | None = None) -> dict[s
 
 
 def _run(args: argparse.Namespace) -> int:
+    get_settings().require_redis_url("`gateway flower`")   # a bad configuration: one line, here
     auth, generated = basic_auth_from(os.environ)
     user, password = first_credentials(auth)
     where = f"http://{args.address}:{args.port}"
@@ -97,4 +98,5 @@ def register(subparsers: Any) -> None:
 
 # no result backend: Flower's /api/task/result would otherwise show tenants' completions
 flower_app, __getattr__ = lazy_app(
-    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"))
+    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"),
+    "gateway flower")

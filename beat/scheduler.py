@@ -44,6 +44,7 @@ from celery.utils.imports import symbol_by_name
 
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.urls import without_credentials
 
 from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
 from beat.fire import FireFn, gateway_fire
@@ -148,5 +149,5 @@ class TenantCronScheduler(Scheduler):
     @property
     def info(self) -> str:
         s = self.gateway_settings
-        return (f"    . tenant crons: redis {s.redis_url or '?'} prefix {s.key_prefix!r}, "
+        return (f"    . tenant crons: redis {without_credentials(s.redis_url) or '?'} prefix {s.key_prefix!r}, "
                 f"tick {self.engine.tick_interval_s}s, lock {self.engine.lock.token}")

@@ -101,15 +101,18 @@ REDIS_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("argv", REDIS_COMMANDS, ids=" ".join)
-def test_redis_unreachable_is_one_line_and_exit_69(argv, closed_port):
-    env = _env(REDIS_URL=f"redis://gateway:{SECRET}@127.0.0.1:{closed_port}/0")
-    out = gateway(*argv, env=env)
+def assert_unreachable(out: subprocess.CompletedProcess, port: int) -> None:
+    """Exit status 69, nothing on stdout, one line on stderr naming the Redis (no password)."""
     assert out.returncode == EXIT_REDIS_UNAVAILABLE, out.stderr
     assert out.stdout == ""
     assert out.stderr.splitlines() == [
-        f"gateway: Redis at redis://127.0.0.1:{closed_port}/0 is unreachable (connection refused); "
-        "check REDIS_URL"]
+        f"gateway: Redis at redis://127.0.0.1:{port}/0 is unreachable (connection refused); check REDIS_URL"]
+
+
+@pytest.mark.parametrize("argv", REDIS_COMMANDS, ids=" ".join)
+def test_redis_unreachable_is_one_line_and_exit_69(argv, closed_port):
+    assert_unreachable(gateway(*argv, env=_env(REDIS_URL=f"redis://gateway:{SECRET}@127.0.0.1:{closed_port}/0")),
+                       closed_port)
 
 
 def test_a_password_given_apart_is_not_shown_either(closed_port):
@@ -130,11 +133,7 @@ def test_the_readme_key_line_stops_with_the_gateway_line(closed_port):
     assert "${KEY:?" in lines
     out = _run(["bash", "-e", "-c", lines.replace("curl ", "echo CURL-RAN ")],
                _env(REDIS_URL=f"redis://127.0.0.1:{closed_port}/0"))
-    assert out.returncode == EXIT_REDIS_UNAVAILABLE, out.stderr
-    assert out.stdout == ""
-    assert out.stderr.splitlines() == [
-        f"gateway: Redis at redis://127.0.0.1:{closed_port}/0 is unreachable (connection refused); "
-        "check REDIS_URL"]
+    assert_unreachable(out, closed_port)
 
 
 # -- a bad configuration: gateway commands ------------------------------------------------

@@ -2,9 +2,9 @@
 
     celery -A beat.app beat
 
-(``beat.app`` sets ``app.conf.beat_scheduler = "beat.scheduler:TenantCronScheduler"``).  Run as
-many beat processes as you like: one is active (the Redis lock), the others
-wait and take over within 1.75 ticks if it stops (``beat.lock``).
+(``beat.app`` sets ``app.conf.beat_scheduler`` to ``beat.app:process_scheduler``, which
+builds this class).  Run as many beat processes as you like: one is active (the Redis
+lock), the others wait and take over within 1.75 ticks if it stops (``beat.lock``).
 
 Configuration (all optional):
 
@@ -44,6 +44,7 @@ from celery.utils.imports import symbol_by_name
 
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.urls import without_credentials
 
 from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
 from beat.fire import FireFn, gateway_fire
@@ -148,5 +149,5 @@ class TenantCronScheduler(Scheduler):
     @property
     def info(self) -> str:
         s = self.gateway_settings
-        return (f"    . tenant crons: redis {s.redis_url or '?'} prefix {s.key_prefix!r}, "
+        return (f"    . tenant crons: redis {without_credentials(s.redis_url) or '?'} prefix {s.key_prefix!r}, "
                 f"tick {self.engine.tick_interval_s}s, lock {self.engine.lock.token}")

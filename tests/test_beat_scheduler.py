@@ -114,3 +114,13 @@ def test_leader_publishes_the_demand_forecast_and_followers_do_not(r, settings, 
                               client=r, fire=lambda e, n: "t")
     assert off.forecast is None
     lead.close()
+
+
+def test_the_banner_line_shows_no_redis_password(settings, r):
+    with_password = settings.with_(redis_password="hunter2-banner")
+    assert "hunter2-banner" in with_password.redis_url          # the URL the client connects with
+    s = TenantCronScheduler(app=make_app(), settings=with_password, client=r, fire=lambda e, n: None)
+    try:
+        assert "hunter2-banner" not in s.info and repr(settings.key_prefix) in s.info
+    finally:
+        s.close()

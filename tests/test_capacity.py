@@ -260,6 +260,7 @@ def test_forecast_command_prints_bins_and_json(r, settings, crons, monkeypatch, 
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("GATEWAY_KEY_PREFIX", key_prefix)
     from gateway_tasks.cli.main import main
+    from gateway_tasks.core.errors import EXIT_CONFIG
     assert main(["capacity", "forecast", "--horizon-s", "86400", "--bucket-s", "3600", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["bucket_s"] == 3600 and doc["buckets"] == 24
@@ -268,7 +269,7 @@ def test_forecast_command_prints_bins_and_json(r, settings, crons, monkeypatch, 
     assert main(["capacity", "forecast", "--horizon-s", "86400", "--bucket-s", "3600"]) == 0
     text = capsys.readouterr().out
     assert "cron demand from" in text and "batch" in text and "+3600s" in text
-    assert main(["capacity", "forecast", "--published"]) == 2          # no beat has published
+    assert main(["capacity", "forecast", "--published"]) == EXIT_CONFIG   # no beat has published (a ConfigError)
     assert "no published forecast" in capsys.readouterr().err
     assert main(["capacity", "--baseline-qps", "1", "--peak-qps", "3", "--tokens-per-request", "10",
                  "--instance-rps", "1"]) == 0

@@ -95,8 +95,8 @@ def test_a_worker_without_its_pools_key_stops_at_start_naming_pool_and_variable(
     finally:
         worker.stop()
     log = (tmp_path / "worker.log").read_text()
-    assert code == 2, log
-    assert (f"error: pool 'default': api_key_env='{KEY_VAR}' but {KEY_VAR} is not set in this worker's "
+    assert code == 78, log
+    assert (f"gateway worker: configuration error: pool 'default': api_key_env='{KEY_VAR}' but {KEY_VAR} is not set in this worker's "
             f"environment; export {KEY_VAR}=<the upstream's API key>\n") in log
     assert f"worker configuration: GATEWAY_CONFIG={path}; pool default http://127.0.0.1:9/v1 " \
            f"(no key: {KEY_VAR} is not set)" in log

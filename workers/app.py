@@ -2,6 +2,11 @@
 transport (``workers.transport``), with the inference task registered.
 
     celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -E
+
+A worker with a bad configuration -- settings that do not load, a ``-Q`` queue of an
+unknown tier or pool -- stops before it consumes anything, with one critical line
+(``gateway worker: configuration error: ...``) and exit status 78
+(``workers.startup``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from gateway_tasks.core.settings import Settings, get_settings
 from workers.redaction import install_log_filter
 
 WORKER_TRANSPORT = "workers.transport:Transport"
-# workers.startup: the configuration line, and no start without the called pools' keys;
+# workers.startup: no start with queues it cannot serve or without the called pools' keys;
 # workers.overload: the load-level controller, started by each worker when it is ready;
 # workers.warmup: the openai SDK's one-time work, done before the worker takes a task;
 # workers.interpreter: the process's GIL switch interval and its startup objects frozen
@@ -27,7 +32,8 @@ def make_worker_app(settings: Settings, redis_url: str | None = None, name: str 
     app = make_app(settings, redis_url, name, transport=WORKER_TRANSPORT, imports=TASK_MODULES, **conf)
     import workers.tasks  # noqa: F401  (registers gateway.infer / gateway.noop on shared_task apps)
     install_log_filter()   # results stay out of the worker's log
+    app.gateway_worker = True   # type: ignore[attr-defined]  (workers.startup: a worker of this app)
     return app
 
 
-default_app, __getattr__ = lazy_app(lambda: make_worker_app(get_settings()))
+default_app, __getattr__ = lazy_app(lambda: make_worker_app(get_settings()), "gateway worker")

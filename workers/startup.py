@@ -1,32 +1,38 @@
-"""A worker's start: it says which configuration it loaded, and it refuses to start
-without the API keys of the pools it calls.
+"""A worker's start: it refuses a configuration it cannot serve, says which
+configuration it loaded, and refuses to start without the API keys of the pools it calls.
 
-Only workers call the upstream, so only they need its keys: every other process
-loads a pool whose ``api_key_env`` variable is not set as a pool without its key
-there (gateway_tasks.core.settings).  A worker, on ``worker_init`` (its queues
-selected, before its consumer starts), writes its configuration line
-(gateway_tasks.core.config_report: the source, each pool's name, base URL and
-whether its key is present) and checks the keys of the pools it may call -- the
-pools of the gateway queues it consumes and, for a tier with a reserved share, their
-``backup_pools`` (workers/failover.py).  A missing one stops it with one line
-naming the pool and the variable, and exit status 2 (a ConfigError, as the
-``gateway`` command reports one), before it takes a task: never a failure per task.
+One hook, on ``celeryd_after_setup`` (its ``-Q`` queues applied and logging set up,
+before the banner and the first poll), checks in order:
+
+* the queues: gateway queues of known tiers and pools (the plan the transport would
+  build), or none;
+* the configuration line (gateway_tasks.core.config_report: the source, each pool's
+  name, base URL and whether its key is present);
+* the keys: only workers call the upstream, so only they need its keys -- every other
+  process loads a pool whose ``api_key_env`` variable is not set as a pool without its
+  key there (gateway_tasks.core.settings).  The pools it may call are those of the
+  gateway queues it consumes and, for a tier with a reserved share, their
+  ``backup_pools`` (workers/failover.py).
+
+A failed check stops the worker with one critical line, ``gateway worker: configuration
+error: ...``, and exit status 78 (``stop_on_config_error``) before it takes a task:
+never a failure per task.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterable
 
-from celery.signals import worker_init
+from celery import Celery
+from celery.signals import celeryd_after_setup
 
-from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.broker import is_gateway_queue
+from gateway_tasks.core.celery_app import stop_on_config_error
 from gateway_tasks.core.config_report import announce
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import split_queue_name
 from gateway_tasks.core.settings import Settings
-
-EXIT_CONFIG_ERROR = 2   # the `gateway` command's exit status for a GatewayError
+from workers.router import PickPlan
 
 
 def called_pools(settings: Settings, queues: Iterable[str]) -> list[str]:
@@ -45,20 +51,29 @@ def called_pools(settings: Settings, queues: Iterable[str]) -> list[str]:
     return [p.name for p in settings.pools if p.name in wanted]
 
 
-def check_worker(settings: Settings, queues: Iterable[str]) -> None:
-    """Announce the configuration; raise ConfigError if a pool it calls has no key here."""
+def check_queues(settings: Settings, names: list[str]) -> None:
+    """ConfigError unless ``names`` are queues the transport can dispatch: gateway queues
+    of known tiers and pools (the plan it would build), or none."""
+    if names and all(is_gateway_queue(n) for n in names):
+        PickPlan(settings, names)
+
+
+def check_worker(app: Celery) -> None:
+    """The start checks of a worker of ``app`` (see the module's docstring)."""
+    settings: Settings = app.gateway_settings   # type: ignore[attr-defined]
+    queues = app.amqp.queues
+    names = sorted(queues.consume_from or queues)
+    check_queues(settings, names)
     announce(settings, "worker", keys=True)
-    settings.require_keys(called_pools(settings, queues), "this worker")
+    settings.require_keys(called_pools(settings, names), "this worker")
 
 
-@worker_init.connect
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    app = getattr(sender, "app", None)
-    if app is None:
+@celeryd_after_setup.connect
+def _on_worker_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    app = getattr(instance, "app", None)
+    if not getattr(app, "gateway_worker", False):
         return
     try:
-        check_worker(settings_of(app), app.amqp.queues.consume_from or ())
+        check_worker(app)
     except ConfigError as exc:
-        # Celery logs and swallows a signal handler's exception: leave before the consumer starts
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
+        stop_on_config_error("gateway worker", exc)

@@ -70,7 +70,9 @@ def flower_env(basic_auth: str, base: Mapping[str, str] | None = None) -> dict[s
 
 
 def _run(args: argparse.Namespace) -> int:
-    announce(get_settings(), "flower")
+    settings = get_settings()
+    settings.require_redis_url("`gateway flower`")   # a bad configuration: one line, here
+    announce(settings, "flower")
     auth, generated = basic_auth_from(os.environ)
     user, password = first_credentials(auth)
     where = f"http://{args.address}:{args.port}"
@@ -99,4 +101,5 @@ def register(subparsers: Any) -> None:
 
 # no result backend: Flower's /api/task/result would otherwise show tenants' completions
 flower_app, __getattr__ = lazy_app(
-    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"))
+    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"),
+    "gateway flower")

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Callable, Sequence
 
-from gateway_tasks.core.errors import GatewayError
+from gateway_tasks.core.errors import (EXIT_CONFIG, EXIT_FAILED, EXIT_REDIS_UNAVAILABLE, ConfigError,
+                                       GatewayError, RedisUnavailable, exit_status)
+from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable, is_outage, unavailable_line
+from gateway_tasks.core.settings import get_settings
 
 DESCRIPTION = """\
 gateway-tasks: a task queue in front of rate-limited OpenAI-compatible LLM APIs.
@@ -20,7 +24,7 @@ upstreams, each with its API key inline or named by api_key_env).  Only workers
 need the upstream keys; every long-running process says at start which
 configuration it loaded, and `gateway status` shows it."""
 
-EPILOG = """\
+EPILOG = f"""\
 examples:
   gateway tenant add acme --tier vip          register a tenant, print its API key
   gateway api --port 8080                     serve the REST API
@@ -36,6 +40,17 @@ examples:
 workers and beat run under Celery:
   celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
   celery -A beat.app beat
+  a bad configuration stops either at start with one line, `gateway worker: configuration
+  error: ...` (or `gateway beat: ...`), and exit status {EXIT_CONFIG}, as `gateway flower` does
+
+exit status:
+  0   done
+  1   the command's own "no" (its --help says when: a task already finished, not ready in time)
+  {EXIT_FAILED}   a bad command line, or a refused request (an unknown tenant, a malformed cron)
+  {EXIT_REDIS_UNAVAILABLE}  the deployment's Redis is unreachable, refuses the credentials, or is full
+  {EXIT_CONFIG}  a configuration error (REDIS_URL unset, GATEWAY_CONFIG missing or invalid, ...)
+  On {EXIT_FAILED}, {EXIT_REDIS_UNAVAILABLE} and {EXIT_CONFIG} the command prints one line to stderr, `gateway: ...`, and
+  nothing to stdout: `KEY=$(gateway tenant add ...)` gets an empty string.
 
 run `gateway COMMAND --help` for a command's options."""
 
@@ -74,28 +89,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_standalone(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
-                   run: Callable[[argparse.Namespace], int],
-                   argv: Sequence[str] | None = None) -> int:
-    """`python -m <module>` entry for a command module: parse, run, GatewayError -> exit 2."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+def _redis_url() -> str:
+    """The deployment's Redis URL, for an error line (credentials are stripped there)."""
+    try:
+        return get_settings().redis_url
+    except ConfigError:
+        return os.environ.get("REDIS_URL", "")
+
+
+def error_line(exc: GatewayError) -> str:
+    """The one line a command prints when it stops on ``exc``."""
+    if isinstance(exc, RedisUnavailable):
+        return unavailable_line(exc, _redis_url())
+    return str(exc)
+
+
+def run_command(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace,
+                prog: str = "gateway") -> int:
+    """Run a command; a GatewayError, or Redis down or full, ends it with one line on stderr
+    (``<prog>: ...``), nothing more on stdout, and its exit status (core.errors.exit_status)."""
     try:
         return int(run(args) or 0)
     except GatewayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        failure = exc
+    except CLIENT_ERRORS as exc:
+        if not is_outage(exc):
+            raise
+        failure = as_unavailable(exc)
+    print(f"{prog}: {error_line(failure)}", file=sys.stderr)
+    return exit_status(failure)
+
+
+def run_standalone(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                   run: Callable[[argparse.Namespace], int],
+                   argv: Sequence[str] | None = None) -> int:
+    """`python -m <module>` entry for a command module: parse, run (as ``run_command``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    return run_command(run, parser.parse_args(argv), prog)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except GatewayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

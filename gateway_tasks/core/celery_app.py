@@ -14,17 +14,21 @@ the settings' public view (API keys removed).
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from celery import Celery
 
 from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION
+from gateway_tasks.core.errors import EXIT_CONFIG, ConfigError
 from gateway_tasks.core.result_backend import backend_url
 from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
 
 PRODUCER_TRANSPORT = "gateway_tasks.core.broker:Transport"
 TASK_NAME = "gateway.infer"
+
+log = logging.getLogger(__name__)
 
 
 def celery_config(settings: Settings, redis_url: str, *,
@@ -83,15 +87,29 @@ def settings_of(app: Celery) -> Settings:
     return found if isinstance(found, Settings) else get_settings()
 
 
-def lazy_app(factory: Callable[[], Celery]) -> tuple[Callable[[], Celery], Callable[[str], Any]]:
+def stop_on_config_error(role: str, exc: ConfigError) -> NoReturn:
+    """End a Celery process (worker, beat, Flower) that cannot run with this configuration:
+    one critical log line, ``<role>: configuration error: ...``, and exit status EXIT_CONFIG
+    (78, Celery's EX_CONFIG) -- no traceback.  Before Celery has set up logging the line
+    goes to stderr as it is (logging's last-resort handler)."""
+    log.critical("%s: configuration error: %s", role, exc)
+    raise SystemExit(EXIT_CONFIG)
+
+
+def lazy_app(factory: Callable[[], Celery], role: str = "gateway") -> tuple[Callable[[], Celery],
+                                                                          Callable[[str], Any]]:
     """(default_app, module __getattr__) for a module that ``celery -A`` names: its
     ``app`` is built from the environment on first use, so importing the module
-    never needs REDIS_URL."""
+    never needs REDIS_URL.  That first use is ``celery -A`` loading the app: a
+    ConfigError then ends the process (``stop_on_config_error``, ``role`` naming it)."""
     default = lru_cache(maxsize=1)(factory)
 
     def module_getattr(name: str) -> Any:
         if name in ("app", "celery"):
-            return default()
+            try:
+                return default()
+            except ConfigError as exc:
+                stop_on_config_error(role, exc)
         raise AttributeError(name)
 
     return default, module_getattr

@@ -23,11 +23,20 @@
     ├── RedisUnavailable     Redis is unreachable or refused the write: nothing was enqueued
     │   └── RedisFull        Redis is at its maxmemory (noeviction): submits are refused
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
+
+A process that stops on one of them (a ``gateway`` command, a worker, beat) prints one
+line and exits with ``exit_status(exc)``: EXIT_CONFIG (78, sysexits' EX_CONFIG) for a
+ConfigError, EXIT_REDIS_UNAVAILABLE (69, EX_UNAVAILABLE) for RedisUnavailable and
+RedisFull, EXIT_FAILED (2) for the others.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+EXIT_FAILED = 2
+EXIT_REDIS_UNAVAILABLE = 69
+EXIT_CONFIG = 78
 
 
 class GatewayError(Exception):
@@ -136,11 +145,22 @@ class DeadLettered(GatewayError):
 
 class RedisUnavailable(GatewayError):
     """Redis (queues, tenants, buckets) is unreachable or refused the write; the request was
-    not enqueued (REST: 503)."""
+    not enqueued (REST: 503).  ``str()`` is the detail for logs and Python callers (the
+    client's error, no credentials); ``cause`` says what happened in a few words
+    ("connection refused", "authentication failed"); ``public_message`` is what a REST
+    client is told instead of the detail."""
+
+    public_message = "the gateway's Redis is unreachable; retry later"
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause
 
 
 class RedisFull(RedisUnavailable):
     """Redis is at its ``maxmemory`` with ``noeviction``: submits are refused, nothing is evicted."""
+
+    public_message = "the gateway's Redis is full; retry later"
 
 
 class Expired(DeadlineExceeded):
@@ -177,3 +197,12 @@ class ApiError(GatewayError):
         self.status, self.type, self.message = status, type_, message
         self.headers = headers or {}
         self.extra = extra
+
+
+def exit_status(exc: GatewayError) -> int:
+    """The exit status of a process that stops on ``exc``."""
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG
+    if isinstance(exc, RedisUnavailable):
+        return EXIT_REDIS_UNAVAILABLE
+    return EXIT_FAILED

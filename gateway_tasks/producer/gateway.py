@@ -17,18 +17,17 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import redis
 from celery import Celery, states
 from celery.result import AsyncResult
-from kombu.exceptions import OperationalError
 
 from gateway_tasks.core.celery_app import TASK_NAME, make_app
 from gateway_tasks.core import depends
 from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, find_entry, read_refs
 from gateway_tasks.core.errors import (DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, QueueFull,
-                                       RedisFull, RedisUnavailable, TaskCancelled, UnknownTask)
+                                       TaskCancelled, UnknownTask)
 from gateway_tasks.core.evict import (EVICTED_BY_HIGHER_TIER, POOL_FULL, EvictCall, throttle_retry_after_s,
                                       tiers_below)
 from gateway_tasks.core.health import choose_pool, read_health
@@ -42,8 +41,8 @@ from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.settings import Pool, Settings, Tier, get_settings
 from gateway_tasks.core.tenants import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
-from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.redis_failures import redis_errors
 from gateway_tasks.producer.memory_guard import MIB, MemoryGuard, submit_bytes
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
@@ -68,19 +67,6 @@ class Cancelled:
     @property
     def cancelled(self) -> bool:
         return self.was != FINISHED
-
-
-@contextlib.contextmanager
-def redis_errors(what: str) -> Iterator[None]:
-    """Turn the Redis client's and kombu's errors into RedisUnavailable / RedisFull."""
-    try:
-        yield
-    except (redis.RedisError, OperationalError, OSError) as exc:
-        if is_out_of_memory(exc):   # a command's, a script's (6.2 and 7), kombu's
-            raise RedisFull(f"{what} refused: Redis is at its maxmemory ({exc}); nothing was enqueued "
-                            f"and nothing is evicted -- retry once memory is freed") from None
-        raise RedisUnavailable(f"{what} failed: Redis is unavailable ({type(exc).__name__}: {exc}); "
-                               f"nothing was enqueued") from None
 
 
 @dataclass(frozen=True)
@@ -246,7 +232,7 @@ class Gateway:
         first; the task is held, taking no queue space, until they have, then queued
         (``gateway_tasks.core.depends``).  An unknown id is ``UnknownTask``; a dependency
         that did not succeed fails it with ``DependencyFailed``."""
-        with redis_errors("submit"):
+        with redis_errors("submit", "nothing was enqueued"):
             return self._submit(tenant_id, messages, model=model, max_tokens=max_tokens,
                                 deadline_s=deadline_s, source=source, idempotency_key=idempotency_key,
                                 extra_body=extra_body, stream=stream, count_quota=count_quota,

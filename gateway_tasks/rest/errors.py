@@ -1,11 +1,15 @@
 """HTTP side of the error hierarchy: the JSON error body, the status of each
 GatewayError, and the app's exception handlers.
 
-Every error answers ``{"error": {"type", "message", ...}}``.
+Every error answers ``{"error": {"type", "message", ...}}``.  Redis down or full is a 503
+with Retry-After whose message is the gateway's words ("the gateway's Redis is
+unreachable; retry later"): the client's error -- an address, a command, a key -- goes to
+the server's log, never into the body.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -13,11 +17,15 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway_tasks.core.errors import ApiError, ConfigError, Deferred, GatewayError, InvalidRequest, \
     PromptTooLarge, RedisUnavailable, Rejected, UnknownTask, UnknownTenant
+from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable
 from gateway_tasks.core.tenants import Tenant
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60
 _HTTP_ERROR_TYPES = {400: "ValidationError", 404: "NotFound", 405: "MethodNotAllowed",
@@ -48,8 +56,16 @@ def api_error_response(exc: ApiError) -> JSONResponse:
                         headers=exc.headers)
 
 
-def redis_error_response(exc: redis.RedisError) -> JSONResponse:
-    return JSONResponse(error_body("ServiceUnavailable", f"Redis is unavailable: {exc}"),
+def unavailable_message(exc: RedisUnavailable) -> str:
+    """What a client is told of ``exc``; its detail is logged here instead."""
+    log.warning("503: %s", exc)
+    return exc.public_message
+
+
+def redis_error_response(exc: redis.RedisError | OperationalError) -> JSONResponse:
+    """503 for an error of the Redis client (or kombu's) that reached the app."""
+    message = unavailable_message(as_unavailable(exc))
+    return JSONResponse(error_body("ServiceUnavailable", message),
                         status_code=503, headers={"Retry-After": str(RETRY_AFTER_MIN_S)})
 
 
@@ -92,12 +108,14 @@ def install_error_handlers(app: FastAPI) -> None:
             retry_s = _retry_after_s(request, exc)
             headers = {"Retry-After": str(retry_s)}
             extra["retry_after_s"] = retry_s
+        message = str(exc)
         if isinstance(exc, RedisUnavailable):   # 503: Redis down or full, nothing enqueued
             headers = {"Retry-After": str(RETRY_AFTER_MIN_S)}
+            message = unavailable_message(exc)
         details = getattr(exc, "details", None)
         if callable(details):
             extra.update(details())
-        return JSONResponse(error_body(type(exc).__name__, str(exc), **extra), status_code=status,
+        return JSONResponse(error_body(type(exc).__name__, message, **extra), status_code=status,
                             headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -116,6 +134,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(type_, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(redis.RedisError)
-    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        return redis_error_response(exc)
+    for client_error in CLIENT_ERRORS:      # redis-py's and kombu's: 503
+        app.add_exception_handler(client_error, _client_error)
+
+
+async def _client_error(request: Request, exc: Exception) -> JSONResponse:
+    return redis_error_response(exc)   # type: ignore[arg-type]

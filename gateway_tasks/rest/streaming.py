@@ -12,7 +12,8 @@ the upstream.  The bucket is still settled from the upstream's final usage
 Errors before the response starts (auth, validation, queue full) are the usual
 JSON errors with their status.  Once it has started (200), a failure is one
 ``data: {"error": {"type", "message"}}`` event and the stream ends: the task
-failed (its error from the result backend), the stream broke mid-way, or no
+failed (its error from the result backend), the stream broke mid-way, Redis
+became unreachable (``ServiceUnavailable``, in the gateway's words), or no
 chunk came within the wait (``deadline_s``, else 60 s, for the first; the
 pool's timeout between two).
 """
@@ -28,7 +29,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from gateway_tasks.core.chunks import CHUNK, DONE, ERROR, Event, read
+from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
+from gateway_tasks.rest.errors import unavailable_message
 from gateway_tasks.rest.results import error_of
 
 READ_BLOCK_MS = 1000
@@ -123,6 +126,8 @@ async def events(gateway: Gateway, task_id: str, include_usage: bool, first_time
                                  str(event.data.get("message", "")), task_id)
                     finished = True
                     return
+    except CLIENT_ERRORS as exc:   # the status line is sent: the failure is the last event
+        yield _error("ServiceUnavailable", unavailable_message(as_unavailable(exc)), task_id)
     finally:
         if finished:       # read to the end: the stream is no longer needed
             await run_in_threadpool(gateway.r.delete, gateway.keys.chunks(task_id))

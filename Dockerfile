@@ -1,6 +1,11 @@
 # gateway-tasks: one image for every component (api, workers, beat, flower);
 # the Kubernetes manifests in deploy/k8s pick the command.
-FROM python:3.11-slim
+#
+# The base image is pinned by the digest of python:3.11-slim's multi-platform
+# index (Python 3.11.15 on Debian trixie): a rebuild gets the same base, not
+# whatever the tag points at that day.  Take base-image fixes by moving the pin:
+#   docker buildx imagetools inspect python:3.11-slim   # "Digest: sha256:..."
+FROM python:3.11-slim@sha256:90744cff8f32887f075c47d747a173ff333e9e98801667af93c357fa9f5e28ff
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

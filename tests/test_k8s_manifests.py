@@ -2,10 +2,17 @@
 parses and validates against the Kubernetes schemas (kubernetes-validate, offline;
 KEDA's ScaledObject against tests/schemas), both kustomizations (HPA fallback and
 KEDA) hold every worker Deployment with exactly one autoscaler, commands name
-real modules, CLI commands and queues, the ConfigMap's gateway.toml and the
-Secret's GATEWAY_POOLS_JSON load with load_settings, every reference
-(ConfigMap/Secret keys, Services, HPA, ScaledObjects, PDBs) resolves, and the
-KEDA queries name metrics the exporter really serves."""
+real modules, CLI commands and queues, the ConfigMap's gateway.toml loads with
+load_settings in a worker's environment, every reference (ConfigMap/Secret
+keys, Services, HPA, ScaledObjects, PDBs) resolves, and the KEDA queries name
+metrics the exporter really serves.  And what a security review asks: every pod
+runs with the RuntimeDefault seccomp profile, no service account token and
+locked-down containers; the upstream key's Secret reaches the workers only;
+Redis's maxmemory leaves head-room under its container limit; NetworkPolicies
+deny ingress and egress by default and admit only what each component needs;
+every image is pinned by digest or through the kustomize images list.
+tests/test_k8s_pods.py runs a worker and the API with the environments the
+manifests give their pods."""
 
 from __future__ import annotations
 
@@ -85,9 +92,73 @@ def configmap() -> dict[str, Any]:
     return one("ConfigMap", "gateway-config")
 
 
-@pytest.fixture(scope="module")
-def secret() -> dict[str, Any]:
-    return one("Secret", "gateway-upstream")
+UPSTREAM_SECRET = "gateway-upstream"
+
+
+def secret_data(name: str) -> dict[str, str]:
+    """A Secret's keys and (placeholder) values, from stringData or base64 data."""
+    import base64
+
+    doc = one("Secret", name)
+    data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
+    return {**data, **(doc.get("stringData") or {})}
+
+
+def is_worker(workload: dict[str, Any]) -> bool:
+    return workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "gateway-worker"
+
+
+def worker_key_env() -> dict[str, str]:
+    """The upstream keys as a worker pod's environment has them (the Secret's placeholders)."""
+    return secret_data(UPSTREAM_SECRET)
+
+
+def pod_env(workload: dict[str, Any], container: dict[str, Any], root: Path,
+            secrets: dict[str, dict[str, str]] | None = None,
+            config: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment Kubernetes gives ``container`` (env and envFrom, ConfigMap and Secret
+    references resolved), its ConfigMap volumes written under ``root`` as they would be
+    mounted, and every value naming a path in such a mount moved under ``root``.  Secret
+    values come from ``secrets`` (name -> key -> value) or else the manifests' placeholders;
+    ConfigMap values from ``config`` (key -> value) or else the manifest."""
+    cm = {**one("ConfigMap", "gateway-config")["data"], **(config or {})}
+
+    def configmap(name: str) -> dict[str, str]:
+        return cm if name == "gateway-config" else one("ConfigMap", name)["data"]
+
+    def secret(name: str) -> dict[str, str]:
+        return (secrets or {}).get(name) or secret_data(name)
+
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(configmap(source["configMapRef"]["name"]))
+        if "secretRef" in source:
+            env.update(secret(source["secretRef"]["name"]))
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {})
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "configMapKeyRef" in ref:
+            env[e["name"]] = configmap(ref["configMapKeyRef"]["name"])[ref["configMapKeyRef"]["key"]]
+        elif "secretKeyRef" in ref:
+            env[e["name"]] = secret(ref["secretKeyRef"]["name"])[ref["secretKeyRef"]["key"]]
+        else:
+            raise AssertionError(f"unsupported env entry {e}")
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    for mount in container.get("volumeMounts", []):
+        vol = volumes.get(mount["name"], {})
+        if "configMap" not in vol:
+            continue
+        folder = root / mount["mountPath"].lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        data = configmap(vol["configMap"]["name"])
+        for item in vol["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
+            (folder / item["path"]).write_text(data[item["key"]])
+        for name, value in env.items():
+            if value.startswith(mount["mountPath"].rstrip("/") + "/"):
+                env[name] = str(root / value.lstrip("/"))
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +170,15 @@ def toml_path(configmap, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def cm_settings(toml_path) -> Settings:
-    return load_settings(env={"GATEWAY_CONFIG": toml_path})
+    """The ConfigMap's settings as a worker loads them (with its upstream key)."""
+    return load_settings(env={"GATEWAY_CONFIG": toml_path, **worker_key_env()})
 
 
 # -- shape ---------------------------------------------------------------------------
 def test_every_yaml_parses_into_named_objects():
     assert DOCS, "no manifests found"
     kinds = {d["kind"] for _, d in DOCS}
-    assert {"Namespace", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service",
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "Secret", "StatefulSet", "Deployment", "Service",
             "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy", "ScaledObject"} <= kinds
     for filename, doc in DOCS:
         assert doc.get("apiVersion") and doc.get("kind"), filename
@@ -119,9 +191,11 @@ def test_every_yaml_parses_into_named_objects():
 
 
 def _kustomize(directory: Path) -> list[dict[str, Any]]:
-    """What `kubectl kustomize DIR` renders, for these plain kustomizations (resources only)."""
+    """What `kubectl kustomize DIR` renders, for these plain kustomizations (resources,
+    and images: a new name, tag or digest for an image name)."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    assert set(kust) <= {"apiVersion", "kind", "resources"}, f"{directory}: only resources are used"
+    assert set(kust) <= {"apiVersion", "kind", "resources", "images"}, \
+        f"{directory}: only resources and images are used"
     out: list[dict[str, Any]] = []
     for res in kust["resources"]:
         target = (directory / res).resolve()
@@ -130,7 +204,29 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
             out += _kustomize(target)
         else:
             out += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
+    out = json.loads(json.dumps(out))          # the images below change copies
+    for image in kust.get("images", []):
+        for doc in out:
+            if doc["kind"] not in WORKLOADS:
+                continue
+            spec = doc["spec"]["template"]["spec"]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                if _image_name(c["image"]) == image["name"]:
+                    c["image"] = _new_image(c["image"], image)
     return out
+
+
+def _image_name(ref: str) -> str:
+    """The name of an image reference, without its tag and digest."""
+    name = ref.split("@")[0]
+    return name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+
+
+def _new_image(ref: str, rule: dict[str, str]) -> str:
+    name = rule.get("newName", _image_name(ref))
+    tag = rule.get("newTag") or (ref.split("@")[0][len(_image_name(ref)) + 1:] or None)
+    out = f"{name}:{tag}" if tag else name
+    return f"{out}@{rule['digest']}" if rule.get("digest") else out
 
 
 def _listed_files(directory: Path) -> set[Path]:
@@ -167,8 +263,10 @@ def test_kubectl_kustomize_renders_what_the_tests_check(variant):
     out = subprocess.run(["kubectl", "kustomize", str(VARIANTS[variant])], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    rendered = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.stdout) if d)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    rendered = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert rendered == sorted((d["kind"], d["metadata"]["name"]) for d in _kustomize(VARIANTS[variant]))
+    assert sorted(_images(docs)) == sorted(_images(_kustomize(VARIANTS[variant])))
 
 
 # -- schemas -------------------------------------------------------------------------
@@ -265,13 +363,23 @@ def test_configmap_toml_loads_with_load_settings(cm_settings, configmap):
     assert {"policy", "key_prefix", "tiers", "pools"} <= set(raw)
 
 
-def test_secret_pools_json_replaces_the_configmap_pools_consistently(toml_path, cm_settings, secret):
-    pools_json = secret["stringData"]["GATEWAY_POOLS_JSON"]
-    json.loads(pools_json)
-    s = load_settings(env={"GATEWAY_CONFIG": toml_path, "GATEWAY_POOLS_JSON": pools_json})
-    assert [(p.name, p.models, p.tpm, p.rpm) for p in s.pools] == \
-        [(p.name, p.models, p.tpm, p.rpm) for p in cm_settings.pools]
-    assert s.queue_names() == cm_settings.queue_names()
+def test_configmap_pools_hold_no_key_and_name_the_upstream_secret_s_variables(configmap, cm_settings):
+    raw = tomllib.loads(configmap["data"]["gateway.toml"])
+    upstream = secret_data(UPSTREAM_SECRET)
+    assert raw["pools"]
+    for pool in raw["pools"]:
+        assert "api_key" not in pool, pool["name"]              # the file is mounted into every pod
+        assert pool["api_key_env"] in upstream, pool
+    # a worker gets each key from the Secret, under the name its pool reads
+    assert [p.api_key for p in cm_settings.pools] == [upstream[p["api_key_env"]] for p in raw["pools"]]
+    for workload, c in gateway_containers():
+        if not is_worker(workload):
+            continue
+        env = env_of(c)
+        for pool in raw["pools"]:
+            ref = env[pool["api_key_env"]]["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == (UPSTREAM_SECRET, pool["api_key_env"])
+    assert "GATEWAY_POOLS_JSON" not in {e for _, c in gateway_containers() for e in env_of(c)}
 
 
 def test_redis_url_points_at_the_redis_service(configmap):
@@ -332,13 +440,12 @@ def test_gateway_commands_parse_with_the_cli():
     assert found == 1
 
 
-def test_every_gateway_container_gets_config_redis_and_keys(configmap, secret):
-    secrets = {d["metadata"]["name"]: set(d["stringData"]) for d in of_kind("Secret")}
+def test_every_gateway_container_gets_config_redis_and_keys(configmap):
+    secrets = {d["metadata"]["name"]: set(secret_data(d["metadata"]["name"])) for d in of_kind("Secret")}
     for workload, c in gateway_containers():
         env = env_of(c)
         name = workload["metadata"]["name"]
-        assert {"REDIS_URL", "GATEWAY_CONFIG", "GATEWAY_POOLS_JSON", "REDIS_USERNAME",
-                "REDIS_PASSWORD"} <= set(env), name
+        assert {"REDIS_URL", "GATEWAY_CONFIG", "REDIS_USERNAME", "REDIS_PASSWORD"} <= set(env), name
         config_path = env["GATEWAY_CONFIG"]["value"]
         assert config_path == "/etc/gateway/gateway.toml"
         for e in env.values():
@@ -394,7 +501,8 @@ def test_services_hpa_and_pdbs_point_at_workloads():
 def test_dockerfile_installs_the_package_as_non_root():
     text = (ROOT / "Dockerfile").read_text()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
+    # the base image pinned by digest (the tag says what it is)
+    assert re.fullmatch(r"FROM python:3\.11-slim@sha256:[0-9a-f]{64}", lines[0]), lines[0]
     assert any("pip install ." in ln for ln in lines)
     users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
@@ -436,27 +544,34 @@ def test_redis_requires_the_acl_users_password(configmap, cm_settings):
         assert (ref["name"], ref["key"]) == (password_ref["name"], password_ref["key"])
 
 
-def test_container_env_gives_a_url_with_the_acl_login(configmap, toml_path):
-    redis_secret = one("Secret", "gateway-redis")["stringData"]
-    api_secret = one("Secret", "gateway-api")["stringData"]
-    s = load_settings(env={"GATEWAY_CONFIG": toml_path, "REDIS_URL": configmap["data"]["REDIS_URL"],
-                           "REDIS_USERNAME": configmap["data"]["REDIS_USERNAME"],
-                           "REDIS_PASSWORD": redis_secret["REDIS_PASSWORD"],
-                           "GATEWAY_ADMIN_KEY": api_secret["GATEWAY_ADMIN_KEY"],
-                           "GATEWAY_API_KEY_SECRET": api_secret["GATEWAY_API_KEY_SECRET"]})
+@pytest.mark.parametrize("deployment", ["gateway-worker-vip", "gateway-api", "gateway-beat", "flower"])
+def test_each_pod_s_environment_loads_its_settings(deployment, tmp_path):
+    """The settings each pod loads from the environment the manifests give it: the
+    ConfigMap's file, the ACL login, and only its own secrets -- the API, beat and Flower
+    load the pools without the upstream key, which only the workers have."""
+    workload = one("Deployment", deployment)
+    [c] = workload["spec"]["template"]["spec"]["containers"]
+    env = pod_env(workload, c, tmp_path)
+    s = load_settings(env=env)
+    redis_password = secret_data("gateway-redis")["REDIS_PASSWORD"]
     url = urlparse(s.redis_url)
-    assert (url.username, url.password) == ("gateway", redis_secret["REDIS_PASSWORD"])
-    assert redis_secret["REDIS_PASSWORD"] not in s.public().redis_url
-    assert s.admin_key and s.api_key_secret
-    api = env_of(one("Deployment", "gateway-api")["spec"]["template"]["spec"]["containers"][0])
-    assert {"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEY_SECRET"} <= set(api)
+    assert (url.username, url.password) == ("gateway", redis_password)
+    assert redis_password not in s.public().redis_url
+    assert [p.name for p in s.pools] == ["default"] and s.queue_names() == Settings().queue_names()
+    upstream_keys = set(worker_key_env().values())
+    if is_worker(workload):
+        assert {p.api_key for p in s.pools} <= upstream_keys
+    else:
+        assert not upstream_keys & set(env.values())
+        assert not any(p.api_key in upstream_keys for p in s.pools)
+    assert bool(s.admin_key and s.api_key_secret) == (deployment == "gateway-api")
 
 
 def test_flower_never_runs_without_basic_auth():
     [c] = one("Deployment", "flower")["spec"]["template"]["spec"]["containers"]
     ref = env_of(c)["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
     assert not ref.get("optional")
-    assert ":" in one("Secret", ref["name"])["stringData"][ref["key"]]
+    assert ":" in secret_data(ref["name"])[ref["key"]]
     assert one("Service", "flower")["spec"].get("type", "ClusterIP") == "ClusterIP"
 
 
@@ -505,8 +620,9 @@ def admitted(target: str, port: int) -> set[str]:
 
 
 def test_network_policies_deny_by_default():
-    deny = one("NetworkPolicy", "default-deny-ingress")["spec"]
-    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    deny = one("NetworkPolicy", "default-deny")["spec"]
+    assert deny["podSelector"] == {} and sorted(deny["policyTypes"]) == ["Egress", "Ingress"]
+    assert "ingress" not in deny and "egress" not in deny
     for name in _workloads():                      # every pod is selected by some policy
         assert any(_matches(p["spec"]["podSelector"], _workloads()[name]) for p in of_kind("NetworkPolicy"))
 
@@ -523,3 +639,234 @@ def test_nothing_public_reaches_flower_and_the_api_is_open():
         assert admitted(workload, 8000) == set()
     api_port = one("Deployment", "gateway-api")["spec"]["template"]["spec"]["containers"][0]["ports"][0]
     assert admitted("gateway-api", api_port["containerPort"]) == {"anyone"}
+
+
+def egress(source: str) -> set[tuple[str, str, int]]:
+    """Where the NetworkPolicies let ``source`` (a workload) connect: (destination, protocol,
+    port), the destination a workload name, "dns" (kube-dns in kube-system), an ipBlock
+    ("cidr except a,b"), or "anywhere" (a rule without destinations or ports)."""
+    labels = _workloads()[source]
+    policies = [p for p in of_kind("NetworkPolicy")
+                if "Egress" in p["spec"].get("policyTypes", [])
+                and _matches(p["spec"]["podSelector"], labels)]
+    assert policies, f"no egress NetworkPolicy selects {source}: it may connect anywhere"
+    out: set[tuple[str, str, int]] = set()
+    for policy in policies:
+        for rule in policy["spec"].get("egress", []):
+            ports = [(p.get("protocol", "TCP"), p["port"]) for p in rule.get("ports", [])]
+            assert ports, f"{policy['metadata']['name']}: an egress rule without ports allows every port"
+            peers = rule.get("to")
+            assert peers, f"{policy['metadata']['name']}: an egress rule without `to` allows anywhere"
+            for peer in peers:
+                if "ipBlock" in peer:
+                    block = peer["ipBlock"]
+                    dests = {f"{block['cidr']} except {','.join(sorted(block.get('except', [])))}"}
+                elif "namespaceSelector" in peer:
+                    ns = peer["namespaceSelector"].get("matchLabels", {})
+                    pods = peer.get("podSelector", {}).get("matchLabels", {})
+                    assert ns == {"kubernetes.io/metadata.name": "kube-system"} and \
+                        pods == {"k8s-app": "kube-dns"}, peer
+                    dests = {"dns"}
+                else:
+                    dests = {n for n, lb in _workloads().items() if _matches(peer["podSelector"], lb)}
+                    assert dests, f"{policy['metadata']['name']}: {peer} selects no pod"
+                out |= {(d, proto, port) for d in dests for proto, port in ports}
+    return out
+
+
+DNS = {("dns", "UDP", 53), ("dns", "TCP", 53)}
+PRIVATE_V4 = {"10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+              "192.168.0.0/16"}
+
+
+def test_egress_workers_reach_redis_dns_and_the_upstream_the_rest_redis_and_dns_only():
+    redis_port = one("Service", "redis")["spec"]["ports"][0]["port"]
+    to_redis = {("redis", "TCP", redis_port)}
+    upstream = {(f"0.0.0.0/0 except {','.join(sorted(PRIVATE_V4))}", "TCP", 443)}
+    for tier in Settings().tiers:
+        assert egress(f"gateway-worker-{tier.name}") == to_redis | DNS | upstream
+    for name in ("gateway-api", "gateway-beat", "flower"):
+        assert egress(name) == to_redis | DNS, name
+    assert egress("redis") == set()                  # selected by the default deny, allowed nothing
+    # the upstream rule's placeholder keeps the cluster, the nodes and the metadata endpoint out
+    [block] = [p for p in of_kind("NetworkPolicy") if p["metadata"]["name"] == "workers-to-upstream"]
+    assert "169.254.0.0/16" in block["spec"]["egress"][0]["to"][0]["ipBlock"]["except"]
+
+
+def test_only_gateway_pods_reach_redis_and_flower_only_from_its_namespace():
+    # Flower: only pods of this namespace (a podSelector alone) labelled as its clients
+    flower = [p for p in of_kind("NetworkPolicy")
+              if _matches(p["spec"]["podSelector"], _workloads()["flower"]) and p["spec"].get("ingress")]
+    assert flower
+    for policy in flower:
+        for rule in policy["spec"]["ingress"]:
+            assert rule.get("from"), "a rule without sources admits everyone"
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"}, peer
+    for target, port in (("redis", 6379), ("flower", 5555)):
+        assert "anyone" not in admitted(target, port)
+
+
+# -- security: pods and containers --------------------------------------------------------
+def _pods() -> Iterator[tuple[str, dict[str, Any]]]:
+    for kind in WORKLOADS:
+        for w in of_kind(kind):
+            yield w["metadata"]["name"], w["spec"]["template"]["spec"]
+
+
+def test_every_pod_has_runtime_default_seccomp_and_no_service_account_token():
+    accounts = {a["metadata"]["name"]: a for a in of_kind("ServiceAccount")}
+    names = []
+    for name, pod in _pods():
+        names.append(name)
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert pod["automountServiceAccountToken"] is False, name
+        account = accounts[pod["serviceAccountName"]]             # a dedicated one, not `default`
+        assert account["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert "redis" in names and len(names) == 7
+    assert not of_kind("RoleBinding") and not of_kind("ClusterRoleBinding")
+
+
+def test_every_container_is_locked_down_and_writes_only_to_volumes():
+    checked = 0
+    for name, pod in _pods():
+        volumes = {v["name"] for v in pod.get("volumes", [])}
+        workload = next(w for k in WORKLOADS for w in of_kind(k) if w["metadata"]["name"] == name)
+        volumes |= {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            ctx = c["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert ctx["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, (name, c["name"])
+            assert not ctx.get("privileged"), (name, c["name"])
+            assert ctx.get("runAsNonRoot", pod["securityContext"].get("runAsNonRoot")) is True
+            for mount in c.get("volumeMounts", []):
+                assert mount["name"] in volumes, (name, mount)
+            checked += 1
+    assert checked == 7
+    # Redis writes its AOF and RDB files to its persistent volume
+    [redis_c] = one("StatefulSet", "redis")["spec"]["template"]["spec"]["containers"]
+    data = {m["mountPath"]: m for m in redis_c["volumeMounts"]}["/data"]
+    assert not data.get("readOnly")
+
+
+# -- security: secrets ----------------------------------------------------------------------
+def secret_refs(workload: dict[str, Any]) -> set[tuple[str, str | None]]:
+    """Every (Secret, key) a workload's pods can read (key None: all of it): env, envFrom,
+    secret and projected volumes, of every container."""
+    pod = workload["spec"]["template"]["spec"]
+    refs: set[tuple[str, str | None]] = set()
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.add((ref["name"], ref["key"]))
+        for source in c.get("envFrom", []):
+            if "secretRef" in source:
+                refs.add((source["secretRef"]["name"], None))
+    for v in pod.get("volumes", []):
+        if "secret" in v:
+            refs.add((v["secret"]["secretName"], None))
+        for source in v.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                refs.add((source["secret"]["name"], None))
+    return refs
+
+
+def test_every_referenced_secret_exists_with_its_keys():
+    seen = set()
+    for kind in WORKLOADS:
+        for w in of_kind(kind):
+            for name, key in secret_refs(w):
+                data = secret_data(name)              # one("Secret", name) exists
+                assert key is None or key in data, (w["metadata"]["name"], name, key)
+                seen.add(name)
+    assert seen == {s["metadata"]["name"] for s in of_kind("Secret")}     # and none is unused
+
+
+def test_the_upstream_key_reaches_the_workers_only():
+    readers: dict[str, set[str]] = {}
+    for kind in WORKLOADS:
+        for w in of_kind(kind):
+            for name, _ in secret_refs(w):
+                readers.setdefault(name, set()).add(w["metadata"]["name"])
+    workers = {f"gateway-worker-{t.name}" for t in Settings().tiers}
+    assert readers[UPSTREAM_SECRET] == workers
+    assert readers["gateway-api"] == {"gateway-api"}
+    assert readers["gateway-flower"] == {"flower"}
+    assert readers["gateway-redis"] == workers | {"gateway-api", "gateway-beat", "flower", "redis"}
+    # the key's value is in no other Secret and no ConfigMap
+    upstream = set(secret_data(UPSTREAM_SECRET).values())
+    for s in of_kind("Secret"):
+        if s["metadata"]["name"] != UPSTREAM_SECRET:
+            assert not upstream & set(secret_data(s["metadata"]["name"]).values())
+    for cm in of_kind("ConfigMap"):
+        assert not any(u in v for u in upstream for v in cm["data"].values())
+
+
+# -- security: Redis memory -----------------------------------------------------------------
+def redis_bytes(value: str) -> int:
+    """A redis.conf memory amount: 1k = 1000, 1kb = 1024, ... (case-insensitive)."""
+    units = {"": 1, "k": 10**3, "kb": 2**10, "m": 10**6, "mb": 2**20, "g": 10**9, "gb": 2**30}
+    m = re.fullmatch(r"(\d+)([a-z]*)", value.lower())
+    assert m and m.group(2) in units, value
+    return int(m.group(1)) * units[m.group(2)]
+
+
+def quantity_bytes(value: str) -> int:
+    """A Kubernetes memory quantity (Mi, Gi, M, G, ...) in bytes."""
+    units = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    m = re.fullmatch(r"(\d+)([A-Za-z]*)", str(value))
+    assert m and m.group(2) in units, value
+    return int(m.group(1)) * units[m.group(2)]
+
+
+MAXMEMORY_SHARE = 0.75   # of the container limit: the rest for fork copy-on-write, buffers, fragmentation
+
+
+def test_redis_maxmemory_sits_under_its_container_limit_with_head_room(cm_settings):
+    from gateway_tasks.producer.memory_guard import MIB, refuse_at_bytes
+
+    c = _redis_container()
+    args = c["args"]
+    maxmemory = redis_bytes(arg_after(args, "--maxmemory"))
+    limit = quantity_bytes(c["resources"]["limits"]["memory"])
+    assert 0 < maxmemory <= MAXMEMORY_SHARE * limit, (maxmemory, limit)
+    assert quantity_bytes(c["resources"]["requests"]["memory"]) <= limit
+    assert arg_after(args, "--maxmemory-policy") == "noeviction"
+    assert arg_after(args, "--appendonly") == "yes"
+    # the gateway's guard refuses submits below maxmemory (it is on: a maxmemory is set)
+    refuse_at = refuse_at_bytes(maxmemory, cm_settings.redis_memory_refuse_ratio,
+                                int(cm_settings.redis_memory_reserve_mib * MIB))
+    assert refuse_at is not None and refuse_at < maxmemory
+    assert (maxmemory, limit, int(refuse_at) // MIB) == (1536 * MIB, 2048 * MIB, 1382)  # as redis.yaml says
+
+
+# -- security: images -----------------------------------------------------------------------
+def _images(docs: list[dict[str, Any]]) -> list[str]:
+    return [c["image"] for d in docs if d["kind"] in WORKLOADS
+            for c in d["spec"]["template"]["spec"].get("initContainers", [])
+            + d["spec"]["template"]["spec"]["containers"]]
+
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def test_every_image_is_pinned_by_digest_or_through_the_kustomize_images_list():
+    base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    listed = {i["name"] for i in base.get("images", [])}
+    images = _images([d for _, d in DOCS])
+    assert images
+    for image in images:
+        assert DIGEST.search(image) or _image_name(image) in listed, image
+    assert any(DIGEST.search(i) and _image_name(i) == "redis" for i in images)
+    # the list applies in both variants (they include base/), and renders what kubectl would
+    for variant, directory in VARIANTS.items():
+        rendered = _images(_kustomize(directory))
+        assert len(rendered) == len(images), variant
+        for image in rendered:
+            assert DIGEST.search(image) or _image_name(image) in listed
+    rule = {"name": "gateway-tasks", "newName": "registry.example.com/gateway-tasks",
+            "digest": "sha256:" + "0" * 64}
+    assert _new_image("gateway-tasks:0.1.0", rule) == f"registry.example.com/gateway-tasks:0.1.0@{rule['digest']}"

@@ -15,11 +15,14 @@ import uuid
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
 from gateway_tasks.devtools.redis_cluster import EmbeddedRedisCluster
 from gateway_tasks.devtools.redis_server import (bundled_redis_server, delete_prefix, redis_or_embedded,
                                                  redis_reachable)
 from gateway_tasks.core.settings import Settings, load_settings
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.rest.app import create_app
 
 LOCAL_URL = "redis://127.0.0.1:6379/0"
 
@@ -62,6 +65,41 @@ def r(redis_url, key_prefix):
 @pytest.fixture
 def settings(redis_url, key_prefix) -> Settings:
     return load_settings(env={}, redis_url=redis_url, key_prefix=key_prefix)
+
+
+@pytest.fixture
+def make_gateway(settings, r):
+    """Build Gateways for a test: ``make_gateway(tenants=[("acme", "vip")], settings=...,
+    client=...)`` registers the tenants; the test's settings and its ``r`` client unless
+    given (``client=None``: the Gateway opens its own).  Each is closed at teardown."""
+    made: list[tuple[Gateway, bool]] = []
+
+    def make(tenants=(), *, settings: Settings | None = None, client=r) -> Gateway:
+        gw = Gateway(settings or _settings, client=client)
+        made.append((gw, client is None))
+        for tenant, tier in tenants:
+            gw.register_tenant(tenant, tier)
+        return gw
+
+    _settings = settings
+    yield make
+    for gw, own_client in made:
+        gw.app.close()
+        if own_client:
+            gw.r.close()
+
+
+@pytest.fixture
+def gateway(make_gateway) -> Gateway:
+    """A Gateway on the test's settings, with its own Redis client and no tenants."""
+    return make_gateway(client=None)
+
+
+@pytest.fixture
+def client(gateway):
+    """The REST API of ``gateway``, in process."""
+    with TestClient(create_app(gateway)) as c:
+        yield c
 
 
 def pytest_collection_modifyitems(items):

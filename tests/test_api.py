@@ -33,20 +33,6 @@ ADMIN_KEY = "admin-" + "x" * 26
 
 
 @pytest.fixture
-def gateway(r, settings):
-    gw = Gateway(settings)
-    yield gw
-    gw.app.close()
-    gw.r.close()
-
-
-@pytest.fixture
-def client(gateway):
-    with TestClient(create_app(gateway)) as c:
-        yield c
-
-
-@pytest.fixture
 def vip_key(gateway):
     return gateway.register_tenant("acme", "vip")
 

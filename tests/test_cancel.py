@@ -35,12 +35,8 @@ from gateway_tasks.rest.results import wait_for_meta
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(settings, client=r)
-    g.register_tenant("acme", "vip")
-    g.register_tenant("other", "vip")
-    yield g
-    g.app.close()
+def gw(make_gateway):
+    return make_gateway([("acme", "vip"), ("other", "vip")])
 
 
 def queued(gw: Gateway) -> list[dict]:

@@ -17,11 +17,8 @@ def test_urgent_from(enq, deadline_s, boost_s, expected):
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(settings, client=r)
-    g.register_tenant("acme", "vip")
-    yield g
-    g.app.close()
+def gw(make_gateway):
+    return make_gateway([("acme", "vip")])
 
 
 def lines(gw: Gateway) -> list[tuple[int, str]]:

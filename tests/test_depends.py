@@ -22,12 +22,8 @@ from gateway_tasks.core.clock import redis_now_ms
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(settings, client=r)
-    g.register_tenant("bulk", "batch")
-    g.register_tenant("acme", "vip")
-    yield g
-    g.app.close()
+def gw(make_gateway):
+    return make_gateway([("bulk", "batch"), ("acme", "vip")])
 
 
 def queued_ids(gw: Gateway, tier: str) -> list[str]:

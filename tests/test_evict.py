@@ -28,12 +28,9 @@ def small_pool(settings, capacity=CAPACITY, **changes):
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(small_pool(settings), client=r)
-    for tenant, tier in (("b1", "batch"), ("b2", "batch"), ("n1", "normal"), ("v1", "vip"), ("v2", "vip")):
-        g.register_tenant(tenant, tier)
-    yield g
-    g.app.close()
+def gw(make_gateway, settings):
+    return make_gateway([("b1", "batch"), ("b2", "batch"), ("n1", "normal"), ("v1", "vip"), ("v2", "vip")],
+                        settings=small_pool(settings))
 
 
 def ids(gw: Gateway, tier: str) -> list[str]:

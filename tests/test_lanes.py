@@ -24,7 +24,6 @@ from gateway_tasks.core.lanes import (INTERACTIVE, SCHEDULED, active_score, lane
                                       start_tag)
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings
-from gateway_tasks.producer.gateway import Gateway
 from workers.release import REQUEUE, ReleaseCall
 from workers.router import PickPlan, Picked, pick_now
 
@@ -349,11 +348,8 @@ def test_a_task_moved_to_a_backup_pool_keeps_its_lane(r, settings):
 # -- the producer ----------------------------------------------------------------------
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(lane_settings(settings), client=r)
-    g.register_tenant("acme", "vip")
-    yield g
-    g.app.close()
+def gw(make_gateway, settings):
+    return make_gateway([("acme", "vip")], settings=lane_settings(settings))
 
 
 def test_a_cron_submit_is_scheduled_and_an_api_one_interactive(gw):

@@ -169,13 +169,8 @@ def test_one_tenants_bulk_queue_behind_its_own_cap_is_not_overload(r, fast):
 
 
 @pytest.fixture
-def gw(r, settings):
-    g = Gateway(settings, client=r)
-    g.register_tenant("acme", "vip")
-    g.register_tenant("pro1", "normal")
-    g.register_tenant("free1", "batch")
-    yield g
-    g.app.close()
+def gw(make_gateway):
+    return make_gateway([("acme", "vip"), ("pro1", "normal"), ("free1", "batch")])
 
 
 def test_each_level_at_submit(r, gw):

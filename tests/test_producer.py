@@ -24,11 +24,8 @@ from gateway_tasks.core.tokens import count_prompt_tokens
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(settings)
-    g.register_tenant("acme", "vip")
-    g.register_tenant("freebie", "free")   # alias of batch
-    return g
+def gw(make_gateway):
+    return make_gateway([("acme", "vip"), ("freebie", "free")], client=None)   # free: alias of batch
 
 
 def queued(gw: Gateway, tier: str) -> list[dict]:

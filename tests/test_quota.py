@@ -23,13 +23,8 @@ from gateway_tasks.rest.app import create_app
 
 
 @pytest.fixture
-def gw(settings, r):
-    g = Gateway(settings, client=r)
-    g.register_tenant("free1", "free")
-    g.register_tenant("pro1", "pro")
-    g.register_tenant("ent1", "enterprise")
-    yield g
-    g.app.close()
+def gw(make_gateway):
+    return make_gateway([("free1", "free"), ("pro1", "pro"), ("ent1", "enterprise")])
 
 
 def queued(gw: Gateway, tier: str) -> int:

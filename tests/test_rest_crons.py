@@ -11,21 +11,12 @@ import httpx
 import pytest
 
 from gateway_tasks.devtools.api_thread import ApiThread
-from gateway_tasks.producer.gateway import Gateway
 
 from beat.jitter import jitter_offset_s
 from beat.store import CronStore
 
 BODY = {"task_id": "digest", "cron": "0 * * * *", "messages": "Summarise the news",
         "max_tokens": 64}
-
-
-@pytest.fixture
-def gateway(r, settings):
-    gw = Gateway(settings)
-    yield gw
-    gw.app.close()
-    gw.r.close()
 
 
 @pytest.fixture

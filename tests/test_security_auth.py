@@ -31,19 +31,11 @@ def auth(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def gateway(r, settings):
+def gateway(make_gateway, settings):
     pool = Pool("default", base_url="http://127.0.0.1:9/v1", api_key=UPSTREAM_KEY,
                 models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
-    gw = Gateway(settings.with_(admin_key=ADMIN_KEY, api_key_secret=SECRET, pools=(pool,)))
-    yield gw
-    gw.app.close()
-    gw.r.close()
-
-
-@pytest.fixture
-def client(gateway):
-    with TestClient(create_app(gateway)) as c:
-        yield c
+    return make_gateway(settings=settings.with_(admin_key=ADMIN_KEY, api_key_secret=SECRET, pools=(pool,)),
+                        client=None)
 
 
 def all_stored_bytes(r, prefix: str) -> bytes:

@@ -4,6 +4,8 @@
     workers                          ->  core
     beat                             ->  producer, core
     devtools                         ->  anything; nothing in the runtime imports it
+
+kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapter only.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ def test_every_import_points_down_the_layers():
             if theirs not in ALLOWED[mine]:
                 wrong.append(f"{mod} ({mine}) imports {target} ({theirs})")
     assert not wrong, "\n".join(wrong)
+
+
+# kombu's private transport API is reached through one module (the contract: tests/test_kombu_contract.py)
+KOMBU_INTERNALS = "kombu.transport"
+KOMBU_ADAPTER = "gateway_tasks.core.kombu_adapter"
+
+
+def test_only_the_kombu_adapter_imports_kombus_transport_internals():
+    wrong = [f"{module_name(path)} imports {target}" for path in runtime_files()
+             for target, _ in imports_of(path)
+             if (target == KOMBU_INTERNALS or target.startswith(KOMBU_INTERNALS + "."))
+             and module_name(path) != KOMBU_ADAPTER]
+    assert not wrong, "\n".join(wrong) + f" (use {KOMBU_ADAPTER})"
 
 
 def test_no_import_cycles_at_module_level():

@@ -11,8 +11,9 @@ Consumers do not BRPOP: a channel whose active queues are all gateway queues
         for as long as pick.lua said the buckets need, or until work arrives.
 
 Both are single non-blocking-to-the-worker socket commands, so they plug into
-kombu's event loop exactly where BRPOP did.  Channels that also consume other
-queues fall back to plain BRPOP.
+kombu's event loop exactly where BRPOP did: the poll_start / poll_read hooks of
+``gateway_tasks.core.kombu_adapter``, the one module that touches kombu's private
+API.  Channels that also consume other queues fall back to plain BRPOP.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import uuid
 from typing import Any
 
 import redis
-from kombu.transport import redis as kredis
-from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
-from gateway_tasks.core import broker
+from gateway_tasks.core import broker, kombu_adapter
+from gateway_tasks.core.kombu_adapter import Empty
 from gateway_tasks.core.fair_merge import FairMerge
 from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
@@ -61,7 +61,7 @@ def bell_timeout(wait_s: float) -> str:
     return f"{(ms + 0.5) / 1000.0:.4f}"
 
 
-class QoS(kredis.QoS):
+class QoS(kombu_adapter.QoS):
     """kombu's ack emulation for gateway queues: pick.lua already recorded the task as
     dispatched; ack, reject and every restore run lua/release.lua (exactly once).
     Messages of other queues keep kombu's own bookkeeping."""
@@ -95,13 +95,13 @@ class QoS(kredis.QoS):
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag in self.channel._gt_picked:
-            virtual.QoS.append(self, message, delivery_tag)  # Redis side done by pick.lua
+            self.record_delivery(message, delivery_tag)  # Redis side done by pick.lua
         else:
             super().append(message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
         if self._gt_release(delivery_tag, ACK):
-            virtual.QoS.ack(self, delivery_tag)
+            self.forget_delivery(delivery_tag)
             kill_point(AFTER_ACK)
         else:
             super().ack(delivery_tag)
@@ -109,7 +109,7 @@ class QoS(kredis.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         # requeue: back to the front of its tenant's line, keeping its enqueue time
         if self._gt_release(delivery_tag, REQUEUE if requeue else ACK):
-            virtual.QoS.ack(self, delivery_tag)
+            self.forget_delivery(delivery_tag)
         else:
             super().reject(delivery_tag, requeue=requeue)
 
@@ -125,21 +125,23 @@ class QoS(kredis.QoS):
         them twice.  Other messages: kombu's restore (which cannot run once the connection
         is gone -- then the visibility timeout restores them)."""
         picked = self.channel._gt_picked
-        for tag in [t for t in self._delivered if bytes_to_str(t) in picked]:
-            self._delivered.pop(tag, None)
-        if not self._delivered:
+        for tag in self.delivered_tags():
+            if bytes_to_str(tag) in picked:
+                self.drop_delivered(tag)
+        others = self.delivered_tags()
+        if not others:
             return
         try:
             super().restore_unacked(client)
         except (AttributeError, redis.RedisError, OSError) as exc:
             logger.warning("could not restore %d unacked non-gateway message(s) at close (%s); "
-                           "the visibility timeout will", len(self._delivered), exc)
+                           "the visibility timeout will", len(others), exc)
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
         """kombu's visibility-timeout restore, plus a sweep of expired gateway leases
         (the lease keeper sweeps too; this is the event loop's fallback)."""
         super().restore_visible(start, num, interval)
-        if (self._vrestore_count - 1) % (interval or 1):
+        if not self.restore_scanned(interval):
             return
         channel = self.channel
         sweep_expired(channel._gt_raw, channel._gt_scripts, channel._gt_keys, channel._gt_settings, num)
@@ -231,14 +233,12 @@ class Channel(broker.Channel):
                 logger.warning("pool %s: carried %d fair-queuing field(s) over from the hash they lived "
                                "in before 2026-12-05", pool.name, merged)
 
-    def _brpop_start(self, timeout: float | None = None) -> None:
+    def poll_start(self, timeout: float | None = None) -> None:
         plan = self._gt_plan_now()
         if plan is None:
             self._gt_mode = BRPOP
-            return super()._brpop_start(timeout)
-        conn = self.client.connection
-        self._in_poll = conn
-        self._brpop_sent_at = kredis.monotonic()
+            return super().poll_start(timeout)
+        conn = self.poll_begin()
         # its free slots now, of them how many may take work outside the reserve; a slot of its
         # own freed since it began waiting for one: pick (workers.poll_step)
         free = self.qos.can_consume_max_estimate() or 1
@@ -269,29 +269,24 @@ class Channel(broker.Channel):
                           plan.serves_reserved)
         return general_picks(free, kept)
 
-    def _brpop_read(self, **options: Any) -> bool:
+    def poll_read(self, **options: Any) -> bool:
         if self._gt_mode == BRPOP:
-            return super()._brpop_read(**options)
-        conn = self.client.connection
+            return super().poll_read(**options)
         mode = self._gt_mode
-        try:
+        with self.poll_read_done():
             try:
-                reply = redis.Redis.parse_response(self.client, conn,
-                                                   "EVALSHA" if mode == PICK else "BLPOP", **options)
+                reply = self.read_poll_reply("EVALSHA" if mode == PICK else "BLPOP", **options)
             except redis.exceptions.NoScriptError:
                 self._gt_scripts.lost()  # the server lost its scripts (restart): load on the next poll
-                raise virtual.Empty() from None
-            except self.connection_errors:
-                conn.disconnect()
-                raise
+                raise Empty() from None
             except redis.exceptions.ResponseError as exc:
                 if mode != PICK or not is_out_of_memory(exc):
                     raise
                 self._gt_full(exc)   # Redis at its maxmemory refused the pick: wait, pick again
-                raise virtual.Empty() from None
+                raise Empty() from None
             if mode == WAIT:
                 self._gt_mode = PICK
-                raise virtual.Empty()
+                raise Empty()
             self._gt_refused = 0
             plan = self._gt_plan
             result = self._gt_batch.parse(reply)
@@ -305,10 +300,10 @@ class Channel(broker.Channel):
                     self._gt_hold(picked)
                     kill_point(AFTER_PICK)
                     self._gt_tally.dispatched(picked)
-                    self.connection._deliver(picked.payload, picked.queue)
+                    self.deliver_message(picked.payload, picked.queue)
                     delivered += 1
                 if not delivered:
-                    raise virtual.Empty()        # all dead-lettered: pick again at once
+                    raise Empty()                # all dead-lettered: pick again at once
                 # the call took fewer than it was asked for: its other slots wait (a pick now
                 # would find what the call just found missing) -- unless only kept slots are
                 # left: then the next pick, sent with its slot-limited mark set (releases ring its
@@ -321,9 +316,7 @@ class Channel(broker.Channel):
                     self._gt_wait(rest_ms)
                 return True
             self._gt_wait(result.wait_ms)
-            raise virtual.Empty()
-        finally:
-            self._in_poll = None
+            raise Empty()
 
     def _gt_wait(self, wait_ms: int) -> None:
         """Wait on the bells next, for ``wait_ms`` (-1: MAX_WAIT_S, until a bell rings)."""
@@ -342,13 +335,13 @@ class Channel(broker.Channel):
         self._gt_mode = WAIT
         self._gt_wait_s = FULL_PAUSE_S
 
-    def _get(self, queue: str) -> Any:
+    def get_message(self, queue: str) -> Any:
         """basic_get: one pick restricted to this queue (used by tools, not the worker loop)."""
         if not broker.is_gateway_queue(queue):
-            return super()._get(queue)
+            return super().get_message(queue)
         result = pick_now(self._gt_scripts, PickPlan(self._gt_settings, [queue]))
         if not isinstance(result, Picked) or not self._gt_runnable(result):
-            raise virtual.Empty()
+            raise Empty()
         self._gt_hold(result)
         self._gt_tally.dispatched(result)
         return result.payload

@@ -19,7 +19,6 @@ from typing import Any
 
 import redis
 from kombu.exceptions import InconsistencyError
-from kombu.transport import redis as kredis
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.deadline import DeadlineCall, urgent_from_ms
@@ -32,6 +31,7 @@ from gateway_tasks.core.request import (HEADER_DEADLINE_S, HEADER_EST_TOKENS, HE
                                          HEADER_TENANT_WEIGHT)
 from gateway_tasks.core.tenants import TENANT_ID_RE
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
+from gateway_tasks.core import kombu_adapter
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
 from gateway_tasks.core.packer import connection_kwargs
@@ -51,7 +51,7 @@ def is_gateway_queue(name: str) -> bool:
     return split_queue_name(name) is not None
 
 
-class Channel(kredis.Channel):
+class Channel(kombu_adapter.Channel):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._gt_settings = channel_settings(self.connection.client.transport_options)
@@ -61,9 +61,9 @@ class Channel(kredis.Channel):
                 f"broker global_keyprefix {self.global_keyprefix!r} must equal the gateway "
                 f"key_prefix {self._gt_settings.key_prefix!r} (use gateway_tasks.core.celery_app.make_app)")
 
-    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+    def connection_params(self, asynchronous: bool = False) -> dict[str, Any]:
         """kombu's connection parameters, with the gateway's command packer (core/packer.py)."""
-        params = super()._connparams(asynchronous)
+        params = super().connection_params(asynchronous)
         params.update(connection_kwargs())
         return params
 
@@ -80,11 +80,11 @@ class Channel(kredis.Channel):
     def _gt_scripts(self) -> Scripts:
         return scripts_for(self._gt_raw)
 
-    def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
+    def put_message(self, queue: str, message: dict, **kwargs: Any) -> None:
         headers = message.get("headers") or {}
         parts = split_queue_name(queue)
         if parts is None:
-            return super()._put(queue, message, **kwargs)
+            return super().put_message(queue, message, **kwargs)
         if HEADER_EST_TOKENS not in headers:
             # it would sit in a list no dispatcher reads: refuse it, loudly
             raise InvalidRequest(f"a message for gateway queue {queue} needs the header "
@@ -128,16 +128,16 @@ class Channel(kredis.Channel):
     def _gt_pool_capacity(self, pool: str) -> int:
         return next((p.queue_capacity for p in self._gt_settings.pools if p.name == pool), 0)
 
-    def _size(self, queue: str) -> int:
+    def queue_size(self, queue: str) -> int:
         parts = split_queue_name(queue)
         if parts is None:
-            return super()._size(queue)
+            return super().queue_size(queue)
         return int(self._gt_raw.zcard(self._gt_keys.index(parts[1], parts[0])))
 
-    def _purge(self, queue: str) -> int:
+    def purge_queue(self, queue: str) -> int:
         parts = split_queue_name(queue)
         if parts is None:
-            return super()._purge(queue)
+            return super().purge_queue(queue)
         return purge_tier(self._gt_raw, self._gt_keys, parts[1], parts[0])
 
 
@@ -178,7 +178,7 @@ def _weight(value: Any) -> float:
     return float(value)
 
 
-class Transport(kredis.Transport):
+class Transport(kombu_adapter.Transport):
     Channel = Channel
     driver_name = "gateway-redis"
 

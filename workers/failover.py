@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import openai
 import redis
 
+from gateway_tasks.core.errors import UpstreamRejected
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for, text
 from gateway_tasks.core.settings import Pool, Settings
@@ -108,7 +109,7 @@ def fail_over(client: redis.Redis, keys: Keys, settings: Settings, primary: Pool
             circuit.failure()
             notes.append(f"{backup.name}: {type(exc).__name__}")
             continue
-        except openai.APIStatusError:
+        except (UpstreamRejected, openai.APIStatusError):   # the caller's error, or a refusal: no other backup
             bucket.settle(est_tokens=est, actual_tokens=0, tier=tier, tenant_id=tenant_id, model=used_model,
                           completion_tokens=0, learn=False, reached_upstream=False)
             raise

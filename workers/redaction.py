@@ -11,7 +11,9 @@ it belongs -- the result backend, read by its owner through the API -- while:
   ``inspect active / reserved / query_task`` with the arguments' summary only;
 * ``HideTaskResults``, a logging filter on Celery's trace logger (installed by
   ``install_log_filter``, which ``workers.app`` calls), writes ``RESULT_HIDDEN``
-  in place of the return value of a gateway task.
+  in place of the return value of a gateway task, and drops Celery's line of a
+  gateway task's expected failure (its ``throws``: the task logs its own line,
+  without the error's message -- an upstream's refusal may quote the request).
 
 Arguments are already summarised (``InferenceRequest.argsrepr``: never the prompt).
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.app.trace import log_policy_expected
 from celery.worker.request import Request
 
 RESULT_HIDDEN = "<hidden: the result is the tenant's data; read it by task id>"
@@ -43,12 +46,16 @@ class ResultHidingRequest(Request):
 
 
 class HideTaskResults(logging.Filter):
-    """Replaces the ``return_value`` of a gateway task in Celery's success log line."""
+    """Replaces the ``return_value`` of a gateway task in Celery's success log line; drops
+    its line of a gateway task's expected failure."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if isinstance(args, dict) and "return_value" in args \
-                and str(args.get("name", "")).startswith(TASK_PREFIX):
+        if not isinstance(args, dict) or not str(args.get("name", "")).startswith(TASK_PREFIX):
+            return True
+        if args.get("description") == log_policy_expected.description:
+            return False
+        if "return_value" in args:
             record.args = {**args, "return_value": RESULT_HIDDEN}
         return True
 

@@ -33,7 +33,7 @@ def chat_streamed(r: redis.Redis, keys: Keys, req: InferenceRequest, pool: Pool,
         raise UpstreamError(message)
     try:
         reply = chat_stream(pool, req.model, req.messages, req.max_tokens, req.extra_body,
-                            writer.chunk, req.prompt_tokens)
+                            writer.chunk, req.prompt_tokens, task_id)
     except StreamBroken as exc:
         writer.error("UpstreamError", str(exc))
         raise UpstreamError(str(exc)) from None

@@ -4,7 +4,9 @@ It calls the upstream once, settles the bucket to the real usage, follows the
 upstream's rate-limit headers, and on failure either requeues the message at
 the front of its queue (429: the pool is drained until Retry-After; other
 transient errors: while the tier's retry budget lasts) or fails with a clear
-error.  The result is JSON: the upstream response plus timing and tokens.
+error.  A 4xx that is the caller's error (UpstreamRejected) fails at once: no
+retry, no failover, nothing told to the circuit; its tokens are given back.
+The result is JSON: the upstream response plus timing and tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from celery.exceptions import Ignore, Reject
 
 from workers.bucket import PoolBucket, retry_after_ms
 from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, InvalidRequest, RetryBudgetExceeded,
-                                       TaskCancelled, UpstreamError)
+                                       TaskCancelled, UpstreamError, UpstreamRejected)
 from gateway_tasks.core import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS,
@@ -176,15 +178,20 @@ def effective_deadline_s(deadline_s: float | None, queue_ttl_s: float) -> tuple[
     return (deadline_s or None), DEADLINE
 
 
+# throws: Celery logs these failures as expected (no traceback); the task logs its own line
 @shared_task(bind=True, name="gateway.infer", acks_late=True, reject_on_worker_lost=True,
-             Request=RESULT_HIDING_REQUEST, **{STARTED_WITH_FIRST_TRIP: True})
+             Request=RESULT_HIDING_REQUEST, throws=(UpstreamRejected,), **{STARTED_WITH_FIRST_TRIP: True})
 def infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
     """One inference; when it ends (not requeued), the tasks held on it are released."""
     try:
         result = _infer(self, body)
     except (Reject, Ignore):   # requeued, or another dispatch of it runs: not finished here
         raise
-    except Exception:
+    except Exception as exc:
+        if isinstance(exc, UpstreamRejected):   # the upstream's words stay out: they may quote the request
+            logger.warning("task %s of tenant %s: the upstream refused it with %d (type %s, code %s, "
+                           "param %s); not retried", self.request.id, body.get("tenant_id"), exc.status,
+                           exc.type, exc.code, exc.param)
         _finished(self, ok=False)
         raise
     _finished(self, ok=True)
@@ -342,6 +349,9 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
                 what = (f"this task's {tier.max_retries} retries (tier {req.tier!r}) are spent"
                         if refusal == TASK_RETRIES_SPENT else f"tier {req.tier!r}'s retry budget is spent")
                 raise RetryBudgetExceeded(f"upstream failed and {what}: {exc}", None, refusal) from None
+        except UpstreamRejected:   # the caller's error: says nothing of the upstream's health
+            refund()
+            raise
         except openai.APIStatusError as exc:
             refund()
             if not gate.clean:

@@ -2,7 +2,8 @@
 
 The SDK's own retries are off: retrying is the router's job (a 429 drains the
 pool's bucket and requeues at the front of the line; other failures spend the
-tier's retry budget)."""
+tier's retry budget).  A 4xx that is the caller's error (``refusal_of``) is
+raised as ``UpstreamRejected``, never retried."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import httpx
 import openai
 
 from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
-from gateway_tasks.core.errors import ConfigError, UpstreamError
+from gateway_tasks.core.errors import ConfigError, UpstreamError, UpstreamRejected
 from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
@@ -57,6 +58,46 @@ def processing_ms(headers: dict[str, str]) -> float | None:
     return value if 0 <= value < math.inf else None
 
 
+# 4xx statuses that are not the caller's error: 429 is the pool's rate limit (drain, requeue);
+# 401 and 403 refuse the pool's own credential, which the caller cannot fix (and whose
+# message may quote part of the key)
+NOT_THE_CALLERS = frozenset({401, 403, 429})
+UNKNOWN_ERROR_TYPE = "upstream_error"   # the type of a refusal whose body is not OpenAI's error
+MAX_UPSTREAM_MESSAGE_CHARS = 1000
+
+
+def refusal_of(exc: openai.APIStatusError) -> UpstreamRejected | None:
+    """The caller's error in an upstream's 4xx (None for a 5xx, 401, 403, 429), with the
+    upstream's status and OpenAI error object (``exc.body`` is the object under "error")."""
+    status = exc.status_code
+    if not 400 <= status < 500 or status in NOT_THE_CALLERS:
+        return None
+    body = exc.body if isinstance(exc.body, dict) else {}
+    text = lambda value: value if isinstance(value, str) else None  # noqa: E731
+    message = text(body.get("message")) or (exc.body if isinstance(exc.body, str) else "") or exc.message
+    message = message[:MAX_UPSTREAM_MESSAGE_CHARS]
+    code = body.get("code")
+    return UpstreamRejected(f"the upstream refused the request ({status}): {message}", None, "", status,
+                            message, text(body.get("type")) or UNKNOWN_ERROR_TYPE, text(body.get("param")),
+                            None if code is None else str(code))
+
+
+def _task_header(task_id: str) -> dict[str, str] | None:
+    return {UPSTREAM_TASK_ID_HEADER: task_id} if task_id else None
+
+
+def _create(pool: Pool, **params: Any) -> Any:
+    """The raw response of one chat.completions call; a 4xx that is the caller's error
+    raises UpstreamRejected, every other failure the SDK's own error."""
+    try:
+        return client_for(pool).chat.completions.with_raw_response.create(**params)
+    except openai.APIStatusError as exc:
+        refused = refusal_of(exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
 @dataclass(frozen=True)
 class UpstreamReply:
     body: dict[str, Any]
@@ -71,11 +112,11 @@ class UpstreamReply:
 
 def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
          extra_body: dict[str, Any] | None = None, task_id: str = "") -> UpstreamReply:
-    """One chat completion; raises openai.APIStatusError / APIConnectionError / APITimeoutError.
-    ``task_id`` travels as the ``X-Gateway-Task-Id`` header (every attempt of a task sends the same)."""
-    raw = client_for(pool).chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=max_tokens, extra_body=extra_body or None,
-        extra_headers={UPSTREAM_TASK_ID_HEADER: task_id} if task_id else None)
+    """One chat completion; raises UpstreamRejected (the caller's 4xx), openai.APIStatusError /
+    APIConnectionError / APITimeoutError.  ``task_id`` travels as the ``X-Gateway-Task-Id``
+    header (every attempt of a task sends the same)."""
+    raw = _create(pool, model=model, messages=messages, max_tokens=max_tokens,
+                  extra_body=extra_body or None, extra_headers=_task_header(task_id))
     completion = raw.parse()
     usage = completion.usage
     return UpstreamReply(body=completion.model_dump(mode="json"), headers=dict(raw.headers),
@@ -91,15 +132,16 @@ class StreamBroken(UpstreamError):
 
 def chat_stream(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
                 extra_body: dict[str, Any] | None, on_chunk: Callable[[dict[str, Any]], None],
-                prompt_tokens: int) -> UpstreamReply:
+                prompt_tokens: int, task_id: str = "") -> UpstreamReply:
     """One streamed chat completion: every chunk goes to ``on_chunk`` as it arrives; the
     reply is the whole completion assembled from them, its usage from the stream's final
     usage chunk (requested with ``stream_options.include_usage``; counted with tiktoken when
-    an upstream sends none).  Errors before the first chunk are the SDK's own (so 429s
-    requeue as usual); after it, StreamBroken."""
-    raw = client_for(pool).chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=max_tokens, stream=True,
-        stream_options={"include_usage": True}, extra_body=extra_body or None)
+    an upstream sends none).  Errors before the first chunk are those of ``chat`` (so 429s
+    requeue as usual); after it, StreamBroken.  ``task_id``: as ``chat``'s."""
+    raw = _create(
+        pool, model=model, messages=messages, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra_body or None,
+        extra_headers=_task_header(task_id))
     content: list[str] = []
     first: dict[str, Any] | None = None
     finish: str | None = None

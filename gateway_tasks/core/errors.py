@@ -19,7 +19,8 @@
     ├── DependencyFailed     a task it depends on (depends_on) did not succeed; it never ran
     ├── DeadLettered         a queued message no worker can run, taken off with its reason
     ├── UpstreamError        the upstream failed in a way retries could not hide
-    │   └── RetryBudgetExceeded  the task's attempts (by tier) are spent (retry_after_s)
+    │   ├── RetryBudgetExceeded  the task's attempts (by tier) are spent (retry_after_s)
+    │   └── UpstreamRejected     the upstream refused the request with a 4xx: the caller's error
     ├── RedisUnavailable     Redis is unreachable or refused the write: nothing was enqueued
     │   └── RedisFull        Redis is at its maxmemory (noeviction): submits are refused
     └── ApiError             an HTTP-level refusal with its status code (REST, simulator)
@@ -186,6 +187,32 @@ class UpstreamError(_Explained):
 class RetryBudgetExceeded(UpstreamError):
     """The task's attempts (the tier's ``max_attempts``, 429s included) or the tier's
     retry budget are spent; ``retry_after_s`` is the upstream's Retry-After when known."""
+
+
+class UpstreamRejected(UpstreamError):
+    """The upstream refused the request with a 4xx other than 429 (an unknown parameter, a
+    prompt past the model's context window, an unknown model): the caller's error, so it is
+    never retried, and it tells nothing of the upstream's health.  It carries the upstream's
+    ``status`` and its OpenAI error object (``upstream_message``, ``type``, ``param``,
+    ``code``, as the upstream sent them); ``message`` is the gateway's sentence around them.
+
+    All fields travel in ``args``, so the error survives the JSON result backend (Celery
+    rebuilds it as ``cls(*args)``)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None, reason: str = "",
+                 status: int = 400, upstream_message: str = "", type_: str = "",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message, retry_after_s, reason)
+        self.args = (message, retry_after_s, reason, status, upstream_message, type_, param, code)
+        self.status = int(status)
+        self.upstream_message, self.type, self.param, self.code = upstream_message, type_, param, code
+
+    def openai_error(self) -> dict[str, Any]:
+        """The upstream's error object: ``{"message", "type", "param", "code"}``."""
+        return {"message": self.upstream_message, "type": self.type, "param": self.param, "code": self.code}
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "status": self.status, "upstream": self.openai_error()}
 
 
 class ApiError(GatewayError):

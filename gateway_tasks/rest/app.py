@@ -5,7 +5,8 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
     DELETE /v1/tasks/{task_id}  cancel it: 200 queued (removed) / 202 running (revoked) / 409 finished
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
-    POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks)
+    POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks);
+                                the upstream's 4xx (not 429) with its status and OpenAI error object
     GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
@@ -162,6 +163,10 @@ def create_app(gateway: Gateway) -> FastAPI:
                                status_url=status_url, cancelled=True, was=done.was)
         if meta["status"] != states.SUCCESS:
             error = error_of(meta)
+            upstream = error.get("upstream")
+            if isinstance(upstream, dict):   # the upstream refused it: its status and error object
+                raise ApiError(int(error["status"]), upstream["type"], upstream["message"], headers,
+                               param=upstream["param"], code=upstream["code"])
             extra = {k: v for k, v in error.items() if k in ("reason", "retry_after_s")}
             if "retry_after_s" in error:
                 headers["Retry-After"] = retry_after_header(error["retry_after_s"])

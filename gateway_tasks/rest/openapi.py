@@ -5,7 +5,9 @@ parameters or a body; this API answers schema errors and malformed JSON with
 400 and its one error body (gateway_tasks.rest.errors).  ``install_openapi``
 replaces those with the responses each operation can give -- 400, 401 (every
 operation but the public ones), 404, 413 (bodies), 429 (submits), 503 (Redis
-unavailable), and 502/504 for the synchronous chat endpoint -- all with the
+unavailable), and for the synchronous chat endpoint 502/504 and the upstream's
+own 4xx it passes through (400, 404, 409, 413, 422: the OpenAI error object
+``{message, type, param, code}`` as the upstream sent it) -- all with the
 ``Error`` body, so a schema-driven client or fuzzer (tests/test_security_fuzz.py)
 can check every answer against it.
 """
@@ -27,8 +29,13 @@ ERROR_SCHEMA: dict[str, Any] = {
     "properties": {"error": {
         "type": "object",
         "required": ["type", "message"],
-        "properties": {"type": {"type": "string", "description": "the error class, e.g. ValidationError"},
-                       "message": {"type": "string"}},
+        "properties": {"type": {"type": "string", "description": "the error class, e.g. ValidationError; "
+                                "in an upstream's refusal its OpenAI type, e.g. invalid_request_error"},
+                       "message": {"type": "string"},
+                       "param": {"type": ["string", "null"],
+                                 "description": "an upstream's refusal: the parameter it names"},
+                       "code": {"type": ["string", "null"],
+                                "description": "an upstream's refusal: its code, e.g. context_length_exceeded"}},
         "additionalProperties": True}},
 }
 BODY_METHODS = ("post", "put", "patch")
@@ -36,17 +43,27 @@ _DESCRIPTIONS = {
     "400": "invalid request: schema errors, malformed JSON, bad values (ValidationError, InvalidRequest)",
     "401": "missing or invalid credential (Unauthorized)",
     "404": "no such resource for this caller (NotFound; another tenant's ids answer the same)",
+    "409": "the task was cancelled before it completed (TaskCancelled)",
     "413": "request body over max_request_bytes, or prompt too large (RequestTooLarge, PromptTooLarge)",
+    "422": "the upstream could not process the request",
     "429": "queue full or quota reached (QueueFull, QuotaExceeded); see Retry-After",
     "502": "the upstream failed or rejected the task (UpstreamError)",
     "503": "Redis unavailable (ServiceUnavailable); see Retry-After",
     "504": "the task did not complete in time (Timeout, DeadlineExceeded)",
 }
 SYNC_PATHS = frozenset({"/v1/chat/completions"})
+# the upstream's 4xx a synchronous call passes through with the upstream's error object
+# (not 401/403: the pool's credential; not 429: the gateway drains and retries)
+UPSTREAM_PASSED_THROUGH = ("400", "404", "409", "413", "422")
+_PASSED_THROUGH_NOTE = ("; or the upstream refused the request: its status and OpenAI error object "
+                        "{message, type, param, code} as it sent them, never retried")
 
 
-def _error_response(code: str) -> dict[str, Any]:
-    return {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": ERROR_REF}}}
+def _error_response(code: str, path: str = "") -> dict[str, Any]:
+    description = _DESCRIPTIONS[code]
+    if path in SYNC_PATHS and code in UPSTREAM_PASSED_THROUGH:
+        description += _PASSED_THROUGH_NOTE
+    return {"description": description, "content": {"application/json": {"schema": ERROR_REF}}}
 
 
 def error_codes(path: str, method: str) -> list[str]:
@@ -60,7 +77,7 @@ def error_codes(path: str, method: str) -> list[str]:
         if access == TENANT:
             codes.append("429")
     if path in SYNC_PATHS:
-        codes += ["502", "504"]
+        codes += ["502", "504", *UPSTREAM_PASSED_THROUGH]
     return sorted(set(codes))
 
 
@@ -72,7 +89,7 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
             responses.pop("422", None)
             for code in error_codes(path, method):
                 # a route's own description of an error status keeps its words, gets the body
-                given = responses.setdefault(code, _error_response(code))
+                given = responses.setdefault(code, _error_response(code, path))
                 given.setdefault("content", {"application/json": {"schema": ERROR_REF}})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.pop("HTTPValidationError", None)

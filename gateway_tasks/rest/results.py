@@ -34,8 +34,9 @@ def _owner_of(meta: dict[str, Any]) -> str | None:
 
 
 def error_of(meta: dict[str, Any]) -> dict[str, Any]:
-    """The {type, message[, reason][, retry_after_s]} of a failed task's stored exception
-    (errors with a reason store (message, retry_after_s, reason) as their arguments)."""
+    """The {type, message[, reason][, retry_after_s]} of a failed task's stored exception, and
+    the error's own ``details()`` (an upstream's refusal: its ``status`` and ``upstream`` error
+    object); errors with a reason store (message, retry_after_s, reason) as their arguments."""
     exc = meta.get("result")
     if isinstance(exc, BaseException):
         details = getattr(exc, "details", None)

@@ -15,7 +15,8 @@ JSON errors with their status.  Once it has started (200), a failure is one
 failed (its error from the result backend), the stream broke mid-way, Redis
 became unreachable (``ServiceUnavailable``, in the gateway's words), or no
 chunk came within the wait (``deadline_s``, else 60 s, for the first; the
-pool's timeout between two).
+pool's timeout between two).  A task the upstream refused (a 4xx) sends the
+upstream's own error object: ``data: {"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ async def events(gateway: Gateway, task_id: str, include_usage: bool, first_time
                 meta = await run_in_threadpool(gateway.app.backend.get_task_meta, task_id)
                 if meta.get("status") in states.EXCEPTION_STATES:
                     err = error_of(meta)
-                    yield _error(err["type"], f"task {task_id} failed: {err['message']}", task_id)
+                    if isinstance(err.get("upstream"), dict):
+                        yield sse({"error": err["upstream"]})
+                    else:
+                        yield _error(err["type"], f"task {task_id} failed: {err['message']}", task_id)
                     finished = True
                     return
                 if meta.get("status") == states.SUCCESS and not got_chunk:

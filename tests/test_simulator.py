@@ -173,6 +173,12 @@ def test_sim_config_validation_and_pool():
     assert SimConfig().uvicorn_loop_http == ("uvloop", "httptools")
     assert SimConfig(server_stack="python").uvicorn_loop_http == ("asyncio", "h11")
     assert SimConfig(models=["a"]).models == ("a",)
+    with pytest.raises(ConfigError, match="max_n"):
+        SimConfig(max_n=0)
+    with pytest.raises(ConfigError, match="context_window_tokens"):
+        SimConfig(context_window_tokens={"a": 0})
+    windows = SimConfig(context_window_tokens={"a": 100})
+    assert (windows.context_window("a"), windows.context_window("b")) == (100, None)
     pool = Pool("p", base_url="http://x/v1", api_key="k", models=("m",), tpm=1200, rpm=30,
                 burst_s=30, charge="actual")
     cfg = SimConfig.for_pool(pool, seed=3)
@@ -314,7 +320,57 @@ def test_unknown_model_is_404(sim):
     with pytest.raises(openai.NotFoundError) as info:
         chat(client(sim), model="gpt-5-nonexistent")
     assert info.value.code == "model_not_found"
-    assert info.value.type == "invalid_request_error"
+    assert info.value.type == "invalid_request_error" and info.value.param is None
+    assert info.value.body["message"] == \
+        "The model `gpt-5-nonexistent` does not exist or you do not have access to it."
+
+
+def test_unknown_parameter_is_400_naming_it_and_documented_ones_pass(sim):
+    c = client(sim)
+    with pytest.raises(openai.BadRequestError) as info:
+        c.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, extra_body={"temprature": 0.2})
+    assert (info.value.type, info.value.param, info.value.code) == \
+        ("invalid_request_error", "temprature", "unknown_parameter")
+    assert info.value.body["message"] == "Unknown parameter: 'temprature'."
+    raw = chat(c, temperature=0.2, top_p=0.9, seed=1, user="u", stop=["x"], forced=3)
+    assert raw.parse().usage.completion_tokens == 3
+    stats = sim.stats()
+    assert stats["requests_invalid"] == 1 and stats["requests_ok"] == 1
+
+
+def test_n_over_max_n_is_400_and_n_choices_are_served_up_to_it(sim):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client(sim), n=2)
+    assert (info.value.param, info.value.code) == ("n", "unsupported_value")
+    assert "Only the default (1) value is supported" in info.value.body["message"]
+    with SimulatorThread(SimConfig(max_n=3, **FAST)) as many:
+        completion = chat(client(many), n=3, forced=5).parse()
+        assert [ch.index for ch in completion.choices] == [0, 1, 2]
+        assert completion.usage.completion_tokens == 15
+        streamed = list(client(many).chat.completions.create(
+            model="gpt-4o-mini", messages=MESSAGES, max_tokens=8, n=2, stream=True,
+            stream_options={"include_usage": True}))
+        assert {ch.choices[0].index for ch in streamed if ch.choices} == {0, 1}
+        assert streamed[-1].usage.completion_tokens == 2 * math.ceil(8 * 0.6)
+        with pytest.raises(openai.BadRequestError) as info:
+            chat(client(many), n=4)
+        assert "Supported values are 1 to 3" in info.value.body["message"]
+
+
+def test_prompt_past_the_context_window_is_400_context_length_exceeded():
+    window = PROMPT + 20
+    with SimulatorThread(SimConfig(context_window_tokens={"gpt-4o-mini": window}, **FAST)) as sim:
+        assert chat(client(sim), max_tokens=20).parse().usage.prompt_tokens == PROMPT   # just fits
+        with pytest.raises(openai.BadRequestError) as info:
+            chat(client(sim), max_tokens=21)
+        assert (info.value.type, info.value.param, info.value.code) == \
+            ("invalid_request_error", "messages", "context_length_exceeded")
+        assert info.value.body["message"] == (
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{window + 1} tokens ({PROMPT} in the messages, 21 in the completion). Please reduce "
+            f"the length of the messages or completion.")
+        assert chat(client(sim), max_tokens=500, model="gpt-4o").parse()   # no window for it
+        assert sim.stats()["requests_invalid"] == 1
 
 
 @pytest.mark.parametrize("body, param", [
@@ -432,12 +488,16 @@ def test_register_and_flags_round_trip():
     register(parser.add_subparsers(dest="command", required=True))
     cfg = SimConfig(tpm=1234, rpm=56, burst_s=7.5, charge="actual", base_latency_ms=3.0,
                     ms_per_output_token=0.25, completion_fraction=0.5, default_max_tokens=64,
-                    models=("a", "b"), fail_rate=0.1, seed=9, server_stack="python")
+                    models=("a", "b"), fail_rate=0.1, seed=9, server_stack="python", max_n=3,
+                    context_window_tokens={"a": 100, "b": 8192})
     args = parser.parse_args(["simulate-upstream", "--port", "0", *config_to_argv(cfg)])
     assert callable(args.func) and args.port == 0 and args.host == "127.0.0.1"
     assert config_from_args(args) == cfg
     defaults = parser.parse_args(["simulate-upstream"])
     assert config_from_args(defaults) == SimConfig() and defaults.port == 8099
+    bad = parser.parse_args(["simulate-upstream", "--context-window-tokens", "a=many"])
+    with pytest.raises(ConfigError, match="'a=many' is not MODEL=TOKENS"):
+        config_from_args(bad)
 
 
 def test_module_help():

@@ -39,7 +39,15 @@ looks like one to the official ``openai`` SDK:
   (``invalid_request_error``, code ``invalid_api_key``); the key is never shown.
   Unset, any key or none is taken.
 
-Streaming and ``n > 1`` are rejected with 400.  Run it with ``serve`` (blocking),
+* A real upstream's 4xx, with OpenAI's bodies (``request.py``): a parameter
+  OpenAI does not document for chat completions (400 ``unknown_parameter``,
+  ``param`` names it), ``n`` over ``max_n`` (400 ``unsupported_value``, param
+  ``n``; the default ``max_n=1`` serves only ``n=1``), ``prompt + max_tokens``
+  past a model's ``context_window_tokens`` (400 ``context_length_exceeded``),
+  an unknown model (404 ``model_not_found``).  Each counts in
+  ``requests_invalid`` and charges nothing.
+
+``stream: true`` answers server-sent ``chat.completion.chunk`` events.  Run it with ``serve`` (blocking),
 ``SimulatorThread`` (tests), ``SimulatorProcess`` (demo), ``python -m
 gateway_tasks.devtools.simulator.cli`` or ``gateway simulate-upstream``.
 

@@ -157,15 +157,16 @@ def create_app(config: SimConfig) -> FastAPI:
                                   code="simulated_failure"))
 
         # check and debit: no await in between
-        admission = sim.admit(chat.prompt_tokens, chat.max_tokens)
+        admission = sim.admit(chat.prompt_tokens, chat.max_completion_tokens_total)
         if not admission.ok:
             sim.stats.record_429(chat.model, admission.kind)
             return error(sim.refusal(chat.model, admission))
 
-        completion_tokens = completion_tokens_for(chat, config)
-        latency_ms = config.base_latency_ms + completion_tokens * config.ms_per_output_token
+        choice_tokens = completion_tokens_for(chat, config)   # each choice's (n choices: generated together)
+        completion_tokens = choice_tokens * chat.n
+        latency_ms = config.base_latency_ms + choice_tokens * config.ms_per_output_token
         if chat.stream:
-            return streamed(chat, completion_tokens, started_s)
+            return streamed(chat, choice_tokens, started_s)
         sim.stats.in_flight += 1
         calls.start(task_id)
         try:
@@ -173,21 +174,22 @@ def create_app(config: SimConfig) -> FastAPI:
         finally:
             sim.stats.in_flight -= 1
             calls.finish(task_id)
-            sim.complete(chat.prompt_tokens, chat.max_tokens, completion_tokens)
+            sim.complete(chat.prompt_tokens, chat.max_completion_tokens_total, completion_tokens)
         sim.stats.record_ok(chat.model, chat.prompt_tokens, completion_tokens)
 
         request_id = uuid.uuid4().hex
         headers = sim.rate_limit_headers()
         headers["x-request-id"] = f"req_{request_id}"
         headers["openai-processing-ms"] = str(round((time.monotonic() - started_s) * 1000))
-        return JSONResponse(chat_completion(chat, completion_tokens, request_id, config.reply_text), headers=headers)
+        return JSONResponse(chat_completion(chat, choice_tokens, request_id, config.reply_text), headers=headers)
 
-    def streamed(chat: Any, completion_tokens: int, started_s: float) -> StreamingResponse:
+    def streamed(chat: Any, choice_tokens: int, started_s: float) -> StreamingResponse:
         """Server-sent events: the first chunk after base_latency_ms, then one text chunk
         every few output tokens' worth of ms_per_output_token; the buckets settle and the
         request counts as served when the stream ends (or the client goes away)."""
         request_id = uuid.uuid4().hex
-        chunks = stream_chunks(chat, completion_tokens, request_id)
+        chunks = stream_chunks(chat, choice_tokens, request_id)
+        completion_tokens = choice_tokens * chat.n
         per_chunk_s = completion_tokens * config.ms_per_output_token / 1000.0 / max(1, len(chunks) - 1)
         headers = sim.rate_limit_headers()
         headers["x-request-id"] = f"req_{request_id}"
@@ -205,7 +207,7 @@ def create_app(config: SimConfig) -> FastAPI:
                 finished = True
             finally:
                 sim.stats.in_flight -= 1
-                sim.complete(chat.prompt_tokens, chat.max_tokens, completion_tokens)
+                sim.complete(chat.prompt_tokens, chat.max_completion_tokens_total, completion_tokens)
                 if finished:
                     sim.stats.record_ok(chat.model, chat.prompt_tokens, completion_tokens)
                 else:

@@ -37,12 +37,21 @@ class SimConfig:
     # the API key every /v1 request must bear (Authorization: Bearer), else 401 as OpenAI
     # answers; '' = any key or none.  Never shown (not in repr, /stats or the start line)
     api_key: str = field(default="", repr=False)
+    # the largest n (choices per request) served; a larger n is a 400 (param n), as from a
+    # model that does not support it (1: only the default)
+    max_n: int = 1
+    # (model, tokens) pairs: a request to that model whose prompt + max_tokens exceeds its
+    # context window is a 400 context_length_exceeded; a model not named has no limit here
+    context_window_tokens: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.models, str):
             object.__setattr__(self, "models", (self.models,))
         elif not isinstance(self.models, tuple):
             object.__setattr__(self, "models", tuple(self.models))
+        windows = self.context_window_tokens
+        pairs = windows.items() if isinstance(windows, dict) else windows
+        object.__setattr__(self, "context_window_tokens", tuple((m, t) for m, t in pairs))
         self.validate()
 
     def validate(self) -> "SimConfig":
@@ -63,7 +72,16 @@ class SimConfig:
                f"one of {sorted(SERVER_STACKS)}")
         if not isinstance(self.api_key, str):
             raise ConfigError("simulator: api_key is invalid; expected a string ('' = any key)")
+        _check(isinstance(self.max_n, int) and not isinstance(self.max_n, bool) and self.max_n >= 1,
+               "max_n", self.max_n, "an integer >= 1")
+        _check(all(isinstance(m, str) and m and isinstance(t, int) and not isinstance(t, bool) and t > 0
+                   for m, t in self.context_window_tokens),
+               "context_window_tokens", self.context_window_tokens, "(model, tokens > 0) pairs")
         return self
+
+    def context_window(self, model: str) -> int | None:
+        """The model's context window in tokens; None when it has none here."""
+        return dict(self.context_window_tokens).get(model)
 
     @property
     def uvicorn_loop_http(self) -> tuple[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import CHARGE_MODES
 from gateway_tasks.devtools.simulator.config import SERVER_STACKS, SimConfig
 
@@ -50,6 +51,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV, ""),
                         help=f"the API key every /v1 request must bear (Authorization: Bearer), else "
                              f"401 as OpenAI answers (default: ${API_KEY_ENV}; unset = any key)")
+    parser.add_argument("--max-n", type=int, default=d.max_n,
+                        help="the largest n (choices per request) served; a larger one is a 400 "
+                             "(default %(default)s: n > 1 is not supported)")
+    parser.add_argument("--context-window-tokens", default=format_windows(d.context_window_tokens),
+                        metavar="MODEL=TOKENS,...",
+                        help="per-model context windows: prompt + max_tokens past one is a 400 "
+                             "context_length_exceeded (default: none)")
+
+
+def format_windows(windows: tuple[tuple[str, int], ...]) -> str:
+    """``--context-window-tokens``'s text of (model, tokens) pairs: 'gpt-4o=128000,...'."""
+    return ",".join(f"{model}={tokens}" for model, tokens in windows)
+
+
+def parse_windows(text: str) -> tuple[tuple[str, int], ...]:
+    """(model, tokens) pairs of ``--context-window-tokens``; ConfigError naming a bad item."""
+    pairs = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        model, _, tokens = item.rpartition("=")
+        if not model.strip() or not tokens.strip().isdigit():
+            raise ConfigError(f"simulator: --context-window-tokens item {item!r} is not MODEL=TOKENS")
+        pairs.append((model.strip(), int(tokens)))
+    return tuple(pairs)
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -61,7 +87,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
                      completion_fraction=args.completion_fraction,
                      default_max_tokens=args.default_max_tokens, models=models,
                      fail_rate=args.fail_rate, seed=args.seed, server_stack=args.server_stack,
-                     api_key=args.api_key)
+                     api_key=args.api_key, max_n=args.max_n,
+                     context_window_tokens=parse_windows(args.context_window_tokens))
 
 
 def config_to_argv(config: SimConfig) -> list[str]:
@@ -75,4 +102,5 @@ def config_to_argv(config: SimConfig) -> list[str]:
             "--default-max-tokens", str(config.default_max_tokens),
             "--models", ",".join(config.models),
             "--fail-rate", repr(config.fail_rate), "--seed", str(config.seed),
-            "--server-stack", config.server_stack]
+            "--server-stack", config.server_stack, "--max-n", str(config.max_n),
+            "--context-window-tokens", format_windows(config.context_window_tokens)]

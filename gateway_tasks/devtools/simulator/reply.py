@@ -17,7 +17,7 @@ FILLER_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipis
 
 
 def completion_tokens_for(request: ChatRequest, config: SimConfig) -> int:
-    """How many tokens the simulated reply has (never more than max_tokens)."""
+    """How many tokens each choice of the simulated reply has (never more than max_tokens)."""
     if request.forced_completion_tokens is not None:
         return min(request.forced_completion_tokens, request.max_tokens)
     return min(request.max_tokens,
@@ -28,23 +28,25 @@ def filler_text(n_words: int) -> str:
     return " ".join(FILLER_WORDS[i % len(FILLER_WORDS)] for i in range(n_words))
 
 
-def chat_completion(chat: ChatRequest, completion_tokens: int, request_id: str,
+def chat_completion(chat: ChatRequest, choice_tokens: int, request_id: str,
                     reply_text: str = "") -> dict[str, Any]:
-    """The ``chat.completion`` body of a reply of ``completion_tokens`` tokens (its text
-    ``reply_text`` when given, e.g. a marker a test looks for, else filler words)."""
-    finish = "length" if completion_tokens == chat.max_tokens else "stop"
+    """The ``chat.completion`` body of a reply of ``chat.n`` choices of ``choice_tokens`` tokens
+    each (its text ``reply_text`` when given, e.g. a marker a test looks for, else filler
+    words); the usage counts the completion tokens of all of them."""
+    finish = "length" if choice_tokens == chat.max_tokens else "stop"
+    completion_tokens = choice_tokens * chat.n
     return {
         "id": f"chatcmpl-sim{request_id[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": chat.model,
         "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": reply_text or filler_text(completion_tokens),
+            "index": index,
+            "message": {"role": "assistant", "content": reply_text or filler_text(choice_tokens),
                         "refusal": None},
             "logprobs": None,
             "finish_reason": finish,
-        }],
+        } for index in range(chat.n)],
         "usage": {"prompt_tokens": chat.prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": chat.prompt_tokens + completion_tokens},
         "system_fingerprint": "fp_simulator",
@@ -73,26 +75,30 @@ def chunk_texts(completion_tokens: int) -> list[str]:
 
 def stream_chunk(chat: ChatRequest, request_id: str, created: int, delta: dict[str, Any],
                  finish_reason: str | None = None, usage: dict[str, int] | None = None,
-                 with_choice: bool = True) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` (OpenAI's streaming format)."""
+                 with_choice: bool = True, index: int = 0) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` (OpenAI's streaming format) of choice ``index``."""
     return {
         "id": f"chatcmpl-sim{request_id[:24]}", "object": "chat.completion.chunk",
         "created": created, "model": chat.model, "system_fingerprint": "fp_simulator",
-        "choices": ([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        "choices": ([{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
                     if with_choice else []),
         "usage": usage,
     }
 
 
-def stream_chunks(chat: ChatRequest, completion_tokens: int, request_id: str) -> list[dict[str, Any]]:
-    """Every chunk of a streamed reply: the role, the text pieces, the finish reason and,
-    with ``include_usage``, a last chunk without choices carrying the usage."""
+def stream_chunks(chat: ChatRequest, choice_tokens: int, request_id: str) -> list[dict[str, Any]]:
+    """Every chunk of a streamed reply, for each of its ``chat.n`` choices in turn: the role,
+    the text pieces, the finish reason; with ``include_usage``, a last chunk without
+    choices carrying the usage of them all."""
     created = int(time.time())
-    finish = "length" if completion_tokens == chat.max_tokens else "stop"
-    out = [stream_chunk(chat, request_id, created, {"role": "assistant", "content": ""})]
-    out += [stream_chunk(chat, request_id, created, {"content": text})
-            for text in chunk_texts(completion_tokens)]
-    out.append(stream_chunk(chat, request_id, created, {}, finish_reason=finish))
+    finish = "length" if choice_tokens == chat.max_tokens else "stop"
+    completion_tokens = choice_tokens * chat.n
+    out = []
+    for index in range(chat.n):
+        out.append(stream_chunk(chat, request_id, created, {"role": "assistant", "content": ""}, index=index))
+        out += [stream_chunk(chat, request_id, created, {"content": text}, index=index)
+                for text in chunk_texts(choice_tokens)]
+        out.append(stream_chunk(chat, request_id, created, {}, finish_reason=finish, index=index))
     if chat.include_usage:
         out.append(stream_chunk(chat, request_id, created, {}, with_choice=False, usage={
             "prompt_tokens": chat.prompt_tokens, "completion_tokens": completion_tokens,

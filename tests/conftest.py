@@ -54,6 +54,16 @@ def key_prefix():
     return f"gt-test-{uuid.uuid4().hex[:12]}:"
 
 
+@pytest.fixture(scope="module")
+def module_key_prefix(redis_url):
+    """A key prefix for a deployment a module's tests share; its keys go after the module."""
+    prefix = f"gt-test-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    delete_prefix(client, prefix)
+    client.close()
+
+
 @pytest.fixture
 def r(redis_url, key_prefix):
     client = redis.Redis.from_url(redis_url)

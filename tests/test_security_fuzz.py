@@ -11,12 +11,10 @@ max_request_bytes is 64 KiB here, and a body over it is a 413 without parsing.
 
 from __future__ import annotations
 
-import uuid
 from types import SimpleNamespace
 
 import hypothesis
 import pytest
-import redis
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -27,7 +25,6 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: 
 from gateway_tasks.core.keys import Keys  # noqa: E402
 from gateway_tasks.core.settings import Pool, load_settings  # noqa: E402
 from gateway_tasks.devtools import processes  # noqa: E402
-from gateway_tasks.devtools.redis_server import delete_prefix  # noqa: E402
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread  # noqa: E402
 from gateway_tasks.producer.gateway import Gateway  # noqa: E402
 from gateway_tasks.rest.app import create_app  # noqa: E402
@@ -42,8 +39,8 @@ EXAMPLES = 60
 
 
 @pytest.fixture(scope="module")
-def deployment(redis_url, tmp_path_factory):
-    prefix = f"gt-test-fuzz-{uuid.uuid4().hex[:8]}:"
+def deployment(redis_url, module_key_prefix, tmp_path_factory):
+    prefix = module_key_prefix
     config = SimConfig(tpm=2_000_000, rpm=100_000, base_latency_ms=1, ms_per_output_token=0,
                        completion_fraction=0.001)
     with SimulatorThread(config) as sim:
@@ -61,9 +58,6 @@ def deployment(redis_url, tmp_path_factory):
                                   log=log, keys=Keys(prefix))
         finally:
             worker.stop()
-            client = redis.Redis.from_url(redis_url)
-            delete_prefix(client, prefix)
-            client.close()
             gw.app.close()
             gw.r.close()
 

@@ -13,13 +13,11 @@ bucket got the reserved tokens back; the worker logged one line, no traceback.  
 from __future__ import annotations
 
 import time
-import uuid
 from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
-import redis
 
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.errors import UpstreamError, UpstreamRejected
@@ -29,7 +27,6 @@ from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_ERRORS, 
 from gateway_tasks.core.tokens import count_prompt_tokens
 from gateway_tasks.devtools import processes
 from gateway_tasks.devtools.api_thread import ApiThread
-from gateway_tasks.devtools.redis_server import delete_prefix
 from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
@@ -45,10 +42,10 @@ TPM = 600_000
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url, tmp_path_factory):
+def stack(redis_url, module_key_prefix, tmp_path_factory):
     """Pool 'default' (MODEL and RETIRED; backup pool 'backup') on the primary simulator,
     'backup' on another; tenant 'acme' is vip, whose tasks may fail over to the backup."""
-    prefix = f"gt-test-4xx-{uuid.uuid4().hex[:8]}:"
+    prefix = module_key_prefix
     log = tmp_path_factory.mktemp("upstream-4xx") / "worker.log"
     primary_cfg = SimConfig(base_latency_ms=5, models=(MODEL,), context_window_tokens={MODEL: WINDOW_TOKENS})
     with SimulatorThread(primary_cfg) as primary, SimulatorThread(SimConfig(base_latency_ms=5)) as backup:
@@ -68,9 +65,6 @@ def stack(redis_url, tmp_path_factory):
                                       keys=Keys(prefix), pool=pools[0])
         finally:
             worker.stop()
-            client = redis.Redis.from_url(redis_url)
-            delete_prefix(client, prefix)
-            client.close()
             gw.app.close()
             gw.r.close()
 

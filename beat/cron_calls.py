@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import text
+from gateway_tasks.core.scripts import layout, text
 from gateway_tasks.core.stats import CRON_DUPLICATE, CRON_FIRED, CRON_QUOTA
 
 HOUR_MS = 3_600_000   # the hourly quota counts per clock hour (now_ms // HOUR_MS)
@@ -69,15 +69,18 @@ class CronFireCall(EntryCall):
     @property
     def script_keys(self) -> list[str]:
         k, eid = self.keys, self.entry_id
-        return [k.cron_due, k.cron(eid), k.cron_fired(eid, self.nominal_ms),
-                k.quota(self.tenant_id, self.now_ms // HOUR_MS), k.cron_stats, k.cron_payload(eid)]
+        return layout(self.SCRIPT).keys(
+            due=k.cron_due, entry=k.cron(eid), fired=k.cron_fired(eid, self.nominal_ms),
+            quota=k.quota(self.tenant_id, self.now_ms // HOUR_MS), stats=k.cron_stats, payload=k.cron_payload(eid))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.entry_id, self.planned_score_ms, self.nominal_ms, self.next_nominal_ms,
-                self.next_fire_ms, self.action, self.max_per_hour, self.now_ms,
-                self.idempotency_ttl_ms, self.quota_ttl_ms, self.tier, self.next_jitter_offset_s,
-                CRON_FIRED, CRON_QUOTA, CRON_DUPLICATE]
+        return layout(self.SCRIPT).args(
+            entry_id=self.entry_id, planned_score_ms=self.planned_score_ms, nominal_ms=self.nominal_ms,
+            next_nominal_ms=self.next_nominal_ms, next_fire_ms=self.next_fire_ms, action=self.action,
+            max_per_hour=self.max_per_hour, now_ms=self.now_ms, idempotency_ttl_ms=self.idempotency_ttl_ms,
+            quota_ttl_ms=self.quota_ttl_ms, tier=self.tier, jitter_offset_s=self.next_jitter_offset_s,
+            fired_outcome=CRON_FIRED, quota_outcome=CRON_QUOTA, duplicate_outcome=CRON_DUPLICATE)
 
     def parse(self, reply: Any) -> CronOutcome:
         status, count, payload = reply
@@ -95,11 +98,12 @@ class CronResyncCall(EntryCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.cron_due]
+        return layout(self.SCRIPT).keys(due=self.keys.cron_due)
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.entry_id, self.read_score_ms, self.new_score_ms]
+        return layout(self.SCRIPT).args(entry_id=self.entry_id, read_score_ms=self.read_score_ms,
+                                        new_score_ms=self.new_score_ms)
 
     def parse(self, reply: Any) -> CronOutcome:
         return CronOutcome(RESYNCED if reply else MOVED)
@@ -118,14 +122,15 @@ class CronRecordCall(EntryCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.cron(self.entry_id)]
+        return layout(self.SCRIPT).keys(entry=self.keys.cron(self.entry_id))
 
     @property
     def script_args(self) -> list[str]:
         retry = None if self.retry_at_ms is None else str(self.retry_at_ms)
         fields = (("last_status", self.last_status), ("last_task_id", self.last_task_id),
                   ("last_error", self.last_error), ("retry_at_ms", retry))
-        return [item for name, value in fields if value is not None for item in (name, value)]
+        return layout(self.SCRIPT).args(
+            fields=[item for name, value in fields if value is not None for item in (name, value)])
 
     def parse(self, reply: Any) -> bool:
         """False: the entry is gone, nothing was written."""

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import redis
 
-from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.scripts import layout, scripts_for
 
 
 def new_token() -> str:
@@ -35,12 +35,13 @@ def new_token() -> str:
 class TokenLockCall:
     """A lock script that acts only while the lock still holds our token; True if it did."""
 
+    SCRIPT: ClassVar[str]
     key: str
     token: str
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.key]
+        return layout(self.SCRIPT).keys(lock=self.key)
 
     def parse(self, reply: Any) -> bool:
         return bool(reply)
@@ -56,7 +57,7 @@ class LockRenewCall(TokenLockCall):
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.token, self.ttl_ms]
+        return layout(self.SCRIPT).args(token=self.token, ttl_ms=self.ttl_ms)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class LockReleaseCall(TokenLockCall):
 
     @property
     def script_args(self) -> list[str]:
-        return [self.token]
+        return layout(self.SCRIPT).args(token=self.token)
 
 
 LOCK_TTL_TICKS = 1.5       # the lock lives this long after each renewal

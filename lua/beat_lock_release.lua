@@ -1,10 +1,10 @@
 -- beat_lock_release.lua: delete the beat leader lock, only if we hold it.
 --
--- KEYS[1]  the lock (a string holding the owner's token)
--- ARGV[1]  our token
+-- KEYS[1] lock: a string holding the owner's token
+-- ARGV[1] token: ours
 -- Returns 1 if released, 0 if it was not ours (or already expired).
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+if redis.call('GET', KEYS[K_lock]) == ARGV[A_token] then
+  redis.call('DEL', KEYS[K_lock])
   return 1
 end
 return 0

@@ -4,20 +4,21 @@
 -- per line; lua/pick.lua dispatches those first (charged to their own tenant and tier)
 -- and drops lines whose task is no longer queued.
 --
--- KEYS[1] the pool's fair hash
--- ARGV[1] the boosted task's tier   ARGV[2] the tier it inherits   ARGV[3] its index entry
--- ARGV[4] most boosts kept per tier (the oldest go first when there are more)
+-- KEYS[1] fair: the pool's fair hash
+-- ARGV[1] tier: the boosted task's tier   ARGV[2] inherits: the tier it inherits
+-- ARGV[3] entry: its index entry
+-- ARGV[4] max_boosts: most boosts kept per tier (the oldest go first when there are more)
 --
 -- Returns the number of boosts now recorded for the tier.
 
-local field = 'b:' .. ARGV[1]
-local line = ARGV[2] .. '>' .. ARGV[3]
+local field = 'b:' .. ARGV[A_tier]
+local line = ARGV[A_inherits] .. '>' .. ARGV[A_entry]
 local kept = {}
-for l in string.gmatch(redis.call('HGET', KEYS[1], field) or '', '[^\n]+') do
+for l in string.gmatch(redis.call('HGET', KEYS[K_fair], field) or '', '[^\n]+') do
   if l ~= line then kept[#kept + 1] = l end
 end
 kept[#kept + 1] = line
-local max = tonumber(ARGV[4])
+local max = tonumber(ARGV[A_max_boosts])
 while #kept > max do table.remove(kept, 1) end
-redis.call('HSET', KEYS[1], field, table.concat(kept, '\n'))
+redis.call('HSET', KEYS[K_fair], field, table.concat(kept, '\n'))
 return #kept

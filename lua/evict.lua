@@ -6,10 +6,12 @@
 -- the arrival.  Cost: one reverse range read per tenant with queued work in the tier
 -- scanned (O(tenants x log n)); it runs only when the pool is full.
 --
--- KEYS[1] messages hash (tag -> message)   KEYS[2] parked tenants (tenant -> tier)
--- then for each candidate tier t (T tiers, lowest first), two keys from KEYS[3]:
---   its index (sorted set of entries), its active tenants (zset)
--- ARGV[1] T   then T tier names, lowest first   then T scheduled lags ('' or 0: no lanes)
+-- KEYS[1] messages: hash (tag -> message)   KEYS[2] parked: tenants (tenant -> tier)
+-- KEYS[..] per tier (T): index active
+--   each candidate tier's index (sorted set of entries) and active tenants (zset), lowest first
+-- ARGV[1] T
+-- ARGV[..] per tier (T): name lag_tokens
+--   each candidate tier's name and scheduled lag ('' or 0: no lanes), lowest first
 --
 -- Returns {1, tier, tag, message} evicted, or {0} when no candidate tier has queued work.
 -- Entries are '<tenant>|<seq: 16 hex digits>|<tag>|...' (gateway_tasks/core/index_entry.py):
@@ -19,11 +21,11 @@
 -- interactive one read too, so the newest task goes whatever its lane.  A tenant whose
 -- last interactive task went waits in line in the scheduled lane (lua/prelude.lua).
 
-local T = tonumber(ARGV[1])
-for t = 1, T do
-  local tier, index_key, active_key = ARGV[1 + t], KEYS[1 + 2 * t], KEYS[2 + 2 * t]
+for t = 1, N_tier do
+  local k, a = K_per_tier * (t - 1), A_per_tier * (t - 1)
+  local tier, index_key, active_key = ARGV[a + A_tier_name], KEYS[k + K_tier_index], KEYS[k + K_tier_active]
   local tenants = redis.call('ZRANGE', active_key, 0, -1)
-  local parked = redis.call('HGETALL', KEYS[2])
+  local parked = redis.call('HGETALL', KEYS[K_parked])
   for i = 1, #parked, 2 do
     if parked[i + 1] == tier then tenants[#tenants + 1] = parked[i] end
   end
@@ -49,12 +51,14 @@ for t = 1, T do
   if best then
     local _, _, tag = string.find(best, '^[^|]+|[^|]+|([^|]+)|')
     redis.call('ZREM', index_key, best)
-    local message = redis.call('HGET', KEYS[1], tag) or ''
-    redis.call('HDEL', KEYS[1], tag)
-    local head, lag = gt_tenant_head(index_key, best_tenant), tonumber(ARGV[1 + T + t]) or 0
+    local message = redis.call('HGET', KEYS[K_messages], tag) or ''
+    redis.call('HDEL', KEYS[K_messages], tag)
+    local head, lag = gt_tenant_head(index_key, best_tenant), tonumber(ARGV[a + A_tier_lag_tokens]) or 0
     if head == nil then
       redis.call('ZREM', active_key, best_tenant)
-      if redis.call('HGET', KEYS[2], best_tenant) == tier then redis.call('HDEL', KEYS[2], best_tenant) end
+      if redis.call('HGET', KEYS[K_parked], best_tenant) == tier then
+        redis.call('HDEL', KEYS[K_parked], best_tenant)
+      end
     elseif lag > 0 and gt_scheduled(head, best_tenant) and not gt_scheduled(best, best_tenant) then
       local score = tonumber(redis.call('ZSCORE', active_key, best_tenant))
       if score and score % 2 == 0 then

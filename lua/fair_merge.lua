@@ -3,7 +3,7 @@
 -- beside the bucket, and delete the old hash.  A worker runs it once per pool it
 -- consumes, before its first pick; with no old hash it does nothing.
 --
--- KEYS[1] the old fair hash   KEYS[2] the pool's state hash (bucket + fair state)
+-- KEYS[1] old: the old fair hash   KEYS[2] state: the pool's state hash (bucket + fair state)
 -- No ARGV.
 --
 -- Field by field, against what the state hash may already hold (picks made by
@@ -15,7 +15,7 @@
 --   any other field: kept where the state hash has it, else copied
 -- Returns the number of fields merged (0: there was no old hash).
 
-local old = redis.call('HGETALL', KEYS[1])
+local old = redis.call('HGETALL', KEYS[K_old])
 if #old == 0 then return 0 end
 
 local function union(a, b, by_time)
@@ -36,7 +36,7 @@ end
 local merged = {}
 for i = 1, #old, 2 do
   local field, value = old[i], old[i + 1]
-  local now = redis.call('HGET', KEYS[2], field)
+  local now = redis.call('HGET', KEYS[K_state], field)
   local kind = string.match(field, '^(%a+):') or field
   local out = value
   if now then
@@ -52,6 +52,6 @@ for i = 1, #old, 2 do
   end
   merged[#merged + 1], merged[#merged + 2] = field, out
 end
-redis.call('HSET', KEYS[2], unpack(merged))
-redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[K_state], unpack(merged))
+redis.call('DEL', KEYS[K_old])
 return #merged / 2

@@ -2,11 +2,11 @@
 -- pick.lua: choose the next tasks for a dispatcher -- between tiers by policy,
 -- between a tier's tenants by tenant fair queuing -- admit each through its
 -- pool's TPM/RPM bucket, and record it as dispatched: all in one atomic call.
--- A dispatcher with several free slots takes up to ARGV[6] tasks in one call,
+-- A dispatcher with several free slots takes up to max_picks tasks in one call,
 -- in exactly the order as many single calls at the same instant would.
 --
 -- It reads small index entries only (lua/enqueue.lua), never a message body,
--- and hands back a message, copied and never decoded, when it is at most ARGV[5]
+-- and hands back a message, copied and never decoded, when it is at most inline_max_b
 -- bytes (its size is in its entry): a larger one the dispatcher fetches itself
 -- (HGET of the messages hash).  Apart from that copy its cost does not grow with
 -- prompt size, nor with queue depth or the number of tenants:
@@ -14,37 +14,40 @@
 -- read once (HMGET) and written once (HSET).  Per-tier dispatch statistics are
 -- counted by the dispatcher from the reply (workers/transport.py), not here.
 --
--- for each pool p (P pools), seven keys KEYS[7(p-1)+1] .. KEYS[7p] (the first pool's: KEYS[1] ..
--- KEYS[7]), all under the pool's hash tag:
---   state hash: the bucket (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
+-- KEYS[1] per pool (P): state messages finish parked inflight dispatched dispatched_at
+--   each pool's keys, all under the pool's hash tag:
+--   state: the bucket (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
 --     and the fair state beside it (v, f:<tier>, tv:<tier>, the empty flag e:<tier>; Keys.fair):
 --     read by one HMGET, written by one HSET
---   messages hash (tag -> message)   finish tags (tenant -> F)
---   parked tenants (tenant -> tier)   in-flight (tenant -> n)
---   dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   dispatched-at zset (tag -> lease expiry, ms)
--- then for each queue q (Q queues, each one tier of one pool), three keys from KEYS[7P+3(q-1)+1]:
---   the tier's index (sorted set of entries)   the tier's active tenants (zset tenant -> start tag,
---   lane-encoded: 2 x tag, or 2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua)
---   the tier's bell (Keys.tier_bell): emptied when the tier is found empty -- its tokens were
---   rung for work that is gone, and each would cost a waiting dispatcher an empty pick
+--   messages (tag -> message)   finish tags (tenant -> F)   parked tenants (tenant -> tier)
+--   inflight (tenant -> n)   dispatched (tag -> '<tier>|<dispatch ms>|<entry>')
+--   dispatched_at (zset tag -> lease expiry, ms)
+-- KEYS[..] per queue (Q): index active bell
+--   each queue's keys (a queue is one tier of one pool): the tier's index (sorted set of
+--   entries); its active tenants (zset tenant -> start tag, lane-encoded: 2 x tag, or
+--   2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua); its bell
+--   (Keys.tier_bell): emptied when the tier is found empty -- its tokens were rung for work
+--   that is gone, and each would cost a waiting dispatcher an empty pick
 --
 -- ARGV[1] policy: fifo | strict | aging | wfq      ARGV[2] P   ARGV[3] Q
--- ARGV[4] lease ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
--- ARGV[5] largest message (bytes) handed back inline   ARGV[6] most tasks to dispatch (>= 1)
--- ARGV[7] most of them that may not use the reserve (-1: no limit): the dispatcher's free
---   slots less those it keeps for reserved tiers' interactive work (Settings.
---   reserved_worker_slots); at 0 only such work is a candidate
--- then per pool, 5 values: token_capacity, tokens_per_ms, request_capacity, requests_per_ms,
---                          reserve_tokens (head-room only reserved tiers' interactive work may use)
--- then per queue, 8 values: pool index (1-based), tier, base_weight, alpha_per_ms, share,
---                          max_wait_ms, reserved (1 = may use the reserve), tenant_max_inflight
--- [lifecycle] then per queue, 1 value: the tier's queue TTL (ms; 0 = none): a candidate that
---   waited longer is stale -- dispatched at once, taking no tokens, for its worker to fail it
---   (Expired) without calling the upstream.
--- then per queue, 1 value: the tier's scheduled lag (weighted tokens; gateway_tasks/core/lanes.py):
---   a tenant whose next task is scheduled goes after interactive tenants by this much virtual
+-- ARGV[4] lease_ms: the dispatcher's hold on the task; past it (not renewed) anyone may restore it
+-- ARGV[5] inline_max_b: largest message (bytes) handed back inline
+-- ARGV[6] max_picks: most tasks to dispatch (>= 1)
+-- ARGV[7] general_picks: most of them that may not use the reserve (-1: no limit): the
+--   dispatcher's free slots less those it keeps for reserved tiers' interactive work
+--   (Settings.reserved_worker_slots); at 0 only such work is a candidate
+-- ARGV[..] per pool (P): token_capacity tokens_per_ms request_capacity requests_per_ms reserve_tokens
+--   reserve_tokens: head-room only reserved tiers' interactive work may use
+-- ARGV[..] per queue (Q): pool tier base_weight alpha_per_ms share max_wait_ms reserved,
+--                         tenant_max_inflight ttl_ms lag_tokens
+--   pool: its pool's index (1-based); reserved: 1 = may use the reserve;
+--   [lifecycle] ttl_ms: the tier's queue TTL (0 = none): a candidate that waited longer is
+--   stale -- dispatched at once, taking no tokens, for its worker to fail it (Expired)
+--   without calling the upstream;
+--   lag_tokens: the tier's scheduled lag (weighted tokens; gateway_tasks/core/lanes.py): a
+--   tenant whose next task is scheduled goes after interactive tenants by this much virtual
 --   time; its real start tag is read back from its score (no extra command)
--- [lifecycle] the fair hash also holds, per tier: 'b:<tier>' priority inheritance (lua/boost.lua:
+-- [lifecycle] the state hash also holds, per tier: 'b:<tier>' priority inheritance (lua/boost.lua:
 --   '<higher tier>><entry>' lines, dispatched first, at the higher tier's priority and reserve,
 --   charged to their own tenant and tier) and 'd:<tier>' / 'dn:<tier>' deadline boost
 --   (lua/deadline.lua: '<urgent from ms>><entry>' lines; a due one goes ahead of its tier's
@@ -54,59 +57,59 @@
 --          now_ms, est_tokens, enqueued_ms, tenant, tag, pool tokens debited so far (with
 --          this task), pool dispatches so far, message bytes}
 --         (now_ms is also the dispatch's token: release and renew name it; message is ''
---         when it is larger than ARGV[5]: fetch it by tag).  n = 0: nothing admissible now,
---         wait_ms says for how long (-1: every queue is empty, or what is queued waits for
---         a general slot; 0: pick again at once).  n >= 1: wait_ms is what the call's other
---         slots face when it took fewer than ARGV[6] (0: it took them all, or pick again).
+--         when it is larger than inline_max_b: fetch it by tag).  n = 0: nothing admissible
+--         now, wait_ms says for how long (-1: every queue is empty, or what is queued waits
+--         for a general slot; 0: pick again at once).  n >= 1: wait_ms is what the call's
+--         other slots face when it took fewer than max_picks (0: it took them all, or pick again).
 
-local policy = ARGV[1]
-local P = tonumber(ARGV[2])
-local Q = tonumber(ARGV[3])
+local policy = ARGV[A_policy]
+local P, Q = N_pool, N_queue
 local wfq = policy == 'wfq'
 local MAX_ROUNDS = 8  -- tenants found at their cap and parked by one call, at most
 -- a tier found empty is not read again for this long, unless a tenant joins it first (its
 -- flag bounds what a tenant let in without clearing it costs: a producer of a release before
 -- the flag, during a rolling upgrade, is seen as late as an idle worker's poll)
 local EMPTY_RECHECK_MS = 1000
-local PK, QK, PA, QA = 7, 3, 5, 8  -- keys and values per pool and per queue
 
 local now = gt_now_ms()
--- an index entry (gateway_tasks/core/index_entry.py): tenant|seq|tag|est|enqueued ms|weight, then
--- its message's size when it was queued with it (older entries have six fields)
-local ENTRY = '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
-local ENTRY_WITH_TENANT = '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
 
 -- per queue: its tier and pool; the rest of its ARGV is read once it has a candidate
+-- (qd.a: the offset of its values, ARGV[qd.a + A_queue_<field>])
 local queues = {}
-local qarg = 8 + PA * P
-local general_left = tonumber(ARGV[7]) or -1   -- dispatches left for work outside the reserve
+local general_left = tonumber(ARGV[A_general_picks]) or -1   -- dispatches left for work outside the reserve
 local slot_limited = false                     -- a candidate waited for a general slot
 for q = 1, Q do
-  local a = qarg + QA * (q - 1)
+  local a, k = A_per_queue * (q - 1), K_per_queue * (q - 1)
   -- every field the call sets later is named here: a table grown one field at a time is
   -- rehashed as it grows (measured: a 3-field table 0.2 us, one grown to 13 fields 0.8 us)
-  queues[q] = {pool = tonumber(ARGV[a]), tier = ARGV[a + 1], a = a,
-               index = KEYS[PK * P + QK * q - 2], active = KEYS[PK * P + QK * q - 1],
-               bell = KEYS[PK * P + QK * q],
-               lag = tonumber(ARGV[qarg + QA * Q + Q + q - 1]) or 0,
-               ttl = 0, field_at = 0, boosts = false, urgent_at = false, f = 0, tv0 = false,
+  queues[q] = {pool = tonumber(ARGV[a + A_queue_pool]), tier = ARGV[a + A_queue_tier], a = a,
+               index = KEYS[k + K_queue_index], active = KEYS[k + K_queue_active],
+               bell = KEYS[k + K_queue_bell],
+               lag = tonumber(ARGV[a + A_queue_lag_tokens]) or 0,
+               ttl = tonumber(ARGV[a + A_queue_ttl_ms]) or 0, field_at = 0, boosts = false,
+               urgent_at = false, f = 0, tv0 = false,
                was_empty = false, empty = false, c = false, weight = 0, alpha = 0, share = 0,
                max_wait = 0, reserved = false, tenant_max = 0, taken = 0, score = 0, start = 0,
                bypass = false, tv = false, boosts_dirty = false, urgent_lines = false,
                urgent_dirty = false}
 end
+local pools   -- per pool: its keys, refilled bucket and fair state ([admission])
 
--- [lifecycle: boosts] begin -------------------------------------------------------------
--- each queue's TTL, inheritance lines and first deadline-urgent time, with the pool's fair
--- state (virtual time, each tier's finish tag and tenant virtual time) and its bucket's fields
--- (2 .. 8, used below once the pool has a candidate; 'v' is 1): one HMGET of its state hash per pool
+-- [fair_state] each pool's state hash, read once.
+--
+-- [lifecycle: boosts] each queue's inheritance lines and first deadline-urgent time, with the
+-- pool's fair state (virtual time, each tier's finish tag and tenant virtual time, its empty
+-- flag) and its bucket's fields (used once the pool has a candidate): one HMGET of its state
+-- hash per pool.  pool_state[p]: the reply, the pool's fields at STATE_*; qd.field_at: where
+-- a queue's own fields start in it.
+local STATE_V, STATE_TOKENS, STATE_REQUESTS, STATE_TS_MS, STATE_BLOCKED_UNTIL_MS = 1, 2, 3, 4, 5
+local STATE_DEBITED_TOKENS, STATE_DISPATCHES, STATE_WAIT_UNTIL_MS = 6, 7, 8
 local pool_state = {}
 for p = 1, P do
   local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches',
                         'wait_until_ms'}, {}
   for q = 1, Q do
     local qd = queues[q]
-    qd.ttl = tonumber(ARGV[qarg + QA * Q + q - 1]) or 0
     if qd.pool == p then
       local n = #fields
       fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] =
@@ -116,7 +119,7 @@ for p = 1, P do
     end
   end
   if #mine > 0 then
-    local got = redis.call('HMGET', KEYS[PK * (p - 1) + 1], unpack(fields))
+    local got = redis.call('HMGET', KEYS[K_per_pool * (p - 1) + K_pool_state], unpack(fields))
     pool_state[p] = got
     for _, qd in ipairs(mine) do
       local j = qd.field_at
@@ -128,6 +131,28 @@ for p = 1, P do
   end
 end
 
+-- the state hash fields of pool p's tiers whose empty flag changed (candidate), appended;
+-- a tier found empty has its bell emptied: its tokens wake nobody for anything now (work
+-- that comes rings it again, as an unparked tenant or a task put back do)
+local function empty_flags(p, fields)
+  for q = 1, Q do
+    local qd = queues[q]
+    if qd.pool == p and qd.empty ~= qd.was_empty then
+      fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and (now + EMPTY_RECHECK_MS) or 0
+      if qd.empty then redis.call('DEL', qd.bell) end
+    end
+  end
+  return fields
+end
+-- [lifecycle] candidates taken out of their tier's fair order --
+-- inherited priority (lua/boost.lua), deadline-urgent (lua/deadline.lua) -- and stale ones
+-- (past their tier's queue TTL).
+
+-- an index entry (gateway_tasks/core/index_entry.py): tenant|seq|tag|est|enqueued ms|weight, then
+-- its message's size when it was queued with it (older entries have six fields)
+local ENTRY = '^[^|]+|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
+local ENTRY_WITH_TENANT = '^([^|]+)|[^|]+|([^|]+)|([^|]+)|([^|]+)|([^|]+)|?(%d*)$'
+
 -- a candidate from an index entry taken out of the tier's fair order; its tenant's start
 -- tag is its place in line (its real tag: the lane's lag taken off), else (parked) its
 -- finish tag
@@ -136,7 +161,7 @@ local function entry_candidate(qd, entry)
   if not tenant then return nil end
   local score = tonumber(redis.call('ZSCORE', qd.active, tenant))
   local start = score and gt_lane_start(score, qd.lag)
-                or tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 3], tenant)) or 0
+                or tonumber(redis.call('HGET', KEYS[K_per_pool * (qd.pool - 1) + K_pool_finish], tenant)) or 0
   return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
           enq = tonumber(enq) or now, w = w, size = tonumber(size)}
 end
@@ -144,7 +169,7 @@ end
 -- whether the queue of the same pool serving `tier` may use the reserve
 local function tier_reserved(p, tier)
   for q = 1, Q do
-    if queues[q].pool == p and queues[q].tier == tier then return ARGV[queues[q].a + 6] == '1' end
+    if queues[q].pool == p and queues[q].tier == tier then return ARGV[queues[q].a + A_queue_reserved] == '1' end
   end
   return false
 end
@@ -169,8 +194,9 @@ local function boosted_candidate(qd)
     if found then return found end
   end
   if qd.urgent_at and qd.urgent_at <= now then
-    local raw = redis.call('HGET', KEYS[PK * (qd.pool - 1) + 1], 'd:' .. qd.tier) or ''
-    local cap = tonumber(ARGV[qd.a + 7])
+    local pool_keys = K_per_pool * (qd.pool - 1)
+    local raw = redis.call('HGET', KEYS[pool_keys + K_pool_state], 'd:' .. qd.tier) or ''
+    local cap = tonumber(ARGV[qd.a + A_queue_tenant_max_inflight])
     local kept, found = {}, nil
     for line in string.gmatch(raw, '[^\n]+') do
       local _, _, at, entry = string.find(line, '^(%d+)>(.+)$')
@@ -180,7 +206,7 @@ local function boosted_candidate(qd)
         kept[#kept + 1] = line
         if not found then
           local c = entry_candidate(qd, entry)
-          local n = c and (tonumber(redis.call('HGET', KEYS[PK * (qd.pool - 1) + 5], c.tenant)) or 0)
+          local n = c and (tonumber(redis.call('HGET', KEYS[pool_keys + K_pool_inflight], c.tenant)) or 0)
           if c and (cap <= 0 or n < cap) then c.urgent, found = true, c end
         end
       end
@@ -200,7 +226,7 @@ local function mark_stale(qd, c)
   if c and qd.ttl > 0 and now - c.enq > qd.ttl then c.stale = true end
   return c
 end
--- [lifecycle: boosts] end ---------------------------------------------------------------
+-- [candidates] a queue's next candidate by tenant fair queuing.
 
 -- a queue's candidate: the oldest task of the active tenant first in line, with
 -- its real start tag (false: none) -- first in line by lane: a scheduled head's score
@@ -211,9 +237,9 @@ end
 -- a tenant whose head entry -- and next, or nil -- the caller just read)
 --
 -- A tier whose active set was found empty is flagged ('e:<tier>' in the state hash: until
--- when; written back below) and not read again until a tenant joins it (gt_activate, the one
--- way into an empty active set, clears the flag) or EMPTY_RECHECK_MS passes: an idle tier
--- costs a pick no command.
+-- when; written back by [write_back]) and not read again until a tenant joins it
+-- (gt_activate, the one way into an empty active set, clears the flag) or EMPTY_RECHECK_MS
+-- passes: an idle tier costs a pick no command.
 local function candidate(qd, known_tenant, known_head, known_next)
   local boosted = boosted_candidate(qd)                      -- [lifecycle]
   if boosted then return mark_stale(qd, boosted) end         -- [lifecycle]
@@ -251,43 +277,33 @@ for q = 1, Q do
   if qd.c then
     any_message = true
     local a = qd.a
-    qd.weight, qd.alpha = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    qd.share, qd.max_wait = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-    qd.reserved, qd.tenant_max = ARGV[a + 6] == '1', tonumber(ARGV[a + 7])
+    qd.weight, qd.alpha = tonumber(ARGV[a + A_queue_base_weight]), tonumber(ARGV[a + A_queue_alpha_per_ms])
+    qd.share, qd.max_wait = tonumber(ARGV[a + A_queue_share]), tonumber(ARGV[a + A_queue_max_wait_ms])
+    qd.reserved = ARGV[a + A_queue_reserved] == '1'
+    qd.tenant_max = tonumber(ARGV[a + A_queue_tenant_max_inflight])
     qd.taken = 0
   end
-end
-
--- the state hash fields of pool p's tiers whose empty flag changed (candidate), appended;
--- a tier found empty has its bell emptied: its tokens wake nobody for anything now (work
--- that comes rings it again, as an unparked tenant or a task put back do)
-local function empty_flags(p, fields)
-  for q = 1, Q do
-    local qd = queues[q]
-    if qd.pool == p and qd.empty ~= qd.was_empty then
-      fields[#fields + 1], fields[#fields + 2] = 'e:' .. qd.tier, qd.empty and (now + EMPTY_RECHECK_MS) or 0
-      if qd.empty then redis.call('DEL', qd.bell) end
-    end
-  end
-  return fields
 end
 
 if not any_message then
   for p = 1, P do
     local fields = empty_flags(p, {})
-    if #fields > 0 then redis.call('HSET', KEYS[PK * (p - 1) + 1], unpack(fields)) end
+    if #fields > 0 then redis.call('HSET', KEYS[K_per_pool * (p - 1) + K_pool_state], unpack(fields)) end
   end
   return {0, -1}
 end
 
+-- [admission] the pools' buckets, refilled to now, and whether
+-- (and when) a pool admits a queue's candidate.
+
 -- pools with a candidate: refilled bucket levels and fair state, read once each
-local pools = {}
+pools = {}
 for p = 1, P do
-  local base, a = PK * (p - 1), 8 + PA * (p - 1)
+  local k, a = K_per_pool * (p - 1), A_per_pool * (p - 1)
   local pool = {
-    state = KEYS[base + 1], messages = KEYS[base + 2],
-    finish = KEYS[base + 3], parked = KEYS[base + 4], inflight = KEYS[base + 5],
-    dispatched = KEYS[base + 6], dispatched_at = KEYS[base + 7],
+    state = KEYS[k + K_pool_state], messages = KEYS[k + K_pool_messages],
+    finish = KEYS[k + K_pool_finish], parked = KEYS[k + K_pool_parked], inflight = KEYS[k + K_pool_inflight],
+    dispatched = KEYS[k + K_pool_dispatched], dispatched_at = KEYS[k + K_pool_dispatched_at],
     live = false, tcap = 0, trate = 0, rcap = 0, rrate = 0, reserve = 0, tokens = 0, requests = 0,
     blocked_until = 0, wait_until = 0, debited = 0, dispatches = 0, v = 0, touched = false,
     waits = false,
@@ -299,45 +315,23 @@ for p = 1, P do
   end
   if live then
     pool.live = true
-    pool.tcap, pool.trate = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    pool.rcap, pool.rrate = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    pool.reserve = tonumber(ARGV[a + 4])
-    local b = pool_state[p]   -- the bucket's fields, read with the fair state above (from 2)
-    local tokens, requests, ts = tonumber(b[2]), tonumber(b[3]), tonumber(b[4])
+    pool.tcap, pool.trate = tonumber(ARGV[a + A_pool_token_capacity]), tonumber(ARGV[a + A_pool_tokens_per_ms])
+    pool.rcap, pool.rrate = tonumber(ARGV[a + A_pool_request_capacity]), tonumber(ARGV[a + A_pool_requests_per_ms])
+    pool.reserve = tonumber(ARGV[a + A_pool_reserve_tokens])
+    local b = pool_state[p]   -- the bucket's fields, read with the fair state ([fair_state])
+    local tokens, requests, ts = tonumber(b[STATE_TOKENS]), tonumber(b[STATE_REQUESTS]), tonumber(b[STATE_TS_MS])
     if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
     local dt = math.max(0, now - ts)
     pool.tokens = gt_refill(tokens, pool.tcap, pool.trate, dt)
     pool.requests = gt_refill(requests, pool.rcap, pool.rrate, dt)
-    pool.blocked_until = tonumber(b[5]) or 0
-    pool.wait_until = tonumber(b[8]) or 0
-    pool.debited, pool.dispatches = tonumber(b[6]) or 0, tonumber(b[7]) or 0
-    -- (the fair state, read above with the boosts: with lanes a dispatch's start tag can be
+    pool.blocked_until = tonumber(b[STATE_BLOCKED_UNTIL_MS]) or 0
+    pool.wait_until = tonumber(b[STATE_WAIT_UNTIL_MS]) or 0
+    pool.debited, pool.dispatches = tonumber(b[STATE_DEBITED_TOKENS]) or 0, tonumber(b[STATE_DISPATCHES]) or 0
+    -- (the fair state, read with the boosts: with lanes a dispatch's start tag can be
     -- below the last one -- a scheduled head served after interactive ones -- and tv never
     -- moves back)
-    pool.v = tonumber(b[1]) or 0
+    pool.v = tonumber(b[STATE_V]) or 0
   end
-end
-
--- the policy's score of a candidate: larger wins
-local function score(qd, pool)
-  local c = qd.c
-  local wait = now - c.enq
-  if wfq then qd.start = math.max(pool.v, qd.f) end   -- [lifecycle] (read by choose's bypass)
-  if c.stale then return 3e18 + wait end    -- [lifecycle] stale: out of the way at once, no tokens
-  if c.boost then return 2e18 + wait end    -- [lifecycle] inherited priority: before any promotion
-  if policy == 'fifo' then return -c.enq end
-  if policy == 'strict' then return qd.weight * 1e15 - c.enq end
-  if policy == 'aging' then return qd.weight + qd.alpha * wait end
-  -- wfq
-  qd.start = math.max(pool.v, qd.f)
-  -- promoted (past the tier's max wait) beats fair order, oldest promoted first --
-  -- but only while its tier is not ahead of virtual time (start tag == V): when
-  -- every tier is backlogged all heads are past their max wait, and an
-  -- unconditional promotion would hand the tier with the shortest max wait
-  -- (vip, 2 s) the whole pool instead of its share
-  if wait > qd.max_wait and qd.start <= pool.v then return 1e18 + wait end
-  -- smaller start tag wins; ties go to the heavier tier, then the older message
-  return -(qd.start - pool.v) * 1e6 + qd.weight - c.enq * 1e-13
 end
 
 -- whether a queue's candidate may use the reserve: a reserved tier's interactive work, and
@@ -364,6 +358,48 @@ local function admit_wait(qd, pool)
   if need_r > 0 then w = math.max(w, math.ceil(need_r / pool.rrate)) end
   return w
 end
+-- [scoring] the policies' scores and the queue to dispatch from.
+
+-- Score bands: a candidate's score is its band plus its place in the band, and larger wins.
+-- Every band is above any score of the bands under it (a place in a band is a wait in ms,
+-- or -enqueued ms, far below 1e15).
+local BAND_STALE = 3e18       -- [lifecycle] past its queue TTL: out of the way at once, no tokens
+local BAND_INHERITED = 2e18   -- [lifecycle] inherited priority: before any promotion
+local BAND_PROMOTED = 1e18    -- wfq: past its tier's max wait, oldest promoted first
+local STRICT_WEIGHT_BAND = 1e15   -- strict: each unit of tier weight a band, oldest first in it
+-- wfq, in fair order: a smaller start tag wins (per weighted token of virtual time), ties go
+-- to the heavier tier, then to the older message
+local WFQ_TAG_SCALE, WFQ_AGE_SCALE = 1e6, 1e-13
+
+-- the policy's score of a candidate that is neither stale nor inherited (wait: its wait in ms)
+local policy_score
+if policy == 'fifo' then
+  policy_score = function(qd, c) return -c.enq end
+elseif policy == 'strict' then
+  policy_score = function(qd, c) return qd.weight * STRICT_WEIGHT_BAND - c.enq end
+elseif policy == 'aging' then
+  policy_score = function(qd, c, wait) return qd.weight + qd.alpha * wait end
+else   -- wfq (qd.start: set by score)
+  policy_score = function(qd, c, wait, pool)
+    -- promoted (past the tier's max wait) beats fair order, oldest promoted first --
+    -- but only while its tier is not ahead of virtual time (start tag == V): when
+    -- every tier is backlogged all heads are past their max wait, and an
+    -- unconditional promotion would hand the tier with the shortest max wait
+    -- (vip, 2 s) the whole pool instead of its share
+    if wait > qd.max_wait and qd.start <= pool.v then return BAND_PROMOTED + wait end
+    return -(qd.start - pool.v) * WFQ_TAG_SCALE + qd.weight - c.enq * WFQ_AGE_SCALE
+  end
+end
+
+-- the score of a queue's candidate: larger wins
+local function score(qd, pool)
+  local c = qd.c
+  local wait = now - c.enq
+  if wfq then qd.start = math.max(pool.v, qd.f) end   -- (read by choose's bypass)
+  if c.stale then return BAND_STALE + wait end        -- [lifecycle]
+  if c.boost then return BAND_INHERITED + wait end    -- [lifecycle]
+  return policy_score(qd, c, wait, pool)
+end
 
 -- the queue to dispatch from now (nil, wait_ms when none is admissible)
 local function choose()
@@ -383,7 +419,7 @@ local function choose()
     if win then
       local w = admit_wait(queues[win], pool)
       -- the winner needs one of the dispatcher's general slots and only slots kept for
-      -- reserved interactive work are free (ARGV[7] spent)
+      -- reserved interactive work are free (general_picks spent)
       local needs_slot = general_left == 0 and not may_use_reserve(queues[win])
       if (needs_slot or (w > 0 and wfq)) and not may_use_reserve(queues[win]) then
         -- the winner waits (for tokens: its own plus the reserve; or for a general slot): a
@@ -417,6 +453,8 @@ local function choose()
   end
   return best, wait_ms
 end
+-- [dispatch] a tenant's slot taken, then the task dispatched --
+-- its entry taken, the bucket debited, both fair states advanced, its lease recorded.
 
 -- the next queue to dispatch from, with a slot of its tenant taken; a tenant
 -- found at its cap (the cap was lowered, or it runs in another tier too) is
@@ -443,9 +481,9 @@ end
 
 -- dispatch queue q's candidate (its tenant's slot taken: n in flight): take the
 -- entry, debit the bucket and advance both fair states (in memory, written back
--- once below), put the tenant's next task in line, record the lease; unless it
--- was the call's last, find the queue's next candidate
-local lease_ms, inline_max_b = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- once by [write_back]), put the tenant's next task in line, record the lease;
+-- unless it was the call's last, find the queue's next candidate
+local lease_ms, inline_max_b = tonumber(ARGV[A_lease_ms]), tonumber(ARGV[A_inline_max_b])
 local now_s = tostring(now)
 local out = {0, 0}
 local function dispatch(q, n, last)
@@ -513,17 +551,18 @@ end
 
 local wait_ms = nil
 local stopped = false   -- before max_picks: the call's other slots found nothing admissible
-local max_picks = tonumber(ARGV[6])
+local max_picks = tonumber(ARGV[A_max_picks])
 for k = 1, max_picks do
   local q, n = next_dispatch()
   if q == nil then wait_ms, stopped = n, true break end
   dispatch(q, n, k == max_picks)
 end
 
--- write back what the dispatches changed: buckets, fair states and empty flags; and, when
--- the call ends with a pool's winner waiting for its bucket, until when a dispatcher waits
--- for it: token refunds ring the pool's bell only until then (lua/settle.lua) -- a refund
--- nobody waits for would wake an idle dispatcher for an empty pick
+-- [write_back] what the dispatches changed, written once per
+-- state hash -- buckets, fair states and empty flags; and, when the call ends with a pool's
+-- winner waiting for its bucket, until when a dispatcher waits for it: token refunds ring
+-- the pool's bell only until then (lua/settle.lua) -- a refund nobody waits for would wake
+-- an idle dispatcher for an empty pick
 for p = 1, P do
   local pool = pools[p]
   local fields = empty_flags(p, {})
@@ -549,17 +588,17 @@ for p = 1, P do
   if #fields > 0 then redis.call('HSET', pool.state, unpack(fields)) end   -- one write
 end
 
--- [lifecycle: boosts] write back the inheritance and deadline lines that changed
+-- [lifecycle: boosts] the inheritance and deadline lines that changed
 for q = 1, Q do
   local qd = queues[q]
-  local fair = KEYS[PK * (qd.pool - 1) + 1]
+  local state = KEYS[K_per_pool * (qd.pool - 1) + K_pool_state]
   if qd.boosts_dirty then
-    if qd.boosts == '' then redis.call('HDEL', fair, 'b:' .. qd.tier)
-    else redis.call('HSET', fair, 'b:' .. qd.tier, qd.boosts) end
+    if qd.boosts == '' then redis.call('HDEL', state, 'b:' .. qd.tier)
+    else redis.call('HSET', state, 'b:' .. qd.tier, qd.boosts) end
   end
   if qd.urgent_dirty then
-    if qd.urgent_lines == '' then redis.call('HDEL', fair, 'd:' .. qd.tier, 'dn:' .. qd.tier)
-    else redis.call('HSET', fair, 'd:' .. qd.tier, qd.urgent_lines, 'dn:' .. qd.tier, qd.urgent_at) end
+    if qd.urgent_lines == '' then redis.call('HDEL', state, 'd:' .. qd.tier, 'dn:' .. qd.tier)
+    else redis.call('HSET', state, 'd:' .. qd.tier, qd.urgent_lines, 'dn:' .. qd.tier, qd.urgent_at) end
   end
 end
 

@@ -4,9 +4,9 @@
 -- and younger than the visibility timeout -- the last resort for a task whose
 -- holder keeps renewing but never finishes.
 --
--- KEYS[1] dispatched hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched-at zset
--- ARGV[1] lease ms   ARGV[2] visibility timeout ms
--- then pairs: delivery tag, dispatch token (its dispatch ms)
+-- KEYS[1] dispatched: hash (tag -> '<tier>|<dispatch ms>|<entry>')   KEYS[2] dispatched_at: zset
+-- ARGV[1] lease_ms   ARGV[2] visibility_timeout_ms
+-- ARGV[3] held...: pairs of delivery tag, dispatch token (its dispatch ms)
 --
 -- Returns how many leases were extended.
 --
@@ -17,16 +17,16 @@
 -- renewals -- ZADD XX, which only rewrites existing scores -- are let through.
 
 local now = gt_now_ms()
-local expiry_ms = now + tonumber(ARGV[1])
-local oldest = now - tonumber(ARGV[2])
+local expiry_ms = now + tonumber(ARGV[A_lease_ms])
+local oldest = now - tonumber(ARGV[A_visibility_timeout_ms])
 local renewed = 0
-redis.call('ZREM', KEYS[2], '')
-for i = 3, #ARGV, 2 do
-  local record = redis.call('HGET', KEYS[1], ARGV[i])
+redis.call('ZREM', KEYS[K_dispatched_at], '')
+for i = A_held, #ARGV, 2 do
+  local record = redis.call('HGET', KEYS[K_dispatched], ARGV[i])
   if record then
     local _, _, token = string.find(record, '^[^|]+|([^|]+)|')
     if token == ARGV[i + 1] and tonumber(token) >= oldest then
-      redis.call('ZADD', KEYS[2], 'XX', expiry_ms, ARGV[i])
+      redis.call('ZADD', KEYS[K_dispatched_at], 'XX', expiry_ms, ARGV[i])
       renewed = renewed + 1
     end
   end

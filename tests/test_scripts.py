@@ -1,5 +1,6 @@
-"""The Lua loader: one text per script (prelude + script when its header asks),
-every script with a KEYS/ARGV header, the clock and bucket maths only in the prelude."""
+"""The Lua loader: one text per script (its named KEYS/ARGV positions, prelude + script
+when its header asks, its parts spliced in), every script with a KEYS/ARGV header, the clock
+and bucket maths only in the prelude."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 
 import pytest
 
-from gateway_tasks.core.scripts import PRELUDE, USES_PRELUDE, available, file_text, scripts_for, source, uses_prelude
+from gateway_tasks.core.scripts import (PRELUDE, USES_PRELUDE, available, body as script_body, file_text, layout,
+                                        scripts_for, source, uses_prelude)
 
 PRELUDE_FUNCTIONS = re.findall(r"^local function (gt_\w+)", file_text(PRELUDE), re.M)
 
@@ -30,13 +32,13 @@ def test_every_script_has_a_header_naming_its_keys_and_argv(name):
 
 @pytest.mark.parametrize("name", available())
 def test_a_script_using_the_prelude_says_so_and_is_loaded_after_it(name):
-    body = file_text(name)
+    body = script_body(name)
     uses = [f for f in PRELUDE_FUNCTIONS if f + "(" in body]
     assert uses_prelude(name) == bool(uses), uses
     if uses:
-        assert source(name) == file_text(PRELUDE) + "\n" + body
+        assert source(name) == layout(name).lua() + file_text(PRELUDE) + "\n" + body
     else:
-        assert source(name) == body
+        assert source(name) == layout(name).lua() + body
     assert "redis.call('TIME')" not in body       # the clock is gt_now_ms()
 
 

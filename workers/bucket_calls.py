@@ -8,10 +8,16 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys, learned_field
+from gateway_tasks.core.scripts import layout
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_429, tier_field
 
 NOT_REPORTED = -1  # sync_limits.lua's "the upstream did not say"
+
+
+def bucket_rates(pool: Pool) -> dict[str, float]:
+    """A pool's bucket as the scripts' ARGV name it (pick, settle, sync_limits, take)."""
+    return dict(zip(("token_capacity", "tokens_per_ms", "request_capacity", "requests_per_ms"), pool.rates()))
 
 
 @dataclass(frozen=True)
@@ -54,18 +60,18 @@ class SettleCall(PoolCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.bucket_key, self.stats_key, self.keys.learned(self.pool.name),
-                self.keys.bell(self.pool.name)]
+        return layout(self.SCRIPT).keys(bucket=self.bucket_key, stats=self.stats_key,
+                                        learned=self.keys.learned(self.pool.name), bell=self.keys.bell(self.pool.name))
 
     @property
     def script_args(self) -> list[str | int | float]:
-        return [*self.pool.rates(), self.est_tokens, self.actual_tokens,
-                learned_field(self.tenant_id, self.model),
-                self.completion_tokens, self.learn_weight, self.bell_max,
-                1 if self.give_back_request else 0,
-                tier_field(ACTUAL_TOKENS, self.tier), tier_field(COMPLETED, self.tier),
-                *(_given(v) for v in (self.remaining_tokens, self.remaining_requests,
-                                      self.debited_tokens_at_dispatch, self.dispatches_at_dispatch))]
+        return layout(self.SCRIPT).args(
+            **bucket_rates(self.pool), est_tokens=self.est_tokens, actual_tokens=self.actual_tokens,
+            learned_field=learned_field(self.tenant_id, self.model), completion_tokens=self.completion_tokens,
+            learn_weight=self.learn_weight, bell_max=self.bell_max, unsent=1 if self.give_back_request else 0,
+            actual_tokens_field=tier_field(ACTUAL_TOKENS, self.tier), completed_field=tier_field(COMPLETED, self.tier),
+            **remaining_args(self.remaining_tokens, self.remaining_requests, self.debited_tokens_at_dispatch,
+                             self.dispatches_at_dispatch))
 
     def parse(self, reply: Any) -> "Settled":
         return Settled(float(reply[0]), float(reply[1]), int(reply[2]))
@@ -73,6 +79,14 @@ class SettleCall(PoolCall):
 
 def _given(value: float | None) -> float:
     return NOT_REPORTED if value is None else value
+
+
+def remaining_args(remaining_tokens: float | None, remaining_requests: float | None,
+                   debited_at_dispatch: float | None, dispatches_at_dispatch: int | None) -> dict[str, float]:
+    """What a reply said is left and the pool's totals at dispatch, as settle.lua and
+    sync_limits.lua name them (NOT_REPORTED for what is not known)."""
+    return dict(remaining_tokens=_given(remaining_tokens), remaining_requests=_given(remaining_requests),
+                debited_at_dispatch=_given(debited_at_dispatch), dispatches_at_dispatch=_given(dispatches_at_dispatch))
 
 
 @dataclass(frozen=True)
@@ -100,12 +114,13 @@ class SyncLimitsCall(PoolCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.bucket_key]
+        return layout(self.SCRIPT).keys(bucket=self.bucket_key)
 
     @property
     def script_args(self) -> list[float]:
-        return [*self.pool.rates(), _given(self.remaining_tokens), _given(self.remaining_requests),
-                _given(self.debited_tokens_at_dispatch), _given(self.dispatches_at_dispatch)]
+        return layout(self.SCRIPT).args(**bucket_rates(self.pool), **remaining_args(
+            self.remaining_tokens, self.remaining_requests, self.debited_tokens_at_dispatch,
+            self.dispatches_at_dispatch))
 
     def parse(self, reply: Any) -> Levels:
         return Levels(float(reply[0]), float(reply[1]))
@@ -121,11 +136,11 @@ class DrainCall(PoolCall):
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.bucket_key, self.stats_key]
+        return layout(self.SCRIPT).keys(bucket=self.bucket_key, stats=self.stats_key)
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.retry_after_ms, UPSTREAM_429]
+        return layout(self.SCRIPT).args(retry_after_ms=self.retry_after_ms, stats_field=UPSTREAM_429)
 
     def parse(self, reply: Any) -> int:
         """The blocked-until time (ms since epoch, Redis clock)."""

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import redis
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import scripts_for, text
+from gateway_tasks.core.scripts import layout, scripts_for, text
 from gateway_tasks.core.settings import Circuit, Pool
 from gateway_tasks.core.stats import CIRCUIT_CLOSES, CIRCUIT_OPENS
 
@@ -53,13 +53,15 @@ class CircuitCall:
     @property
     def script_keys(self) -> list[str]:
         k = self.keys
-        return [k.circuit(self.pool), k.bucket(self.pool), k.stats(self.pool)]
+        return layout(self.SCRIPT).keys(circuit=k.circuit(self.pool), bucket=k.bucket(self.pool),
+                                        stats=k.stats(self.pool))
 
     @property
     def script_args(self) -> list[str | int]:
         c = self.circuit
-        return [self.op, c.failure_threshold, int(c.open_s * 1000), int(c.probe_timeout_s * 1000),
-                CIRCUIT_OPENS, CIRCUIT_CLOSES]
+        return layout(self.SCRIPT).args(op=self.op, failure_threshold=c.failure_threshold,
+                                        open_ms=int(c.open_s * 1000), probe_timeout_ms=int(c.probe_timeout_s * 1000),
+                                        opens_field=CIRCUIT_OPENS, closes_field=CIRCUIT_CLOSES)
 
     def parse(self, reply: Any) -> CircuitReply:
         return CircuitReply(text(reply[0]), text(reply[1]), int(reply[2]), int(reply[3]))

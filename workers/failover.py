@@ -19,10 +19,11 @@ import redis
 
 from gateway_tasks.core.errors import UpstreamRejected
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import scripts_for, text
+from gateway_tasks.core.scripts import layout, scripts_for, text
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.stats import FAILOVERS, UPSTREAM_ERRORS
 from workers.bucket import PoolBucket, retry_after_ms
+from workers.bucket_calls import bucket_rates
 from workers.circuit import PoolCircuit
 from workers.upstream import UpstreamReply
 
@@ -51,11 +52,11 @@ class TakeCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.bucket(self.pool.name)]
+        return layout(self.SCRIPT).keys(bucket=self.keys.bucket(self.pool.name))
 
     @property
     def script_args(self) -> list[float | int]:
-        return [*self.pool.rates(), self.est_tokens]
+        return layout(self.SCRIPT).args(**bucket_rates(self.pool), est_tokens=self.est_tokens)
 
     def parse(self, reply: Any) -> Taken:
         if int(reply[0]) == 0:

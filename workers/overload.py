@@ -31,8 +31,8 @@ from gateway_tasks.core.index_entry import IndexEntry, mean_est_tokens, tenant_r
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.overload_levels import QueuedWork, Signals, baseline, hysteresis, measure, target_level
 from gateway_tasks.core.overload_state import HISTORY_MAX, LoadState, parse_state
-from gateway_tasks.core.scripts import Scripts, scripts_for
-from gateway_tasks.core.settings import MAX_LEVEL, Settings
+from gateway_tasks.core.scripts import Scripts, layout, scripts_for
+from gateway_tasks.core.settings import Settings
 from workers.rescue import Rescuer
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPSTREAM_429, UPSTREAM_ERRORS,
                                       UPSTREAM_MS, WAIT_MS, tier_field)
@@ -75,13 +75,16 @@ class OverloadCommitCall:
     @property
     def script_keys(self) -> list[str]:
         k = self.keys
-        return [k.overload_state, k.overload_history, k.overload_samples]
+        return layout(self.SCRIPT).keys(state=k.overload_state, history=k.overload_history,
+                                        samples=k.overload_samples)
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.version, self.min_spacing_ms, self.now_ms, self.level, self.reason,
-                json.dumps(self.signals), json.dumps(self.sample), self.samples_kept, HISTORY_MAX,
-                MAX_LEVEL, *("" if t is None else t for t in self.seen)]
+        return layout(self.SCRIPT).args(
+            version=self.version, min_spacing_ms=self.min_spacing_ms, now_ms=self.now_ms, level=self.level,
+            reason=self.reason, signals=json.dumps(self.signals), sample=json.dumps(self.sample),
+            samples_kept=self.samples_kept, history_kept=HISTORY_MAX,
+            level_k=[dict(seen="" if t is None else t) for t in self.seen])
 
     def parse(self, reply: Any) -> tuple[bool, int]:
         """(committed, the level before this decision)"""

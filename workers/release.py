@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import text
+from gateway_tasks.core.scripts import layout, text
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import STALE_RELEASES
 
@@ -44,23 +44,22 @@ class ReleaseCall:
     @property
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
-        out = [k.dispatched(p), k.dispatched_at(p), k.messages(p), k.inflight(p), k.parked(p),
-               k.finish(p), k.fair(p), k.stats(p)]
-        for tier in self.settings.tiers:   # the tier's bell: a put-back or unparked task's wake-up
-            out += [k.index(p, tier.name), k.active(p, tier.name), k.tier_bell(p, tier.name)]
-        if self.wake:
-            out.append(self.wake)
-        return out
+        return layout(self.SCRIPT).keys(
+            dispatched=k.dispatched(p), dispatched_at=k.dispatched_at(p), messages=k.messages(p),
+            inflight=k.inflight(p), parked=k.parked(p), finish=k.finish(p), fair=k.fair(p), stats=k.stats(p),
+            # the tier's bell: a put-back or unparked task's wake-up
+            tier=[dict(index=k.index(p, t.name), active=k.active(p, t.name), bell=k.tier_bell(p, t.name))
+                  for t in self.settings.tiers],
+            own_bell=self.wake or None)
 
     @property
     def script_args(self) -> list[str | int]:
-        args: list[str | int] = [self.tag, self.mode, self.bell_max, len(self.settings.tiers),
-                                 self.token, STALE_RELEASES, 1 if self.expired_only else 0]
-        for tier in self.settings.tiers:
-            args += [tier.name, tier.max_concurrency_per_tenant, tier.scheduled_lag_tokens]
-        if self.wake:
-            args.append(self.wake_ttl_ms)
-        return args
+        return layout(self.SCRIPT).args(
+            tag=self.tag, mode=self.mode, bell_max=self.bell_max, token=self.token, stale_field=STALE_RELEASES,
+            expired_only=1 if self.expired_only else 0,
+            tier=[dict(name=t.name, tenant_max_inflight=t.max_concurrency_per_tenant,
+                       lag_tokens=t.scheduled_lag_tokens) for t in self.settings.tiers],
+            own_bell_ttl_ms=self.wake_ttl_ms if self.wake else None)
 
     def parse(self, reply: Any) -> Released:
         if int(reply[0]) == 0:
@@ -84,11 +83,13 @@ class RenewCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.dispatched(self.pool), self.keys.dispatched_at(self.pool)]
+        return layout(self.SCRIPT).keys(dispatched=self.keys.dispatched(self.pool),
+                                        dispatched_at=self.keys.dispatched_at(self.pool))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.lease_ms, self.visibility_timeout_ms, *(x for pair in self.held for x in pair)]
+        return layout(self.SCRIPT).args(lease_ms=self.lease_ms, visibility_timeout_ms=self.visibility_timeout_ms,
+                                        held=[x for pair in self.held for x in pair])
 
     def parse(self, reply: Any) -> int:
         return int(reply)

@@ -30,7 +30,7 @@ from gateway_tasks.core.health import PoolHealth, choose_pool, read_health
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import InferenceRequest
-from gateway_tasks.core.scripts import Scripts, scripts_for, text
+from gateway_tasks.core.scripts import Scripts, layout, scripts_for, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from gateway_tasks.core.stats import RESCUED
 from workers.failover import model_on
@@ -60,11 +60,12 @@ class WithdrawCall:
     @property
     def script_keys(self) -> list[str]:
         k = self.keys
-        return [k.index(self.pool, self.tier), k.messages(self.pool), k.moving(self.pool)]
+        return layout(self.SCRIPT).keys(index=k.index(self.pool, self.tier), messages=k.messages(self.pool),
+                                        moving=k.moving(self.pool))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.tier, self.limit, self.stale_ms]
+        return layout(self.SCRIPT).args(tier=self.tier, limit=self.limit, stale_ms=self.stale_ms)
 
     def parse(self, reply: Any) -> list[dict[str, Any]]:
         return [json.loads(text(r)) for r in reply]

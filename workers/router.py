@@ -17,8 +17,9 @@ from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
 from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS,
                                          HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES)
-from gateway_tasks.core.scripts import Scripts, text
+from gateway_tasks.core.scripts import Scripts, layout, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
+from workers.bucket_calls import bucket_rates
 
 # larger messages are not copied through Lua: the dispatcher fetches them.  Copying one costs
 # Redis less than the fetch's round trip: per task, measured (a pick's HGET against HSTRLEN and a
@@ -26,9 +27,8 @@ from gateway_tasks.core.settings import Pool, Settings, Tier
 # such messages stays a 2 MB reply
 INLINE_MESSAGE_MAX_B = 64 * 1024
 MAX_PICKS_PER_CALL = 32      # most tasks one pick.lua call dispatches
-MAX_PICKS_ARG = 5            # ARGV[6] of pick.lua, 0-based
-GENERAL_PICKS_ARG = 6        # ARGV[7]: how many of them may be work outside the reserve
 NO_LIMIT = -1
+PICK = layout("pick")        # pick.lua's KEYS and ARGV by name
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def kept_slots(reserved_worker_slots: int, prefetch_count: int | None, serves_re
 
 
 def general_picks(free: int, kept: int) -> int:
-    """pick.lua's ARGV[7] for a dispatcher with ``free`` slots keeping ``kept`` of them:
+    """pick.lua's general_picks for a dispatcher with ``free`` slots keeping ``kept`` of them:
     how many of its picks may be work outside the reserve (NO_LIMIT when it keeps none)."""
     return NO_LIMIT if kept <= 0 else max(0, free - kept)
 
@@ -114,24 +114,26 @@ class PickPlan:
         self.pools = pools
         reserve_share = max((t.reserved_share for t in settings.tiers), default=0.0)
         k = self.keys
-        keys: list[str] = []
-        argv: list[Any] = [settings.policy, len(pools), len(self.queues), int(settings.lease_s * 1000),
-                           INLINE_MESSAGE_MAX_B, 1, NO_LIMIT]
-        for pool in pools:
-            p = pool.name
-            keys += [k.fair(p), k.messages(p), k.finish(p), k.parked(p),
-                     k.inflight(p), k.dispatched(p), k.dispatched_at(p)]
-            argv += [*pool.rates(), pool.token_capacity * reserve_share]
-        for q in self.queues:
-            keys += [k.index(q.pool.name, q.tier.name), k.active(q.pool.name, q.tier.name),
-                     k.tier_bell(q.pool.name, q.tier.name)]
-            argv += [pools.index(q.pool) + 1, q.tier.name, q.tier.base_weight,
-                     q.tier.aging_alpha_per_ms, q.tier.share, q.tier.max_wait_ms,
-                     1 if q.tier.reserved_share > 0 else 0, q.tier.max_concurrency_per_tenant]
-        # [lifecycle] per queue: the tier's queue TTL (ms): a stale candidate takes no tokens
-        argv += [int(q.tier.queue_ttl_s * 1000) for q in self.queues]
-        # per queue: the tier's scheduled lag (gateway_tasks.core.lanes)
-        argv += [q.tier.scheduled_lag_tokens for q in self.queues]
+        # pick.lua's KEYS and ARGV by name (lua/pick.lua's header): a pool's keys and rates,
+        # a queue's keys and its tier's values, one record each
+        pool_records = [dict(state=k.fair(p.name), messages=k.messages(p.name), finish=k.finish(p.name),
+                             parked=k.parked(p.name), inflight=k.inflight(p.name),
+                             dispatched=k.dispatched(p.name), dispatched_at=k.dispatched_at(p.name),
+                             **bucket_rates(p), reserve_tokens=p.token_capacity * reserve_share)
+                        for p in pools]
+        queue_records = [dict(index=k.index(q.pool.name, q.tier.name), active=k.active(q.pool.name, q.tier.name),
+                              bell=k.tier_bell(q.pool.name, q.tier.name),
+                              pool=pools.index(q.pool) + 1, tier=q.tier.name, base_weight=q.tier.base_weight,
+                              alpha_per_ms=q.tier.aging_alpha_per_ms, share=q.tier.share,
+                              max_wait_ms=q.tier.max_wait_ms, reserved=1 if q.tier.reserved_share > 0 else 0,
+                              tenant_max_inflight=q.tier.max_concurrency_per_tenant,
+                              ttl_ms=int(q.tier.queue_ttl_s * 1000),   # [lifecycle] stale: no tokens taken
+                              lag_tokens=q.tier.scheduled_lag_tokens)  # gateway_tasks.core.lanes
+                         for q in self.queues]
+        self._named_args = dict(policy=settings.policy, lease_ms=int(settings.lease_s * 1000),
+                                inline_max_b=INLINE_MESSAGE_MAX_B,
+                                pool=pool_records, queue=queue_records)
+        keys = PICK.keys(pool=pool_records, queue=queue_records)
         # a dispatcher's wake-up lists: its tiers' bells (arrivals) and its pools' (refunds, freed
         # tenant slots, restores): an arrival's token goes to a dispatcher that can pick it
         self.bell_keys = [*(k.tier_bell(q.pool.name, q.tier.name) for q in self.queues),
@@ -139,10 +141,16 @@ class PickPlan:
         self.reserved_bell_keys = [k.reserved_bell(pool.name) for pool in pools]   # ... with kept slots only
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
-        self.script_args = [str(x).encode() for x in argv]
+        self.script_args = self.args(max_picks=1, general_picks=NO_LIMIT)
         # whether any queue's tier may use the pool's reserve (only then are slots kept for it)
         self.serves_reserved = any(q.tier.reserved_share > 0 for q in self.queues)
         self._batches: dict[tuple[int, int], PickBatch] = {}
+
+    def args(self, max_picks: int, general_picks: int) -> list[bytes]:
+        """pick.lua's ARGV taking up to ``max_picks`` tasks, ``general_picks`` of them outside
+        the reserve (encoded once per batch: a dispatcher sends them on every poll)."""
+        named = {**self._named_args, "max_picks": max_picks, "general_picks": general_picks}
+        return [str(x).encode() for x in PICK.args(**named)]
 
     def batch(self, max_picks: int, general: int = NO_LIMIT) -> "PickBatch":
         """The same pick taking up to ``max_picks`` tasks in one call (a dispatcher with
@@ -226,9 +234,7 @@ class PickBatch:
         self.max_picks = max_picks
         self.general = general
         self.script_keys = plan.script_keys
-        self.script_args = list(plan.script_args)
-        self.script_args[MAX_PICKS_ARG] = str(max_picks).encode()
-        self.script_args[GENERAL_PICKS_ARG] = str(general).encode()
+        self.script_args = plan.args(max_picks, general)
 
     def parse(self, reply: Sequence[Any]) -> list[Picked] | Wait:
         return self.plan.parse_many(reply)

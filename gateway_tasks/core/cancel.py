@@ -20,6 +20,7 @@ import redis
 
 from gateway_tasks.core.index_entry import SEP, tenant_range
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import layout
 
 QUEUED, RUNNING, GONE = "queued", "running", "gone"   # what cancel.lua found
 SCAN_CHUNK = 1_000
@@ -99,12 +100,14 @@ class CancelCall:
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.ref.pool, self.ref.tier
-        return [k.messages(p), k.index(p, t), k.active(p, t), k.parked(p), k.dispatched(p),
-                k.cancelled(self.task_id)]
+        return layout(self.SCRIPT).keys(messages=k.messages(p), index=k.index(p, t), active=k.active(p, t),
+                                        parked=k.parked(p), dispatched=k.dispatched(p),
+                                        cancelled=k.cancelled(self.task_id))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.entry, self.ref.tag, self.ref.tier, self.ref.tenant, self.mark_ttl_ms, self.lag_tokens]
+        return layout(self.SCRIPT).args(entry=self.entry, tag=self.ref.tag, tier=self.ref.tier, tenant=self.ref.tenant,
+                                        mark_ttl_ms=self.mark_ttl_ms, lag_tokens=self.lag_tokens)
 
     def parse(self, reply: Any) -> str:
         return {1: QUEUED, 2: RUNNING}.get(int(reply), GONE)

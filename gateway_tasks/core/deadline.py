@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import layout
 
 MAX_URGENT_PER_TIER = 256
 
@@ -34,11 +35,12 @@ class DeadlineCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.fair(self.pool)]
+        return layout(self.SCRIPT).keys(fair=self.keys.fair(self.pool))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.tier, int(self.urgent_from_ms), self.entry, MAX_URGENT_PER_TIER]
+        return layout(self.SCRIPT).args(tier=self.tier, urgent_from_ms=int(self.urgent_from_ms), entry=self.entry,
+                                        max_lines=MAX_URGENT_PER_TIER)
 
     def parse(self, reply: Any) -> bool:
         return int(reply) == 1

@@ -27,7 +27,7 @@ from celery import Celery, states
 from gateway_tasks.core.celery_app import TASK_NAME
 from gateway_tasks.core.errors import DependencyFailed, GatewayError
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import scripts_for, text
+from gateway_tasks.core.scripts import layout, scripts_for, text
 
 logger = logging.getLogger(__name__)
 OK, FAILED = "ok", "failed"
@@ -56,14 +56,13 @@ class DependCall:
 
     @property
     def script_keys(self) -> list[str]:
-        out = [self.keys.held(self.task_id)]
-        for dep in self.depends_on:
-            out += [self.keys.done(dep), self.keys.waiters(dep)]
-        return out
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id), dependency=[
+            dict(done=self.keys.done(dep), waiters=self.keys.waiters(dep)) for dep in self.depends_on])
 
     @property
     def script_args(self) -> list[str | int]:
-        return [len(self.depends_on), self.task_id, self.send_json, self.ttl_ms, *self.depends_on]
+        return layout(self.SCRIPT).args(task_id=self.task_id, send=self.send_json, ttl_ms=self.ttl_ms,
+                                        dependency=[dict(id=dep) for dep in self.depends_on])
 
     def parse(self, reply: Any) -> Held:
         return Held(int(reply[0]), text(reply[1]))
@@ -90,14 +89,14 @@ class DepsDoneCall:
 
     @property
     def script_keys(self) -> list[str]:
-        out = [self.keys.done(self.task_id), self.keys.waiters(self.task_id)]
-        if self.check_cancelled:
-            out.append(self.keys.cancelled(self.task_id))
-        return out
+        return layout(self.SCRIPT).keys(
+            done=self.keys.done(self.task_id), waiters=self.keys.waiters(self.task_id),
+            cancelled=self.keys.cancelled(self.task_id) if self.check_cancelled else None)
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.outcome, self.ttl_ms, 1 if self.hand_over else 0]
+        return layout(self.SCRIPT).args(outcome=self.outcome, ttl_ms=self.ttl_ms,
+                                        hand_over=1 if self.hand_over else 0)
 
     def parse(self, reply: Any) -> Done:
         return Done(text(reply[0]), tuple(text(x) for x in reply[1]))
@@ -128,11 +127,11 @@ class DepsReleaseCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.held(self.dependent)]
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.dependent))
 
     @property
     def script_args(self) -> list[str]:
-        return [self.outcome, self.dependency]
+        return layout(self.SCRIPT).args(outcome=self.outcome, dependency=self.dependency)
 
     def parse(self, reply: Any) -> Released | None:
         if int(reply[0]) == 0:
@@ -154,11 +153,12 @@ class BoostCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.fair(self.pool)]
+        return layout(self.SCRIPT).keys(fair=self.keys.fair(self.pool))
 
     @property
     def script_args(self) -> list[str | int]:
-        return [self.tier, self.inherits, self.entry, MAX_BOOSTS_PER_TIER]
+        return layout(self.SCRIPT).args(tier=self.tier, inherits=self.inherits, entry=self.entry,
+                                        max_boosts=MAX_BOOSTS_PER_TIER)
 
     def parse(self, reply: Any) -> int:
         return int(reply)

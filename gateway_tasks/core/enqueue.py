@@ -17,7 +17,7 @@ import redis
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.lanes import INTERACTIVE
-from gateway_tasks.core.scripts import Scripts, scripts_for, text
+from gateway_tasks.core.scripts import Scripts, layout, scripts_for, text
 from gateway_tasks.core.settings import Tier
 
 
@@ -53,23 +53,28 @@ class EnqueueCall:
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.pool, self.tier.name
-        return [k.messages(p), k.index(p, t), k.active(p, t), k.finish(p), k.parked(p),
-                k.inflight(p), k.seq(p), k.fair(p), k.tier_bell(p, t), k.reserved_bell(p),
-                *((k.index(p, tier) for tier in self.pool_tiers) if self.pool_capacity > 0 else ()),
-                *((k.task_ref_in(p, self.task_id),) if self.task_id else ())]
+        return layout(self.SCRIPT).keys(
+            messages=k.messages(p), index=k.index(p, t), active=k.active(p, t), finish=k.finish(p),
+            parked=k.parked(p), inflight=k.inflight(p), seq=k.seq(p), fair=k.fair(p), bell=k.tier_bell(p, t),
+            reserved_bell=k.reserved_bell(p), capacity_tier=[dict(index=k.index(p, tier)) for tier in self.counted_tiers],
+            task_ref=k.task_ref_in(p, self.task_id) if self.task_id else None)
 
     @property
     def script_args(self) -> list[str | int | float]:
-        return [self.tier.name, self.tenant, self.tag, self.est_tokens, self.tenant_weight,
-                self.tier.queue_max_len, self.tier.max_concurrency_per_tenant,
-                self.bell_max, "" if self.enqueued_ms is None else self.enqueued_ms, self.pool_capacity,
-                self.lane, self.tier.scheduled_lag_tokens, 1 if self.tier.reserved_share > 0 else 0,
-                self.message_b, *self._ref_args()]
+        return layout(self.SCRIPT).args(
+            tier=self.tier.name, tenant=self.tenant, tag=self.tag, est_tokens=self.est_tokens,
+            weight=self.tenant_weight, queue_max_len=self.tier.queue_max_len,
+            tenant_max_inflight=self.tier.max_concurrency_per_tenant, bell_max=self.bell_max,
+            enqueued_ms="" if self.enqueued_ms is None else self.enqueued_ms, pool_capacity=self.pool_capacity,
+            lane=self.lane, lag_tokens=self.tier.scheduled_lag_tokens,
+            reserved=1 if self.tier.reserved_share > 0 else 0, C=len(self.counted_tiers),
+            message_b=self.message_b, ref_pool=self.pool if self.task_id else None,
+            ref_ttl_ms=max(1, self.ref_ttl_s) * 1000 if self.task_id else None)
 
-    def _ref_args(self) -> tuple[int | str, ...]:
-        if not self.task_id:
-            return ()
-        return len(self.script_keys), self.pool, max(1, self.ref_ttl_s) * 1000
+    @property
+    def counted_tiers(self) -> tuple[str, ...]:
+        """The tiers whose queues the pool's shared capacity counts (none without one)."""
+        return self.pool_tiers if self.pool_capacity > 0 else ()
 
     @property
     def message_b(self) -> int:

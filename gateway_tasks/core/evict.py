@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import text
+from gateway_tasks.core.scripts import layout, text
 from gateway_tasks.core.settings import Settings, Tier
 
 EVICTED_BY_HIGHER_TIER = "evicted_by_higher_tier"   # Evicted.reason
@@ -58,15 +58,14 @@ class EvictCall:
     @property
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
-        out = [k.messages(p), k.parked(p)]
-        for tier in self.candidates:
-            out += [k.index(p, tier), k.active(p, tier)]
-        return out
+        return layout(self.SCRIPT).keys(messages=k.messages(p), parked=k.parked(p), tier=[
+            dict(index=k.index(p, tier), active=k.active(p, tier)) for tier in self.candidates])
 
     @property
     def script_args(self) -> list[str | int]:
-        lags = [self.lags[i] if i < len(self.lags) else 0 for i in range(len(self.candidates))]
-        return [len(self.candidates), *self.candidates, *lags]
+        return layout(self.SCRIPT).args(tier=[
+            dict(name=tier, lag_tokens=self.lags[i] if i < len(self.lags) else 0)
+            for i, tier in enumerate(self.candidates)])
 
     def parse(self, reply: Any) -> Victim | None:
         if int(reply[0]) == 0:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import layout
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,11 @@ class FairMerge:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.fair_before_merge(self.pool), self.keys.fair(self.pool)]
+        return layout(self.SCRIPT).keys(old=self.keys.fair_before_merge(self.pool), state=self.keys.fair(self.pool))
 
     @property
     def script_args(self) -> list[Any]:
-        return []
+        return layout(self.SCRIPT).args()
 
     def parse(self, reply: Any) -> int:
         return int(reply)

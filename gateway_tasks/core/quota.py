@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from gateway_tasks.core.errors import PromptTooLarge, QuotaExceeded
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.scripts import text
+from gateway_tasks.core.scripts import layout, text
 
 HOUR_MS = 3_600_000
 QUOTA_TTL_MS = 2 * HOUR_MS       # an hour's counter outlives its hour (cron_fire.lua's too)
@@ -72,11 +72,13 @@ class QuotaTakeCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.keys.quota(self.tenant_id, hour_of(self.now_ms)), self.keys.tenant_bucket(self.tenant_id)]
+        return layout(self.SCRIPT).keys(counter=self.keys.quota(self.tenant_id, hour_of(self.now_ms)),
+                                        bucket=self.keys.tenant_bucket(self.tenant_id))
 
     @property
     def script_args(self) -> list[int]:
-        return [self.max_per_hour, QUOTA_TTL_MS, self.est_tokens, self.tpm]
+        return layout(self.SCRIPT).args(max_per_hour=self.max_per_hour, counter_ttl_ms=QUOTA_TTL_MS,
+                                        est_tokens=self.est_tokens, tpm=self.tpm)
 
     def parse(self, reply: Any) -> QuotaTaken:
         if int(reply[0]) == 1:
@@ -118,12 +120,14 @@ class QuotaRefundCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return self.take.script_keys
+        t = self.take
+        return layout(self.SCRIPT).keys(counter=t.keys.quota(t.tenant_id, hour_of(t.now_ms)),
+                                        bucket=t.keys.tenant_bucket(t.tenant_id))
 
     @property
     def script_args(self) -> list[int]:
         t = self.take
-        return [1 if self.counted else 0, t.est_tokens, t.tpm]
+        return layout(self.SCRIPT).args(counted=1 if self.counted else 0, est_tokens=t.est_tokens, tpm=t.tpm)
 
     def parse(self, reply: Any) -> int:
         return int(reply)

@@ -28,7 +28,7 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.core.oom import is_out_of_memory
-from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.scripts import layout, scripts_for
 
 RESULT_BACKEND = "gateway_tasks.core.result_backend:ResultBackend"
 
@@ -50,11 +50,11 @@ class ResultStoreCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return [self.key]
+        return layout(self.SCRIPT).keys(result=self.key)
 
     @property
     def script_args(self) -> list[str | bytes | int]:
-        return [self.meta, self.expires_s]
+        return layout(self.SCRIPT).args(meta=self.meta, expires_s=self.expires_s)
 
     def parse(self, reply: Any) -> bool:
         return int(reply) == 1

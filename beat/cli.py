@@ -1,12 +1,11 @@
-"""`gateway cron ...`: add, list, delete tenant crons; run the beat benchmark.
+"""`gateway cron ...`: add, list, delete tenant crons.
 
     gateway cron add acme digest '0 7 * * *' --prompt 'Summarise yesterday' [--model M] [--max-tokens N]
     gateway cron list [--tenant acme] [--json]
     gateway cron delete acme digest
-    gateway cron bench [--entries 100000] [--json]
 
-add/list/delete need REDIS_URL (the gateway's Redis); bench starts an embedded
-Redis when REDIS_URL is unset.
+Each needs REDIS_URL (the gateway's Redis).  The scheduler's benchmark is a dev
+tool: `gateway-dev cron-bench`.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ replica and restart, and spreads crons that share a schedule over the window."""
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("cron", help="tenant crons: add, list, delete, bench",
+    parser = subparsers.add_parser("cron", help="tenant crons: add, list, delete",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cron_command", required=True)
 
@@ -62,11 +61,6 @@ def register(subparsers: Any) -> None:
     rm.add_argument("tenant")
     rm.add_argument("task_id")
     rm.set_defaults(func=cmd_delete)
-
-    from gateway_tasks.devtools.bench import beat as bench  # dev tooling: only the CLI pulls it in
-    bn = sub.add_parser("bench", help="100k crons across an hour boundary, jitter off vs on")
-    bench.add_arguments(bn)
-    bn.set_defaults(func=cmd_bench)
 
 
 def _connect() -> tuple[Settings, redis.Redis]:
@@ -119,8 +113,3 @@ def cmd_delete(args: argparse.Namespace) -> int:
     delete_cron(settings, client, args.tenant, args.task_id)
     print(f"deleted {args.tenant}:{args.task_id}")
     return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from gateway_tasks.devtools.bench import beat as bench
-    return bench.run_from_args(args)

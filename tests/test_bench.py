@@ -1,4 +1,4 @@
-"""`gateway bench` at a tiny size: the JSON document's structure and sane values
+"""`gateway-dev bench` at a tiny size: the JSON document's structure and sane values
 (real Redis, simulator, worker processes).  No timing assertions."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from gateway_tasks.devtools.bench import main as bench
+from devtools.bench import main as bench
 
-from gateway_tasks.devtools.bench import load as bench_load
+from devtools.bench import load as bench_load
 
-from gateway_tasks.devtools.bench import report as bench_report
-from gateway_tasks.devtools.measure import percentile
+from devtools.bench import report as bench_report
+from devtools.measure import percentile
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_helpers():
 
 def test_shown_redis_url_has_no_credentials():
     from gateway_tasks.core.urls import without_credentials
-    from gateway_tasks.devtools.redis_server import shown_redis
+    from devtools.run_redis import shown_redis
 
     assert shown_redis("redis://user:s3cret@db.example:6380/2", embedded=False) == \
         "redis://db.example:6380/2"

@@ -1,11 +1,11 @@
-"""`gateway bench-lifecycle` runs and reports every script it measures (the numbers
+"""`gateway-dev bench-lifecycle` runs and reports every script it measures (the numbers
 themselves are measurements, not asserted)."""
 
 from __future__ import annotations
 
-from gateway_tasks.cli.main import build_parser
-from gateway_tasks.devtools.bench.lifecycle import format_report, run_bench
-from gateway_tasks.devtools.redis_server import delete_prefix
+from devtools.cli import build_parser
+from devtools.bench.lifecycle import format_report, run_bench
+from devtools.run_redis import delete_prefix
 
 
 def test_bench_lifecycle_measures_every_script(r):

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gateway_tasks.devtools.bench import overload, overload_report as rep
+from devtools.bench import overload, overload_report as rep
 
 
 @pytest.mark.parametrize("values, q, expected", [

@@ -1,4 +1,4 @@
-"""`gateway bench --runs N` without running anything: the spread maths (median,
+"""`gateway-dev bench --runs N` without running anything: the spread maths (median,
 min, max; runs passing) and the multi-run report, on fake evaluated runs."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import json
 import pytest
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.devtools.bench import load as bench_load
-from gateway_tasks.devtools.bench import main as bench
-from gateway_tasks.devtools.bench import report as bench_report
-from gateway_tasks.devtools.bench import spread as bench_spread
-from gateway_tasks.devtools.bench import spread_report
-from gateway_tasks.devtools.bench.headline import plain_headline, policy_headline
-from gateway_tasks.devtools.measure import spread
+from devtools.bench import load as bench_load
+from devtools.bench import main as bench
+from devtools.bench import report as bench_report
+from devtools.bench import spread as bench_spread
+from devtools.bench import spread_report
+from devtools.bench.headline import plain_headline, policy_headline
+from devtools.measure import spread
 
 TIERS = [{"name": "vip", "share": 70, "reserved_share": 0.2, "max_wait_ms": 2000},
          {"name": "normal", "share": 20, "reserved_share": 0.0, "max_wait_ms": 30000},

@@ -1,4 +1,4 @@
-"""The router-v2 benches (`gateway bench-fairness`, `gateway bench-dispatch`): their
+"""The router-v2 benches (`gateway-dev bench-fairness`, `gateway-dev bench-dispatch`): their
 pure parts -- utilisation accounting, stat aggregation, targets, formatting --
 and one small smoke run of the server-side pick measurement.  No timing asserts."""
 
@@ -10,15 +10,15 @@ import json
 import pytest
 import redis
 
-from gateway_tasks.cli.main import build_parser
-from gateway_tasks.devtools.bench import (command_purpose, dispatch, dispatch_cpu, dispatch_rate,
-                                          dispatch_report, dispatch_server, fairness,
-                                          fairness_report, targets)
-from gateway_tasks.devtools.bench.redis_stats import Cost, stats_delta
-from gateway_tasks.devtools.bench.utilisation import UpstreamPoint, window_utilisation
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
-from gateway_tasks.devtools.simulator import SimConfig, Simulator
-from gateway_tasks.devtools.simulator.bucket import TokenBucket
+from devtools.cli import build_parser
+from devtools.bench import (command_purpose, dispatch, dispatch_cpu, dispatch_rate,
+                            dispatch_report, dispatch_server, fairness,
+                            fairness_report, targets)
+from devtools.bench.redis_stats import Cost, stats_delta
+from devtools.bench.utilisation import UpstreamPoint, window_utilisation
+from gateway_tasks.local.redis_server import EmbeddedRedis, redis_server_binary
+from gateway_tasks.simulator import SimConfig, Simulator
+from gateway_tasks.simulator.bucket import TokenBucket
 
 
 class Clock:

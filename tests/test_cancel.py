@@ -26,9 +26,9 @@ from gateway_tasks.core.errors import QueueFull, TaskCancelled, UnknownTask
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import DISPATCHED, tier_field
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.rest.app import create_app, sync_timeout_s
 from gateway_tasks.rest.results import wait_for_meta

@@ -301,8 +301,8 @@ def test_measured_plan_on_a_running_deployment(r, settings, tmp_path, monkeypatc
     import time
 
     from gateway_tasks.core.settings import Pool
-    from gateway_tasks.devtools import processes
-    from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+    from devtools import processes
+    from gateway_tasks.simulator import SimConfig, SimulatorThread
 
     with SimulatorThread(SimConfig(base_latency_ms=100, ms_per_output_token=0)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),

@@ -1,4 +1,4 @@
-"""`gateway chaos` at reduced size (``QUICK``), one test per fault: real Redis
+"""`gateway-dev chaos` at reduced size (``QUICK``), one test per fault: real Redis
 servers (private, AOF everysec), workers, beat, the simulator and the REST API.
 Every row must meet its correctness targets: nothing lost, upstream calls
 duplicated only for calls in flight at a fault, counters back to zero, clear
@@ -14,18 +14,18 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from gateway_tasks.cli.main import build_parser
+from devtools.cli import build_parser
 from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.oom import is_out_of_memory
 from gateway_tasks.core.result_backend import RESULT_BACKEND, ResultBackend, backend_url
 from gateway_tasks.core.settings import load_settings
-from gateway_tasks.devtools.chaos.counters import Level, expected_level, ledger_gap, refilled
-from gateway_tasks.devtools.chaos.deployment import BUNDLED, REDIS_SERVER_ENV, chaos_redis_binary
-from gateway_tasks.devtools.chaos.observe import Calls, reason_of
-from gateway_tasks.devtools.chaos.outcome import Outcome
-from gateway_tasks.devtools.chaos.suite import FAULTS, run_fault, select
-from gateway_tasks.devtools.chaos.table import render
-from gateway_tasks.devtools.chaos.workload import QUICK
+from devtools.chaos.counters import Level, expected_level, ledger_gap, refilled
+from devtools.chaos.deployment import BUNDLED, REDIS_SERVER_ENV, chaos_redis_binary
+from devtools.chaos.observe import Calls, reason_of
+from devtools.chaos.outcome import Outcome
+from devtools.chaos.suite import FAULTS, run_fault, select
+from devtools.chaos.table import render
+from devtools.chaos.workload import QUICK
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool
 from workers.faults import KILL_POINTS, parse_kill_points
@@ -94,7 +94,7 @@ def test_reasons_group_by_class_and_message_without_numbers():
 
 
 def test_chaos_redis_binary_choice():
-    from gateway_tasks.devtools.redis_server import bundled_redis_server, redis_server_binary
+    from gateway_tasks.local.redis_server import bundled_redis_server, redis_server_binary
     assert chaos_redis_binary("") == redis_server_binary()
     assert chaos_redis_binary(BUNDLED) == bundled_redis_server()
     assert chaos_redis_binary("/opt/redis/bin/redis-server") == "/opt/redis/bin/redis-server"
@@ -139,7 +139,7 @@ def test_a_tasks_client_rides_a_redis_restart_on_every_command(tmp_path):
     import threading
     import time
 
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis, redis_server_binary
+    from gateway_tasks.local.redis_server import EmbeddedRedis, redis_server_binary
     from workers.tasks import redis_for
 
     with EmbeddedRedis(binary=redis_server_binary(), data_dir=str(tmp_path / "data"),

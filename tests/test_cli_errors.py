@@ -29,8 +29,8 @@ from gateway_tasks.core.errors import EXIT_CONFIG, EXIT_REDIS_UNAVAILABLE, Redis
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.redis_failures import as_unavailable, cause_of, unavailable_line
 from gateway_tasks.core.settings import Pool, load_settings
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.local.redis_server import EmbeddedRedis
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 from gateway_tasks.rest.streaming import events

@@ -20,9 +20,9 @@ import uuid
 import pytest
 
 from gateway_tasks.core.settings import load_settings
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.env_deployment import CONFIG_VARS, EnvDeployment
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from devtools.env_deployment import CONFIG_VARS, EnvDeployment
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
 

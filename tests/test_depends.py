@@ -13,8 +13,8 @@ from gateway_tasks.core.broker import queued_messages
 from gateway_tasks.core.errors import DependencyFailed, InvalidRequest, UnknownTask
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Overload, Pool
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 from gateway_tasks.core.quota import hour_of
@@ -178,7 +178,7 @@ def test_priority_inheritance_under_a_batch_flood(settings, r, tmp_path):
     dispatched at VIP priority (ahead of the flood), so the pair completes within the VIP
     wait target; a batch task queued at the same moment without a VIP waiting on it waits
     behind the flood."""
-    from gateway_tasks.devtools.quotas import for_load
+    from devtools.quotas import for_load
 
     with SimulatorThread(SimConfig(tpm=60_000, rpm=6_000, burst_s=2, base_latency_ms=20)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),

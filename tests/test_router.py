@@ -395,7 +395,7 @@ def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scrip
     import redis as redis_lib
 
     from gateway_tasks.core.depends import Done, done_call
-    from gateway_tasks.devtools.redis_server import EmbeddedRedis
+    from gateway_tasks.local.redis_server import EmbeddedRedis
     from workers.bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
@@ -546,7 +546,7 @@ def test_requeue_returns_to_the_front_of_its_tenants_line_with_its_enqueue_time(
 
 
 def test_every_key_of_a_dispatch_shares_the_pools_hash_slot(r, settings):
-    from gateway_tasks.devtools.redis_cluster import slot_of
+    from devtools.redis_cluster import slot_of
     two = (BIG, Pool("other", base_url="http://127.0.0.1:1/v1", api_key="x", models=("n",),
                      tpm=10**9, rpm=10**9))
     s = settings.with_(pools=two)

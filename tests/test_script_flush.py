@@ -22,7 +22,7 @@ from beat.store import CronStore
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import Scripts, available, scripts_for
 from gateway_tasks.core.settings import Pool, load_settings
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from gateway_tasks.local.redis_server import EmbeddedRedis
 from gateway_tasks.producer.gateway import Gateway
 from workers.app import make_worker_app
 from workers.bucket import PoolBucket

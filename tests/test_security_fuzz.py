@@ -24,8 +24,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: 
 
 from gateway_tasks.core.keys import Keys  # noqa: E402
 from gateway_tasks.core.settings import Pool, load_settings  # noqa: E402
-from gateway_tasks.devtools import processes  # noqa: E402
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread  # noqa: E402
+from devtools import processes  # noqa: E402
+from gateway_tasks.simulator import SimConfig, SimulatorThread  # noqa: E402
 from gateway_tasks.producer.gateway import Gateway  # noqa: E402
 from gateway_tasks.rest.app import create_app  # noqa: E402
 from gateway_tasks.rest.auth import ADMIN, PUBLIC, access_of  # noqa: E402

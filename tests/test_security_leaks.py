@@ -19,10 +19,10 @@ import pytest
 
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.settings import Pool, load_settings
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.ports import free_port
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.local.redis_server import EmbeddedRedis
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers.redaction import RESULT_HIDDEN
 

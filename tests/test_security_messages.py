@@ -21,9 +21,9 @@ from gateway_tasks.core.errors import InvalidRequest
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.devtools import processes
+from devtools import processes
 from gateway_tasks.metrics.exporter import render
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.core.dead_letters import dead_letters
 

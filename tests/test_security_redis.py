@@ -21,9 +21,9 @@ from fastapi.testclient import TestClient
 from gateway_tasks.core.errors import ConfigError, StartupError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings, settings_to_json
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.redis_server import EmbeddedRedis, bundled_redis_server
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.local.redis_server import EmbeddedRedis, bundled_redis_server
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 

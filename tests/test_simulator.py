@@ -18,10 +18,10 @@ import pytest
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.devtools.simulator.bucket import TokenBucket, ceil_ms, format_duration, format_seconds
-from gateway_tasks.devtools.simulator import (SimConfig, Simulator, SimulatorProcess, SimulatorThread,
-                                             config_from_args, config_to_argv)
-from gateway_tasks.devtools.simulator.cli import register
+from gateway_tasks.simulator.bucket import TokenBucket, ceil_ms, format_duration, format_seconds
+from gateway_tasks.simulator import (SimConfig, Simulator, SimulatorProcess, SimulatorThread,
+                                     config_from_args, config_to_argv)
+from gateway_tasks.simulator.cli import register
 from gateway_tasks.core.tokens import count_prompt_tokens
 
 MESSAGES = [{"role": "system", "content": "You are terse."},
@@ -501,7 +501,7 @@ def test_register_and_flags_round_trip():
 
 
 def test_module_help():
-    out = subprocess.run([sys.executable, "-m", "gateway_tasks.devtools.simulator.cli", "--help"],
+    out = subprocess.run([sys.executable, "-m", "gateway_tasks.simulator.cli", "--help"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "--ms-per-output-token" in out.stdout
 

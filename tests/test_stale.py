@@ -13,8 +13,8 @@ from gateway_tasks.core.errors import DeadlineExceeded, Expired
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import EXPIRED, tier_field
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 

@@ -1,21 +1,19 @@
 """The cron storm benchmark's pure measures (rates, bins, latency percentiles,
 deferred, targets), its quota sizing and task-id derivation, and its arguments
-(`gateway cron bench --storm`).  The storm itself runs in `make bench-beat`."""
+(`gateway-dev cron-bench --storm`).  The storm itself runs in `make bench-beat`."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from beat import cli as beat_cli
 from beat.fire import run_key
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.devtools.bench import storm
-from gateway_tasks.devtools.bench.storm_report import spec_from_args
-from gateway_tasks.devtools.bench.storm_stats import (deferred, first_reached_s, latency_stats,
-                                                      level_changes, rate_429_pct, rate_stats, rebin,
-                                                      targets, vip_p99_ratio, window_series)
+from devtools.bench import storm
+from devtools.cli import build_parser
+from devtools.bench.storm_report import spec_from_args
+from devtools.bench.storm_stats import (deferred, first_reached_s, latency_stats,
+                                        level_changes, rate_429_pct, rate_stats, rebin,
+                                        targets, vip_p99_ratio, window_series)
 from gateway_tasks.producer.gateway import Gateway
 
 
@@ -168,7 +166,7 @@ def fake_mode(mode: str, lag: int) -> dict:
 
 
 def test_the_report_shows_every_mode_side_by_side():
-    from gateway_tasks.devtools.bench.storm_report import format_storm_report
+    from devtools.bench.storm_report import format_storm_report
 
     modes = {m: fake_mode(m, 0 if "no_lanes" in m else 8192)
              for m in ("jitter_off", "jitter_on", "jitter_on_no_lanes")}
@@ -181,7 +179,7 @@ def test_the_report_shows_every_mode_side_by_side():
 
 
 def test_the_report_lists_each_mode_s_level_changes():
-    from gateway_tasks.devtools.bench.storm_report import format_storm_report
+    from devtools.bench.storm_report import format_storm_report
 
     modes = {m: fake_mode(m, 8192) for m in ("jitter_off", "jitter_on")}
     modes["jitter_on"].update(levels=[{"at_s": 1.2, "from": 0, "to": 3, "reason": "tier vip waited 2.1 s"}],
@@ -203,27 +201,26 @@ def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):
 
 
 def test_cron_bench_takes_the_storm_flags():
-    parser = argparse.ArgumentParser(prog="gateway")
-    beat_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["cron", "bench", "--storm", "--tenants", "50", "--compress", "10"])
+    parser = build_parser()
+    args = parser.parse_args(["cron-bench", "--storm", "--tenants", "50", "--compress", "10"])
     assert args.storm and args.tenants == 50 and args.compress == 10 and args.quota_fill == 1.0
     assert args.scheduled_lag_tokens is None and not args.compare_lanes
-    args = parser.parse_args(["cron", "bench", "--storm", "--scheduled-lag-tokens", "0", "--compare-lanes"])
+    args = parser.parse_args(["cron-bench", "--storm", "--scheduled-lag-tokens", "0", "--compare-lanes"])
     assert args.scheduled_lag_tokens == 0 and args.compare_lanes
-    assert parser.parse_args(["cron", "bench", "--storm", "--compare-slots"]).compare_slots
-    assert parser.parse_args(["cron", "bench", "--storm", "--compare-layout"]).compare_layout
-    assert not parser.parse_args(["cron", "bench"]).storm
-    spec = spec_from_args(parser.parse_args(["cron", "bench", "--storm", "--compare-gc-freeze", "--compare-sim-stack",
+    assert parser.parse_args(["cron-bench", "--storm", "--compare-slots"]).compare_slots
+    assert parser.parse_args(["cron-bench", "--storm", "--compare-layout"]).compare_layout
+    assert not parser.parse_args(["cron-bench"]).storm
+    spec = spec_from_args(parser.parse_args(["cron-bench", "--storm", "--compare-gc-freeze", "--compare-sim-stack",
                                              "--compare-switch", "0.5", "--sim-stack", "python"]))
     assert (spec.compare_gc_freeze, spec.compare_sim_stack, spec.compare_switch_ms, spec.sim_stack) == \
         (True, True, 0.5, "python")
-    assert spec_from_args(parser.parse_args(["cron", "bench", "--storm", "--compare-backlog"])).compare_backlog
+    assert spec_from_args(parser.parse_args(["cron-bench", "--storm", "--compare-backlog"])).compare_backlog
     assert not (spec.compare_lanes or spec.compare_slots or spec.compare_layout)
     assert [m.name for m in storm.storm_modes(spec)] == ["jitter_off", "jitter_on", "jitter_on_switch",
                                                          "jitter_on_python_sim", "jitter_on_no_gc_freeze"]
-    assert spec_from_args(parser.parse_args(["cron", "bench", "--storm"])) == storm.StormSpec()
+    assert spec_from_args(parser.parse_args(["cron-bench", "--storm"])) == storm.StormSpec()
     with pytest.raises(SystemExit):
-        parser.parse_args(["cron", "bench", "--storm", "--sim-stack", "twisted"])
+        parser.parse_args(["cron-bench", "--storm", "--sim-stack", "twisted"])
 
 
 def test_backlog_watch_keeps_the_peak_and_when():

@@ -15,9 +15,9 @@ from gateway_tasks.core.chunks import ChunkWriter, read
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, tier_field
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.api_thread import ApiThread
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from devtools.api_thread import ApiThread
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_a_stream_that_breaks_after_chunks_is_stream_broken_not_a_retry():
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from gateway_tasks.devtools.ports import free_port
+    from gateway_tasks.local.ports import free_port
     from workers.upstream import StreamBroken, chat_stream
 
     chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini",

@@ -14,7 +14,7 @@ from kombu import Queue
 
 from gateway_tasks.core.kombu_adapter import Empty
 from gateway_tasks.core.settings import load_settings
-from gateway_tasks.devtools.redis_server import EmbeddedRedis
+from gateway_tasks.local.redis_server import EmbeddedRedis
 from gateway_tasks.producer.gateway import Gateway
 from workers.app import make_worker_app
 from workers.poll_step import PICK, WAIT

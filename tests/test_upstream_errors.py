@@ -25,9 +25,9 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_ERRORS, tier_field
 from gateway_tasks.core.tokens import count_prompt_tokens
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.api_thread import ApiThread
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from devtools.api_thread import ApiThread
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 pytestmark = pytest.mark.slow

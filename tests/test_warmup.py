@@ -10,8 +10,8 @@ import pytest
 
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.tokens import encoding
-from gateway_tasks.devtools import processes
-from gateway_tasks.devtools.simulator import SimConfig, SimulatorThread
+from devtools import processes
+from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from workers import warmup
 

@@ -2,7 +2,7 @@
 
 ``GATEWAY_FAULT_KILL_AT=after_pick`` (or a comma-separated list of points)
 makes the worker process kill -9 itself the first time it reaches that point,
-so `gateway chaos` can crash a worker between every pair of steps of a task's
+so `gateway-dev chaos` can crash a worker between every pair of steps of a task's
 life -- pick, upstream call, settle, ack -- and check that nothing is lost and
 no counter leaks.  The variable is read once, at import; unset (production),
 ``kill_point`` is one test of an empty frozenset.

@@ -6,7 +6,7 @@ sit in every task's latency:
 * **The GIL switch interval** (``Settings.worker_switch_interval_ms``).  A thread
   whose upstream reply has arrived must take the GIL back, several times per call,
   and while other threads run Python each wait lasts up to the switch interval.
-  CPython's 5 ms is tuned for throughput; ``gateway cron bench --storm
+  CPython's 5 ms is tuned for throughput; ``gateway-dev cron-bench --storm
   --compare-switch MS`` measures another value side by side.
 * **Full collections** (``Settings.worker_gc_freeze``).  A worker holds ~150k
   objects once the openai SDK, Celery and its pools are loaded, and CPython's

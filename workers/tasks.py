@@ -437,7 +437,7 @@ def _infer(self: Any, body: dict[str, Any]) -> dict[str, Any]:
 @shared_task(name="gateway.noop", acks_late=True, reject_on_worker_lost=True,
              Request=RESULT_HIDING_REQUEST)
 def noop(tag: Any = None) -> dict[str, Any]:
-    """No upstream call: measures the queue itself (`gateway bench` compares the
+    """No upstream call: measures the queue itself (`gateway-dev bench` compares the
     gateway transport with plain Celery on this task).  ``started`` is the
     worker's wall clock when the task began."""
     return {"tag": tag, "started": time.time()}

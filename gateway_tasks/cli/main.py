@@ -32,7 +32,7 @@ examples:
   gateway flower                              Flower on 127.0.0.1, basic auth on
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
   gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream
-  gateway demo                                the whole system on an embedded Redis
+  gateway redis --dir .redis-data             a local Redis to keep (gateway-tasks[embedded])
   gateway capacity --measure-s 30 --peak-qps 120   instances needed, from measured rates
   gateway capacity forecast                   token demand per pool from the cron schedule
   gateway status                              load level L0-L4, its reason, pools' circuits
@@ -52,29 +52,23 @@ exit status:
   On {EXIT_FAILED}, {EXIT_REDIS_UNAVAILABLE} and {EXIT_CONFIG} the command prints one line to stderr, `gateway: ...`, and
   nothing to stdout: `KEY=$(gateway tenant add ...)` gets an empty string.
 
-run `gateway COMMAND --help` for a command's options."""
+run `gateway COMMAND --help` for a command's options.  The demo, the benchmarks and
+the fault suite are dev tools, in the source tree's gateway-tasks-devtools: `gateway-dev`."""
 
 # module path -> it defines register(subparsers) adding one or more commands
 COMMAND_MODULES = (
-    "gateway_tasks.devtools.simulator.cli",   # simulate-upstream
-    "beat.cli",                  # cron add/list/delete/bench
-    "gateway_tasks.devtools.demo",        # demo
-    "gateway_tasks.rest.cli",         # api
-    "gateway_tasks.cli.flower",       # flower
-    "gateway_tasks.cli.tenant",  # tenant add/list/delete
-    "gateway_tasks.cli.task",    # task cancel
+    "gateway_tasks.simulator.cli",        # simulate-upstream
+    "beat.cli",                           # cron add/list/delete
+    "gateway_tasks.rest.cli",             # api
+    "gateway_tasks.cli.flower",           # flower
+    "gateway_tasks.cli.tenant",           # tenant add/list/delete
+    "gateway_tasks.cli.task",             # task cancel
     "gateway_tasks.metrics.exporter",     # metrics
-    "gateway_tasks.devtools.bench.main",       # bench
-    "gateway_tasks.devtools.bench.fairness",   # bench-fairness
-    "gateway_tasks.devtools.bench.dispatch",   # bench-dispatch
-    "gateway_tasks.devtools.bench.lifecycle",  # bench-lifecycle
-    "gateway_tasks.devtools.redis_server",     # redis
-    "gateway_tasks.cli.ready",                 # ready
-    "gateway_tasks.cli.dead_letters",          # dead-letters
-    "gateway_tasks.devtools.chaos.command",    # chaos
-    "gateway_tasks.cli.capacity",              # capacity, capacity forecast
-    "gateway_tasks.cli.status",                # status
-    "gateway_tasks.devtools.bench.overload",   # bench-overload
+    "gateway_tasks.local.redis_server",   # redis
+    "gateway_tasks.cli.ready",            # ready
+    "gateway_tasks.cli.dead_letters",     # dead-letters
+    "gateway_tasks.cli.capacity",         # capacity, capacity forecast
+    "gateway_tasks.cli.status",           # status
 )
 
 

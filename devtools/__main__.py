@@ -1,0 +1,5 @@
+import sys
+
+from devtools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""The REST API served by uvicorn in a daemon thread on a free loopback port, for
+tests and benchmarks that talk to it over real HTTP (``with ApiThread(gw) as api:``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from gateway_tasks.core.errors import StartupError
+from gateway_tasks.local.ports import free_port
+from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.rest.app import create_app
+
+
+class ApiThread:
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0,
+                 startup_timeout_s: float = 10.0) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.root_url = f"http://{host}:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(gateway), host=host, port=self.port, log_level="warning",
+            access_log=False, lifespan="off"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible base URL (http://host:port/v1)."""
+        return f"{self.root_url}/v1"
+
+    def start(self) -> "ApiThread":
+        self._thread = threading.Thread(target=self._server.run, name=f"api-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                raise StartupError(f"the API on {self.root_url} exited before answering /healthz")
+            try:
+                if httpx.get(f"{self.root_url}/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise StartupError(f"the API on {self.root_url} did not answer /healthz within "
+                           f"{self.startup_timeout_s:g} s")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+            self._thread = None
+
+    def __enter__(self) -> "ApiThread":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

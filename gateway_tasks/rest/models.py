@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -21,7 +21,8 @@ class ChatMessage(BaseModel):
 
 
 def _prompt_to_messages(value: Any) -> Any:
-    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+    # a blank string stays a string, which the field refuses
+    return [{"role": "user", "content": value}] if isinstance(value, str) and value else value
 
 
 prompt_to_messages = _prompt_to_messages    # for the other request models (rest.crons)
@@ -32,7 +33,8 @@ class TaskRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    messages: list[ChatMessage] = Field(
+    # a plain string is accepted, and the schema says so: the before-validator makes it one user message
+    messages: list[ChatMessage] | Annotated[str, Field(min_length=1)] = Field(
         min_length=1, description="chat messages; a plain string is taken as one user message")
     model: str | None = Field(default=None, min_length=1,
                               description="a model served by one of the pools (default: first pool's)")

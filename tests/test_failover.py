@@ -56,7 +56,7 @@ def test_level_cancel_mark_and_closed_circuit_in_one_round_trip_of_plain_reads(s
     import redis
 
     from gateway_tasks.local.redis_server import EmbeddedRedis
-    from workers.tasks import before_call
+    from workers.pipeline import before_call
 
     pool = settings.pools[0]
     keys = Keys(settings.key_prefix)

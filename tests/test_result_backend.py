@@ -180,7 +180,7 @@ def test_a_started_write_for_a_task_not_running_here_is_written_at_once(r, backe
 
 
 def test_before_call_sends_the_held_started_write_in_its_round_trip(r, backend, settings):
-    from workers.tasks import before_call
+    from workers.pipeline import before_call
     keys, pool = Keys(settings.key_prefix), settings.pools[0]
     task_id = str(uuid.uuid4())
     r.set(keys.cancelled(task_id), "queued")
@@ -195,7 +195,7 @@ def test_before_call_sends_the_held_started_write_in_its_round_trip(r, backend, 
 
 
 def test_a_held_started_write_for_another_server_goes_through_the_backend(r, backend, settings):
-    from workers.tasks import before_call
+    from workers.pipeline import before_call
     keys, gateway_pool = Keys(settings.key_prefix), settings.pools[0]
     task_id = str(uuid.uuid4())
     pool = r.connection_pool                                # the task's reads: another database

@@ -11,7 +11,7 @@ from gateway_tasks.core.settings import Pool
 from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
-from workers.tasks import TASK_RETRIES_SPENT, task_may_retry
+from workers.pipeline import TASK_RETRIES_SPENT, task_may_retry
 
 pytestmark = pytest.mark.slow
 

@@ -20,6 +20,8 @@ from gateway_tasks.core.keys import Keys
 from workers.bucket_calls import DrainCall
 from gateway_tasks.core.index_entry import IndexEntry
 from workers.release import ReleaseCall, Released
+from gateway_tasks.core.request import HEADER_DISPATCH
+from workers.dispatch import Dispatch
 from workers.router import PickPlan, Picked, Wait, pick_now
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, default_tiers
@@ -28,6 +30,13 @@ BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m"
            tpm=10**9, rpm=10**9)
 
 
+
+
+def dispatch_of(picked: Picked) -> Dispatch:
+    """What the pick decided, as the task reads it from the message."""
+    got = Dispatch.decode(picked.payload["headers"][HEADER_DISPATCH])
+    assert got is not None
+    return got
 
 def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None = None,
          enq_ms: int | None = None, pool: str = "default", weight: float = 1.0) -> str:
@@ -254,7 +263,9 @@ def test_pick_records_unacked_atomically(r, settings):
     assert json.loads(r.hget(keys.messages("default"), tag))["properties"]["delivery_tag"] == tag
     assert r.zcard(keys.index("default", "vip")) == 0
     assert int(r.hget(keys.inflight("default"), got.tenant)) == 1
-    assert got.payload["headers"]["gt_disp_ms"] >= got.payload["headers"]["gt_enq_ms"]
+    d = dispatch_of(got)
+    assert d.dispatched_ms >= d.enqueued_ms and (d.tag, d.pool, d.tier, d.tenant) == (got.tag, "default", "vip", got.tenant)
+    assert (d.debited_tokens, d.debited_request, d.stale) == (got.est_tokens, True, False)
 
 
 def test_concurrent_dispatchers_never_overshoot_the_bucket(r, settings):
@@ -338,7 +349,6 @@ def test_a_refund_rings_the_pools_bell_only_while_a_dispatcher_waits_for_the_buc
 def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     """x-ratelimit-remaining describes the upstream when it answered task A; tasks the
     gateway dispatched after A cannot be in it yet, so the sync keeps their debits."""
-    from gateway_tasks.core.request import HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES
     from workers.bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
@@ -352,11 +362,11 @@ def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     level = bucket.level()["tokens"]                      # ~ 6000 - 3000
     # a's reply: the upstream saw only a (6000 - 1000 left); b's 2000 must stay debited
     synced = bucket.sync({"x-ratelimit-remaining-tokens": "5000", "x-ratelimit-remaining-requests": "99"},
-                         a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
+                         dispatch_of(a).pool_debited_total, dispatch_of(a).pool_dispatches_total)
     assert synced[0] <= min(level + 5, 3_000 + 5)          # not raised back to 5000: b is still counted
     assert synced[1] <= 98                                # b's request slot too
     stale = bucket.sync({"x-ratelimit-remaining-tokens": "2500"},
-                        a.payload["headers"][HEADER_POOL_DEBITED], a.payload["headers"][HEADER_POOL_DISPATCHES])
+                        dispatch_of(a).pool_debited_total, dispatch_of(a).pool_dispatches_total)
     assert stale[0] <= 500 + 5                            # 2500 seen at a, minus b's 2000
 
 
@@ -364,7 +374,6 @@ def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, setting
     """The worker's one call after an upstream reply: refund to the real usage, then lower
     to what the reply says is left minus what was dispatched after it, and the Redis time."""
     from gateway_tasks.core.clock import redis_now_ms as now_ms
-    from gateway_tasks.core.request import HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES
     from workers.bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
@@ -375,8 +384,8 @@ def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, setting
     a, b = pick(r, plan), pick(r, plan)
     assert (a.tenant, b.tenant) == ("a", "b")
     common = dict(est_tokens=1_000, tier="vip", tenant_id="a", model="m", completion_tokens=100,
-                  debited_tokens_at_dispatch=a.payload["headers"][HEADER_POOL_DEBITED],
-                  dispatches_at_dispatch=a.payload["headers"][HEADER_POOL_DISPATCHES])
+                  debited_tokens_at_dispatch=dispatch_of(a).pool_debited_total,
+                  dispatches_at_dispatch=dispatch_of(a).pool_dispatches_total)
     # no headers: a refund of 700 only (~3000 + 700 left)
     before = now_ms(r)
     plain = bucket.settle_reply(actual_tokens=300, **common)
@@ -541,7 +550,7 @@ def test_requeue_returns_to_the_front_of_its_tenants_line_with_its_enqueue_time(
     assert scripts_for(r).run(ReleaseCall(keys, s, "default", first, "requeue")).released
     assert not scripts_for(r).run(ReleaseCall(keys, s, "default", first, "requeue")).released  # once
     again = pick(r, plan)
-    assert again.tag == first and again.payload["headers"]["gt_enq_ms"] == now - 5_000
+    assert again.tag == first and dispatch_of(again).enqueued_ms == now - 5_000
     assert r.hget(keys.inflight("default"), "acme") == b"1"
 
 
@@ -704,7 +713,7 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
     assert by_tag[tag].payload is None and by_tag[tag].message_b > INLINE_MESSAGE_MAX_B
     fetched = plan.with_payload(r, by_tag[tag])
     assert fetched.payload["body"] == big["body"]
-    assert fetched.payload["headers"]["gt_disp_ms"] == by_tag[tag].dispatched_ms
+    assert dispatch_of(fetched).dispatched_ms == by_tag[tag].dispatched_ms
 
 
 class _EnqueueWithoutSize:
@@ -755,16 +764,15 @@ def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neithe
 def test_a_dispatch_knows_whether_it_still_holds_its_lease_before_the_upstream_call(r, settings):
     """The worker's pre-call read says whether the task's dispatched record is still this
     dispatch's (same token): not once it was released or restored and dispatched again."""
-    from gateway_tasks.core.request import HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS
     from workers.release import ACK, ReleaseCall
-    from workers.tasks import before_call
+    from workers.pipeline import before_call
     s, plan = make(settings, "wfq")
     keys = Keys(s.key_prefix)
     pool = s.pools[0]
     push(r, s, "vip", est=10, tenant="a")
     got = pick(r, plan)
-    headers = got.payload["headers"]
-    assert headers[HEADER_DELIVERY_TAG] == got.tag and headers[HEADER_DISPATCHED_MS] == got.dispatched_ms
+    d = dispatch_of(got)
+    assert d.tag == got.tag and d.dispatched_ms == got.dispatched_ms
     assert before_call(r, keys, s, pool, "t", got.tag, got.dispatched_ms).lease_held
     assert not before_call(r, keys, s, pool, "t", got.tag, got.dispatched_ms - 1).lease_held   # another dispatch's
     assert before_call(r, keys, s, pool, "t").lease_held          # no tag (not a gateway dispatch): no check
@@ -780,5 +788,5 @@ def test_a_dispatch_knows_whether_it_still_holds_its_lease_before_the_upstream_c
     (b"garbage", 1700000000123, False),
 ])
 def test_holds_lease(record, token, held):
-    from workers.tasks import holds_lease
+    from workers.pipeline import holds_lease
     assert holds_lease(record, token) is held

@@ -108,7 +108,7 @@ def test_unknown_tier_and_model_name_the_choices():
     (60, 30, (30, "queue_ttl")),
 ])
 def test_effective_deadline_table(deadline_s, ttl_s, expected):
-    from workers.tasks import effective_deadline_s
+    from workers.pipeline import effective_deadline_s
     assert effective_deadline_s(deadline_s, ttl_s) == expected
 
 

@@ -27,15 +27,15 @@ from typing import Any, Callable
 import redis
 
 from gateway_tasks.core.dead_letters import DEAD_LETTERS_KEPT, RAW_KEPT_CHARS, dead_letters
-from gateway_tasks.core.errors import ConfigError, DeadLettered
-from gateway_tasks.core.keys import Keys, split_queue_name
+from gateway_tasks.core.errors import DeadLettered
+from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.request import HEADER_EST_TOKENS, HEADER_TENANT
 from gateway_tasks.core.scripts import Scripts
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.stats import DEAD_LETTERED, tier_field
 from workers.bucket import PoolBucket
 from workers.release import ACK, ReleaseCall
-from workers.router import Picked, picked_stale
+from workers.router import Picked
 
 logger = logging.getLogger(__name__)
 
@@ -152,33 +152,7 @@ def problem_of(picked: Picked, settings: Settings) -> str | None:
     body_problem = _body_problem(message.get("body"), properties.get("body_encoding"))
     if body_problem:
         return body_problem
-    stale = picked_stale(picked.enqueued_ms, picked.dispatched_ms, settings.tier(picked.tier).queue_ttl_s)
-    return _est_problem(headers, picked, settings.pool(picked.pool).token_capacity, stale)
-
-
-def dispatched_queue(delivery_info: Any) -> tuple[str, str] | None:
-    """(tier, pool) of the gateway queue a task was dispatched from (its routing key)."""
-    key = delivery_info.get("routing_key") if isinstance(delivery_info, dict) else None
-    return split_queue_name(key) if isinstance(key, str) else None
-
-
-def refund_unrunnable(client: redis.Redis, keys: Keys, settings: Settings, delivery_info: Any,
-                      headers: dict[str, Any]) -> None:
-    """Give back what pick.lua debited for a task whose arguments turned out invalid: it
-    never reaches the upstream (the header's est_tokens, checked equal to the debit)."""
-    where = dispatched_queue(delivery_info)
-    est = headers.get(HEADER_EST_TOKENS)
-    if where is None or isinstance(est, bool) or not isinstance(est, (int, float)):
-        return
-    tier, pool_name = where
-    try:
-        pool = settings.pool(pool_name)
-    except ConfigError:
-        return
-    tenant = headers.get(HEADER_TENANT)
-    PoolBucket(client, keys, pool).settle(
-        est_tokens=int(est), actual_tokens=0, tier=tier, tenant_id=tenant if isinstance(tenant, str) else "",
-        model="", completion_tokens=0, learn=False, reached_upstream=False)
+    return _est_problem(headers, picked, settings.pool(picked.pool).token_capacity, picked.stale)
 
 
 def _task_id(picked: Picked) -> str:
@@ -227,4 +201,4 @@ class DeadLetterer:
                                exc_info=True)
 
 
-__all__ = ["DeadLetterer", "dead_letters", "problem_of", "refund_unrunnable"]
+__all__ = ["DeadLetterer", "dead_letters", "problem_of"]

@@ -24,7 +24,8 @@ from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.stats import FAILOVERS, UPSTREAM_ERRORS
 from workers.bucket import PoolBucket, retry_after_ms
 from workers.bucket_calls import bucket_rates
-from workers.circuit import PoolCircuit
+from workers.circuit import PROBE, PoolCircuit
+from workers.reservation import Debit, Reservation, Used
 from workers.upstream import UpstreamReply
 
 logger = logging.getLogger(__name__)
@@ -64,24 +65,17 @@ class TakeCall:
         return Taken(True, 0, float(text(reply[1])), int(reply[2]))
 
 
-@dataclass(frozen=True)
-class Served:
-    reply: UpstreamReply
-    pool: Pool
-    model: str
-    est_tokens: int
-    taken: Taken
-
-
 def model_on(pool: Pool, model: str) -> str:
     """The model a backup serves for ``model``: the same when it has it, else its first."""
     return model if model in pool.models else pool.model
 
 
 def fail_over(client: redis.Redis, keys: Keys, settings: Settings, primary: Pool, backups: Sequence[Pool],
-              call: Callable[[Pool, str], UpstreamReply], *, model: str, est_tokens: int, tier: str,
-              tenant_id: str, reason: str) -> tuple[Served | None, list[str]]:
-    """Try each backup in order; (the one that served, None if none could) and what each said."""
+              call: Callable[[Pool, str], UpstreamReply], reservation: Reservation, *, model: str,
+              est_tokens: int, tier: str, reason: str) -> tuple[Used | None, list[str]]:
+    """Try each backup in order; (the call that served, None if none could) and what each
+    said.  Each backup's debit is held by ``reservation`` (its ``settle`` gives back what
+    was not used); a 4xx the caller caused is raised: no other backup is tried."""
     scripts = scripts_for(client)
     notes: list[str] = []
     for backup in backups:
@@ -95,28 +89,27 @@ def fail_over(client: redis.Redis, keys: Keys, settings: Settings, primary: Pool
         if not taken.admitted:
             notes.append(f"{backup.name}: bucket admits in {taken.wait_ms} ms")
             continue
-        bucket = PoolBucket(client, keys, backup)
+        reservation.hold(Debit(backup, est, True, taken.debited_tokens, taken.dispatches))
         used_model = model_on(backup, model)
         try:
             reply = call(backup, used_model)
         except openai.RateLimitError as exc:
-            bucket.drain(retry_after_ms(dict(exc.response.headers)))
+            PoolBucket(client, keys, backup).drain(retry_after_ms(dict(exc.response.headers)))
+            reservation.drained(backup)
             notes.append(f"{backup.name}: 429")
             continue
         except TRANSIENT as exc:
-            bucket.settle(est_tokens=est, actual_tokens=0, tier=tier, tenant_id=tenant_id, model=used_model,
-                          completion_tokens=0, learn=False, reached_upstream=False)
             client.hincrby(keys.stats(backup.name), UPSTREAM_ERRORS, 1)
             circuit.failure()
             notes.append(f"{backup.name}: {type(exc).__name__}")
             continue
-        except (UpstreamRejected, openai.APIStatusError):   # the caller's error, or a refusal: no other backup
-            bucket.settle(est_tokens=est, actual_tokens=0, tier=tier, tenant_id=tenant_id, model=used_model,
-                          completion_tokens=0, learn=False, reached_upstream=False)
+        except UpstreamRejected:   # the caller's error: no other backup; the upstream answered
+            if gate.verdict == PROBE:
+                circuit.success()
             raise
         if not gate.clean or gate.verdict != "call":
             circuit.success()
         client.hincrby(keys.stats(primary.name), FAILOVERS, 1)
         logger.warning("failover: pool %s -> %s for a %s task (%s)", primary.name, backup.name, tier, reason)
-        return Served(reply, backup, used_model, est, taken), notes
+        return Used(backup, used_model, reply), notes
     return None, notes

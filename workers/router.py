@@ -15,11 +15,11 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import QUEUE_PREFIX, Keys, split_queue_name
-from gateway_tasks.core.request import (HEADER_DELIVERY_TAG, HEADER_DISPATCHED_MS, HEADER_ENQUEUED_MS,
-                                         HEADER_POOL_DEBITED, HEADER_POOL_DISPATCHES)
+from gateway_tasks.core.request import HEADER_DISPATCH
 from gateway_tasks.core.scripts import Scripts, layout, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from workers.bucket_calls import bucket_rates
+from workers.dispatch import Dispatch
 
 # larger messages are not copied through Lua: the dispatcher fetches them.  Copying one costs
 # Redis less than the fetch's round trip: per task, measured (a pick's HGET against HSTRLEN and a
@@ -56,6 +56,15 @@ class Picked:
     pool_dispatches: int = 0
     message_b: int = 0
     undecodable: str = ""   # the stored message when it is not a JSON object (payload is {})
+    stale: bool = False     # past its tier's queue TTL: pick.lua took no tokens (est_tokens reads 0)
+
+    def dispatch(self) -> Dispatch:
+        """What the pick decided, as the task receives it."""
+        return Dispatch(tag=self.tag, pool=self.pool, tier=self.tier, tenant=self.tenant,
+                        enqueued_ms=self.enqueued_ms, dispatched_ms=self.dispatched_ms,
+                        debited_tokens=0 if self.stale else self.est_tokens,
+                        debited_request=not self.stale, stale=self.stale,
+                        pool_debited_total=self.pool_debited, pool_dispatches_total=self.pool_dispatches)
 
 
 @dataclass(frozen=True)
@@ -65,11 +74,12 @@ class Wait:
     wait_ms: int
 
 
-
 def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
     """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
-    Redis clock readings -- and so took none of its tokens (its est_tokens reads 0)."""
+    Redis clock readings -- and so took none of its tokens (its est_tokens reads 0).  Read
+    once, where the pick's reply is parsed (``Picked.stale``)."""
     return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
+
 
 def kept_slots(reserved_worker_slots: int, prefetch_count: int | None, serves_reserved: bool) -> int:
     """How many of a dispatcher's slots it keeps free for reserved tiers' interactive work
@@ -180,23 +190,20 @@ class PickPlan:
             picked = Picked(None, queue.name, int(now_ms), int(est), tenant=text(tenant), tag=text(tag),
                             tier=queue.tier.name, pool=queue.pool.name, enqueued_ms=int(enq_ms),
                             pool_debited=float(text(debited)), pool_dispatches=int(dispatches),
-                            message_b=int(size))
+                            message_b=int(size),
+                            stale=picked_stale(int(enq_ms), int(now_ms), queue.tier.queue_ttl_s))
             out.append(self.with_message(picked, message) if message else picked)
         return out
 
     def with_message(self, picked: Picked, message: bytes | str | None) -> Picked:
-        """The picked task with its payload decoded from its message, and the dispatch
-        facts (enqueue and dispatch times, the pool's running totals) in its headers."""
+        """The picked task with its payload decoded from its message, and what the pick
+        decided in its headers (``Dispatch``: one header, read back by the task)."""
         payload, undecodable = _decoded(text(message) if message else "")
         headers = payload.setdefault("headers", {})
         if not isinstance(headers, dict):
             payload, undecodable = {"headers": {}}, text(message)
             headers = payload["headers"]
-        headers[HEADER_ENQUEUED_MS] = picked.enqueued_ms
-        headers[HEADER_DISPATCHED_MS] = picked.dispatched_ms
-        headers[HEADER_DELIVERY_TAG] = picked.tag
-        headers[HEADER_POOL_DEBITED] = picked.pool_debited
-        headers[HEADER_POOL_DISPATCHES] = picked.pool_dispatches
+        headers[HEADER_DISPATCH] = picked.dispatch().encode()
         return replace(picked, payload=payload, undecodable=undecodable)
 
     def with_payload(self, client: redis.Redis, picked: Picked) -> Picked:

@@ -62,8 +62,10 @@ class ChunkWriter:
     def done(self, usage: dict[str, Any] | None) -> None:
         self._add(DONE, {"usage": usage})
 
-    def error(self, type_: str, message: str) -> None:
-        self._add(ERROR, {"type": type_, "message": message})
+    def error(self, type_: str, message: str, upstream: dict[str, Any] | None = None) -> None:
+        """The task failed; ``upstream``: the upstream's own error object when it refused the
+        request (a 4xx), which the client gets as it is."""
+        self._add(ERROR, {"type": type_, "message": message, **({"upstream": upstream} if upstream else {})})
 
 
 def read(client: redis.Redis, keys: Keys, task_id: str, after_id: str = "0-0",

@@ -131,3 +131,9 @@ class QuotaRefundCall:
 
     def parse(self, reply: Any) -> int:
         return int(reply)
+
+
+def tpm_refund(keys: Keys, tenant_id: str, tokens: int, tpm: int) -> QuotaRefundCall:
+    """Give ``tokens`` back to a tenant's TPM bucket (a task's estimate it did not use); its
+    hourly count stays taken: the task was submitted."""
+    return QuotaRefundCall(QuotaTakeCall(keys, tenant_id, 0, 0, tokens, tpm), counted=False)

@@ -25,11 +25,7 @@ HEADER_SOURCE = "gt_source"
 HEADER_TENANT_WEIGHT = "gt_weight"  # the tenant's weight inside its tier (registry, default 1)
 HEADER_DEADLINE_S = "gt_deadline_s"  # the request's deadline_s, when it has one (deadline boost)
 HEADER_LANE = "gt_lane"              # interactive | scheduled (gateway_tasks.core.lanes)
-HEADER_ENQUEUED_MS = "gt_enq_ms"      # Redis TIME at enqueue (enqueue.lua)
-HEADER_DISPATCHED_MS = "gt_disp_ms"   # Redis TIME at dispatch (pick.lua): the dispatch's lease token
-HEADER_DELIVERY_TAG = "gt_tag"        # the message's delivery tag (the worker's router, at dispatch)
-HEADER_POOL_DEBITED = "gt_pool_debited"        # the pool's tokens debited so far, at dispatch
-HEADER_POOL_DISPATCHES = "gt_pool_dispatches"  # the pool's dispatches so far, at dispatch
+HEADER_DISPATCH = "gt_dispatch"      # what pick.lua decided (the worker's router): workers.dispatch.Dispatch
 # HTTP header of every upstream call: the task id, so an upstream (or the simulator) can tell
 # a retried or duplicated call of one task from another task's (it is not a secret)
 UPSTREAM_TASK_ID_HEADER = "X-Gateway-Task-Id"
@@ -54,7 +50,7 @@ class InferenceRequest:
     extra_body: dict[str, Any] = field(default_factory=dict)
     tenant_weight: float = 1.0
     stream: bool = False     # the worker publishes the upstream's chunks (gateway_tasks.core.chunks)
-    tenant_tpm: int = 0   # the tenant's TPM quota at submit (0: none); not sent to the worker
+    tenant_tpm: int = 0   # the tenant's TPM quota at submit (0: none): the worker gives back what it did not use
     # what overload changed at submit (gateway_tasks.core.overload_actions): level,
     # requested_max_tokens, requested_model, requested_pool, failover reason; {} = nothing
     degradation: dict[str, Any] = field(default_factory=dict)
@@ -62,9 +58,7 @@ class InferenceRequest:
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
-        body = asdict(self)
-        body.pop("tenant_tpm")
-        return body
+        return asdict(self)
 
     def routing_headers(self) -> dict[str, Any]:
         headers = {HEADER_TENANT: self.tenant_id, HEADER_TIER: self.tier,
@@ -116,11 +110,15 @@ class InferenceRequest:
         _check(isinstance(degradation, dict), "degradation", "...", "an object")
         lane = body.get("lane", INTERACTIVE)
         _check(lane in LANES, "lane", lane, f"one of {list(LANES)}")
-        return cls(lane=lane, degradation=dict(degradation), tenant_weight=float(weight), tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
+        tpm = body.get("tenant_tpm", 0)
+        _check(isinstance(tpm, int) and not isinstance(tpm, bool) and tpm >= 0, "tenant_tpm", tpm,
+               "a non-negative integer")
+        return cls(tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,
-                   source=source, extra_body=dict(extra), stream=stream)
+                   source=source, extra_body=dict(extra), stream=stream, tenant_weight=float(weight),
+                   tenant_tpm=tpm, degradation=dict(degradation), lane=lane)
 
 
 def _check(ok: bool, name: str, value: Any, expected: str) -> None:

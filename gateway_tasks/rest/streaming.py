@@ -126,8 +126,11 @@ async def events(gateway: Gateway, task_id: str, include_usage: bool, first_time
                     finished = True
                     return
                 elif event.kind == ERROR:
-                    yield _error(str(event.data.get("type", "UpstreamError")),
-                                 str(event.data.get("message", "")), task_id)
+                    if isinstance(event.data.get("upstream"), dict):   # the upstream's refusal, as sent
+                        yield sse({"error": event.data["upstream"]})
+                    else:
+                        yield _error(str(event.data.get("type", "UpstreamError")),
+                                     str(event.data.get("message", "")), task_id)
                     finished = True
                     return
     except CLIENT_ERRORS as exc:   # the status line is sent: the failure is the last event

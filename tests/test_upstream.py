@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from gateway_tasks.core.errors import UpstreamRejected
+from gateway_tasks.core.settings import Pool
 from workers.upstream import UNKNOWN_ERROR_TYPE, processing_ms, refusal_of
 
 
@@ -55,3 +56,56 @@ def test_a_refusal_in_another_shape_keeps_its_text():
                                       "param": None, "code": None}
     numbered = refusal_of(status_error(400, {"message": "bad", "code": 1234}))
     assert numbered.code == "1234" and numbered.type == UNKNOWN_ERROR_TYPE
+
+
+def test_the_client_is_built_on_the_sdks_own_http_library():
+    """openai 3.x runs on httpx2 (earlier ones on httpx): the pool's client and the errors
+    chat_stream recognises mid-stream are that library's."""
+    import openai
+
+    from workers import upstream
+    pool = Pool("p", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=1_000, rpm=10)
+    client = upstream.client_for(pool)
+    assert isinstance(client._client, openai.DefaultHttpxClient.__mro__[1])
+    assert upstream.SDK_HTTP.Client is openai.DefaultHttpxClient.__mro__[1]
+
+
+def test_a_stream_cut_mid_way_by_the_connection_is_stream_broken():
+    """The upstream sends two chunks of a body it declared longer, then closes the
+    connection: a transport error of the SDK's HTTP library after chunks were passed on
+    is StreamBroken (never retried)."""
+    import json
+    import socket
+    import threading
+
+    from workers.upstream import StreamBroken, chat_stream
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}
+    sent = "".join(f"data: {json.dumps(chunk)}\n\n" for _ in range(2)).encode()
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"content-length: %d\r\n\r\n" % (len(sent) + 1000) + sent)
+        server.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    pool = Pool("cut", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", models=("m",), tpm=100_000,
+                rpm=1_000, timeout_s=10)
+    got: list = []
+    with pytest.raises(StreamBroken, match="after 2 chunks"):
+        chat_stream(pool, "m", [{"role": "user", "content": "hi"}], 10, None, got.append, prompt_tokens=5)
+    assert len(got) == 2
+    thread.join(timeout=10)

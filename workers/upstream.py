@@ -7,12 +7,12 @@ raised as ``UpstreamRejected``, never retried."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
 import openai
 
 from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
@@ -21,6 +21,10 @@ from gateway_tasks.core.settings import Pool
 
 _clients: dict[tuple[str, str, float], openai.OpenAI] = {}
 _lock = threading.Lock()
+# the HTTP library the installed SDK is built on (httpx2 for openai 3.x, httpx before): the
+# client is built with it and its errors are the ones a stream can raise mid-way
+SDK_HTTP = importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0])
+MAX_CONNECTIONS = 256
 
 
 def client_for(pool: Pool) -> openai.OpenAI:
@@ -34,8 +38,8 @@ def client_for(pool: Pool) -> openai.OpenAI:
         if found is None:
             found = openai.OpenAI(base_url=pool.base_url, api_key=pool.api_key, max_retries=0,
                                   timeout=pool.timeout_s,
-                                  http_client=httpx.Client(timeout=pool.timeout_s,
-                                                           limits=httpx.Limits(max_connections=256)))
+                                  http_client=openai.DefaultHttpxClient(
+                                      timeout=pool.timeout_s, limits=SDK_HTTP.Limits(max_connections=MAX_CONNECTIONS)))
             _clients[key] = found
         return found
 
@@ -159,7 +163,7 @@ def chat_stream(pool: Pool, model: str, messages: list[dict[str, Any]], max_toke
                 usage = chunk.usage.model_dump(mode="json", exclude_none=True)
             on_chunk(data)
             passed += 1
-    except (openai.APIError, httpx.HTTPError) as exc:
+    except (openai.APIError, SDK_HTTP.HTTPError) as exc:
         if not passed:
             raise
         raise StreamBroken(f"the upstream's stream broke after {passed} chunks: {exc}") from None

@@ -13,7 +13,7 @@ the simulator's own first request (tiktoken's encoder, now loaded at its start).
 So the worker, on ``worker_init`` (after its modules are imported, before its
 consumer starts), runs one complete SDK call -- the same ``with_raw_response``
 create, ``parse`` and ``model_dump`` as ``workers.upstream.chat`` -- against an
-in-process fake transport (``httpx.MockTransport``): no network, no upstream
+in-process fake transport (the SDK's HTTP library's ``MockTransport``): no network, no upstream
 tokens, no rate limit touched.  It also builds each pool's real client.
 """
 
@@ -23,12 +23,12 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import openai
 from celery.signals import worker_init, worker_ready
 
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
+from workers.upstream import SDK_HTTP
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,14 @@ _REPLY = {
 }
 
 
-def _reply(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, json=_REPLY, headers={"x-ratelimit-remaining-tokens": "1"})
+def _reply(request: Any) -> Any:
+    return SDK_HTTP.Response(200, json=_REPLY, headers={"x-ratelimit-remaining-tokens": "1"})
 
 
 def warm_sdk() -> dict[str, Any]:
     """One chat completion through the SDK against a fake in-process transport; returns
     what the warm reply parsed to (its model_dump), for the tests."""
-    with httpx.Client(transport=httpx.MockTransport(_reply)) as http:
+    with SDK_HTTP.Client(transport=SDK_HTTP.MockTransport(_reply)) as http:
         client = openai.OpenAI(base_url="http://warmup.invalid/v1", api_key="warmup", max_retries=0,
                                http_client=http)
         raw = client.chat.completions.with_raw_response.create(

@@ -52,6 +52,30 @@ def test_circuit_opens_holds_the_pool_probes_and_closes(r, key_prefix):
     assert 'gateway_circuit_opens_total{pool="p"} 2.0' in text
 
 
+def test_a_4xx_answer_to_the_half_open_probe_closes_the_circuit(r, key_prefix, settings, monkeypatch):
+    """The upstream answered (it refused the request: the caller's error): it is reachable,
+    so the probe succeeded -- the circuit closes now, not after probe_timeout_s."""
+    from gateway_tasks.core.errors import UpstreamRejected
+    from gateway_tasks.core.request import InferenceRequest
+    from workers import pipeline
+    keys = Keys(key_prefix)
+    c = PoolCircuit(r, keys, Circuit(failure_threshold=1, open_s=0.05, probe_timeout_s=30), P)
+    assert c.failure().verdict == "opened"
+    time.sleep(0.1)
+    gate = c.allow()
+    assert gate.verdict == PROBE
+    req = InferenceRequest("t", "vip", "p", "m", [{"role": "user", "content": "x"}], 5, 1, 6)
+    admitted = pipeline.Admitted(req, P, settings.tier("vip"), 0, "m", 5, c, gate, ())
+    job = pipeline.Job("task-1", None, settings, keys, r, None, None)
+
+    def refused(*_args):
+        raise UpstreamRejected("the upstream refused the request (400): no", None, "", 400)
+    monkeypatch.setattr(pipeline, "_upstream", refused)
+    with pytest.raises(UpstreamRejected):
+        pipeline.call(job, admitted)
+    assert c.allow().verdict == CALL and r.hget(keys.circuit("p"), "state") in (b"closed", None)
+
+
 def test_level_cancel_mark_and_closed_circuit_in_one_round_trip_of_plain_reads(settings):
     import redis
 

@@ -219,6 +219,29 @@ def test_a_submitted_task_shows_the_refusal_and_raises_upstream_rejected(s):
     assert_one_log_line(s, task_id, status, upstream)
 
 
+def tenant_bucket(s, tenant: str) -> tuple[float, int]:
+    tokens, ts_ms = s.gw.r.hmget(s.keys.tenant_bucket(tenant), "tokens", "ts_ms")
+    return float(tokens), int(ts_ms)
+
+
+def test_a_refused_task_gives_its_tenants_tpm_tokens_back(s):
+    """The tenant's own TPM bucket, debited by the estimate at submit, gets all of it back
+    when the upstream refused the task (it used nothing)."""
+    tpm = 600                                        # 0.01 token per ms
+    s.gw.register_tenant("metered", "vip", tpm=tpm)
+    s.gw.r.hset(s.keys.tenant_bucket("metered"), mapping={"tokens": 300, "ts_ms": redis_now_ms(s.gw.r)})
+    before_tokens, before_ms = tenant_bucket(s, "metered")
+    handle = s.gw.submit("metered", MESSAGES, model=MODEL, max_tokens=16, extra_body={"n": 2})
+    taken_tokens, _ = tenant_bucket(s, "metered")
+    assert taken_tokens < before_tokens - handle.est_tokens + 1    # taken at submit
+    with pytest.raises(UpstreamRejected):
+        handle.get(timeout=30)
+    tokens, ts_ms = tenant_bucket(s, "metered")
+    # what it held plus its refill since: the estimate came back (without it: est_tokens fewer)
+    assert tokens == pytest.approx(before_tokens + (ts_ms - before_ms) * tpm / 60_000, abs=0.5)
+    assert handle.est_tokens > 1
+
+
 def test_openapi_documents_the_passed_through_statuses(s):
     schema = httpx.get(f"{s.api.base_url.removesuffix('/v1')}/openapi.json", timeout=10).json()
     responses = schema["paths"]["/v1/chat/completions"]["post"]["responses"]

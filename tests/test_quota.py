@@ -117,6 +117,24 @@ def test_tenant_tpm_bucket(gw):
         gw.submit("metered", "hello", max_tokens=400)
 
 
+def test_a_cancelled_task_gives_its_tenants_tpm_tokens_back(gw):
+    """Removed while queued (or held on its depends_on) it never runs: its estimate goes
+    back to its tenant's TPM bucket, so the next submit fits."""
+    gw.register_tenant("metered", "vip", tpm=300)
+    first = gw.submit("metered", "hello", max_tokens=200)
+    with pytest.raises(QuotaExceeded, match="TPM quota"):
+        gw.submit("metered", "hello", max_tokens=200)
+    assert gw.cancel(first.id).was == "queued"
+    second = gw.submit("metered", "hello", max_tokens=200)      # fits again
+    held = gw.submit("metered", "after it", max_tokens=5, depends_on=[second.id])
+    tokens = float(gw.r.hget(Keys(gw.settings.key_prefix).tenant_bucket("metered"), "tokens"))
+    assert gw.cancel(held.id).was == "waiting"
+    after = float(gw.r.hget(Keys(gw.settings.key_prefix).tenant_bucket("metered"), "tokens"))
+    assert after == pytest.approx(min(300, tokens + held.est_tokens), abs=1.0)
+    assert gw.cancel(second.id).was == "queued"
+    assert float(gw.r.hget(Keys(gw.settings.key_prefix).tenant_bucket("metered"), "tokens")) == pytest.approx(300, abs=1.0)
+
+
 def test_tier_tenant_tpm_applies_to_every_tenant_of_the_tier(gw):
     tiers = tuple(replace(t, tenant_tpm=250) if t.name == "normal" else t for t in gw.settings.tiers)
     g = Gateway(gw.settings.with_(tiers=tiers), client=gw.r)

@@ -23,7 +23,7 @@ from kombu.exceptions import InconsistencyError
 from gateway_tasks.core.bell import BELL_MAX
 from gateway_tasks.core.deadline import DeadlineCall, urgent_from_ms
 from gateway_tasks.core.enqueue import EnqueueCall, enqueue
-from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, throttle_retry_after_s
+from gateway_tasks.core.evict import POOL_FULL, TIER_FULL, EvictCall, current_eviction, throttle_retry_after_s
 from gateway_tasks.core.errors import InvalidRequest, QueueFull
 from gateway_tasks.core.index_entry import IndexEntry
 from gateway_tasks.core.lanes import INTERACTIVE, SCHEDULED
@@ -110,6 +110,16 @@ class Channel(kombu_adapter.Channel):
                            task_id=task_id if isinstance(task_id := headers.get("id"), str) else "",
                            ref_ttl_s=self._gt_settings.result_ttl_s)
         done = enqueue(self._gt_raw, call)
+        eviction = current_eviction()
+        while done.pool_full and eviction is not None and eviction.may_evict():
+            # the pool's shared capacity is full: its newest task of the lowest tier below this
+            # arrival goes (lua/evict.lua; the publisher fails it), and the arrival is enqueued again
+            victim = self._gt_scripts.run(EvictCall(self._gt_keys, parts[1], eviction.lower, eviction.lags))
+            if victim is None:
+                eviction.found_none = True
+                break
+            eviction.victims.append(victim)
+            done = enqueue(self._gt_raw, call)
         deadline_s = headers.get(HEADER_DEADLINE_S)
         boost_s = self._gt_settings.deadline_boost_s
         if done.accepted and boost_s and done.entry and isinstance(deadline_s, (int, float)) \
@@ -117,9 +127,11 @@ class Channel(kombu_adapter.Channel):
             self._gt_scripts.run(DeadlineCall(self._gt_keys, parts[1], tier.name,
                                               urgent_from_ms(done.enqueued_ms, deadline_s, boost_s), done.entry))
         if done.pool_full:
+            none_below = (f"; no lower-tier task is queued to make room for this {tier.name} request"
+                          if eviction is not None and eviction.found_none else "")
             raise QueueFull(f"pool {parts[1]!r} is at its shared queue capacity "
                             f"({self._gt_pool_capacity(parts[1])} tasks, all tiers); the request was "
-                            f"not enqueued", throttle_retry_after_s(tier), POOL_FULL)
+                            f"not enqueued{none_below}", throttle_retry_after_s(tier), POOL_FULL)
         if not done.accepted:
             raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                             f"{tier.queue_max_len}); the request was not enqueued",

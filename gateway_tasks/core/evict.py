@@ -13,8 +13,10 @@ takes VIP space.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator
 
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import layout, text
@@ -24,6 +26,7 @@ EVICTED_BY_HIGHER_TIER = "evicted_by_higher_tier"   # Evicted.reason
 POOL_FULL = "pool_full"                             # QueueFull.reason: the pool's shared capacity
 TIER_FULL = "tier_full"                             # QueueFull.reason: the tier's queue_max_len
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1.0, 60.0
+EVICT_TRIES = 3       # evictions one arrival may make (parallel arrivals can take the room freed)
 
 
 def throttle_retry_after_s(tier: Tier) -> float:
@@ -78,3 +81,36 @@ class EvictCall:
             pass
         return Victim(text(reply[1]), text(reply[2]), task_id if isinstance(task_id, str) else None,
                       tenant if isinstance(tenant, str) else None)
+
+
+@dataclass
+class Eviction:
+    """An arrival allowed to evict while it is published (``evicting``): the tiers below it,
+    lowest first, their scheduled lags, and the victims the publish took for it."""
+
+    lower: tuple[str, ...]
+    lags: tuple[int, ...] = ()
+    tries: int = EVICT_TRIES
+    victims: list[Victim] = field(default_factory=list)
+    found_none: bool = False    # evict.lua found nothing below it queued
+
+    def may_evict(self) -> bool:
+        return bool(self.lower) and not self.found_none and len(self.victims) < self.tries
+
+
+_EVICTING: ContextVar[Eviction | None] = ContextVar("gt_evicting", default=None)
+
+
+@contextmanager
+def evicting(eviction: Eviction) -> Iterator[Eviction]:
+    """Publishes in this block may evict for their arrival (the gateway channel's
+    ``put_message``: a full pool evicts and enqueues again, in the same publish)."""
+    token = _EVICTING.set(eviction)
+    try:
+        yield eviction
+    finally:
+        _EVICTING.reset(token)
+
+
+def current_eviction() -> Eviction | None:
+    return _EVICTING.get()

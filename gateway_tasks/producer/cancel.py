@@ -1,0 +1,127 @@
+"""Cancelling a task from the producer side (``Gateway.cancel``).
+
+Queued: its index entry and message go together (lua/cancel.lua), so it never reaches
+the upstream.  Held on its depends_on: its held record is dropped.  Running: revoked,
+and marked so the worker discards its result and no requeue or lease sweep puts it back
+(the worker's own settle gives its tokens back).  A task that never runs gives its
+estimate back to its tenant's TPM bucket here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from celery import states
+
+from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry, read_refs
+from gateway_tasks.core.errors import TaskCancelled, UnknownTask, UnknownTenant
+from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.core.quota import effective_tpm, tpm_refund
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.stats import CANCELLED, tier_field
+
+if TYPE_CHECKING:
+    from gateway_tasks.producer.gateway import Gateway
+
+CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
+ALREADY_CANCELLED, FINISHED, WAITING = "already_cancelled", "finished", "waiting"
+MESSAGES = {QUEUED: "cancelled while queued; it never reached the upstream",
+            RUNNING: "cancelled while running; it was revoked and its result is discarded",
+            GONE: "cancelled before it was queued or after it was lost; it will not run"}
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``Gateway.cancel`` did: ``was`` is 'queued' (removed: it never reaches the
+    upstream), 'waiting' (held on its depends_on: dropped), 'running' (revoked: a call in
+    flight finishes and its result is discarded),
+    'gone' (neither queued nor running yet -- being published, or lost -- marked so it never
+    runs), 'already_cancelled', or 'finished' (nothing to cancel: ``status`` says how it ended)."""
+
+    task_id: str
+    was: str
+    status: str
+
+    @property
+    def cancelled(self) -> bool:
+        return self.was != FINISHED
+
+
+def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None) -> Cancelled:
+    owner = gw.owner(task_id)
+    if owner is None or (tenant_id is not None and owner != tenant_id):
+        raise UnknownTask(f"no task {task_id!r}" + (f" for tenant {tenant_id!r}" if tenant_id else ""))
+    if gw.r.exists(gw.keys.cancelled(task_id)):
+        return Cancelled(task_id, ALREADY_CANCELLED, states.FAILURE)
+    status = _status(gw, task_id)
+    if status in states.READY_STATES:
+        return Cancelled(task_id, FINISHED, status)
+    if _drop_held(gw, task_id):     # held on its depends_on: never queued
+        gw.r.set(gw.keys.cancelled(task_id), WAITING, ex=gw.settings.result_ttl_s)
+        _store_cancelled(gw, task_id, WAITING, "cancelled while it waited on its depends_on; it was never queued")
+        return Cancelled(task_id, WAITING, states.FAILURE)
+    ref = read_refs(gw.r, gw.keys, gw._pool_names, [task_id]).get(task_id)
+    was, entry = GONE, ""
+    if ref is not None:
+        lag = next((t.scheduled_lag_tokens for t in gw.settings.tiers if t.name == ref.tier), 0)
+        for _ in range(CANCEL_TRIES):
+            entry = find_entry(gw.r, gw.keys, ref)
+            was = scripts_for(gw.r).run(CancelCall(gw.keys, task_id, ref, entry, gw.settings.result_ttl_s * 1000, lag))
+            if was != GONE or _status(gw, task_id) in states.READY_STATES:
+                break
+    if was == GONE:
+        status = _status(gw, task_id)
+        if status in states.READY_STATES:
+            return Cancelled(task_id, FINISHED, status)
+        gw.r.set(gw.keys.cancelled(task_id), GONE, ex=gw.settings.result_ttl_s)
+    if was in (QUEUED, RUNNING):
+        gw.r.hincrby(gw.keys.stats(ref.pool), tier_field(CANCELLED, ref.tier), 1)
+    if was == QUEUED and entry:
+        _give_back_queued(gw, ref, entry)
+    if was == RUNNING:
+        gw.app.control.revoke(task_id)
+    _store_cancelled(gw, task_id, was, MESSAGES[was])
+    return Cancelled(task_id, was, states.FAILURE)
+
+
+def _drop_held(gw: "Gateway", task_id: str) -> bool:
+    """Drop a task held on its depends_on (True if it was), its TPM tokens given back."""
+    key = gw.keys.held(task_id)
+    with gw.r.pipeline() as pipe:
+        pipe.hget(key, "send")
+        pipe.delete(key)
+        spec, dropped = pipe.execute()
+    if not dropped:
+        return False
+    try:
+        body = json.loads(spec)["body"] if spec else {}
+    except (ValueError, KeyError, TypeError):
+        body = {}
+    tenant, est, tpm = body.get("tenant_id"), body.get("est_tokens"), body.get("tenant_tpm")
+    if isinstance(tenant, str) and isinstance(est, int) and isinstance(tpm, int) and tpm > 0 and est > 0:
+        scripts_for(gw.r).run(tpm_refund(gw.keys, tenant, est, tpm))
+    return True
+
+
+def _give_back_queued(gw: "Gateway", ref: TaskRef, entry: str) -> None:
+    """A task removed while queued never runs: its estimate goes back to its tenant's TPM
+    bucket (the tenant's quota now: the bucket is capped at it)."""
+    try:
+        tenant = gw.tenants.get(ref.tenant)
+        est = IndexEntry.decode(entry).est_tokens
+    except (UnknownTenant, ValueError):
+        return
+    tpm = effective_tpm(tenant.tpm, gw.settings.tier(tenant.tier).tenant_tpm)
+    if tpm > 0 and est > 0:
+        scripts_for(gw.r).run(tpm_refund(gw.keys, ref.tenant, est, tpm))
+
+
+def _store_cancelled(gw: "Gateway", task_id: str, was: str, message: str) -> None:
+    gw.app.backend.store_result(task_id, TaskCancelled(f"task {task_id} {message}", None, was), states.FAILURE)
+    gw._finished(task_id)
+
+
+def _status(gw: "Gateway", task_id: str) -> str:
+    return str(gw.app.backend.get_task_meta(task_id).get("status") or states.PENDING)

@@ -1,0 +1,343 @@
+"""One submit as an object that owns its rollbacks: ``Submission``.
+
+    Submission(gw, tenant_id, messages, ...).run()
+
+runs named steps, in order:
+
+    validate      the arguments that need no Redis (deadline, extra_body, lane)
+    claim         the task id; one round trip: the tenant's record, the task's owner written
+                  ahead, the load level
+    estimate      messages checked, tokens estimated, the load level's actions (defer,
+                  degrade), the pool (a reserved tier's failover) -- ``estimate_request``
+    dependencies  depends_on checked (known ids)
+    remember      an idempotency key's first submit (a repeat returns the first's handle)
+    take_quota    the tenant's hourly count and TPM tokens, both or neither
+    enqueue       published on its tier's queue, evicting a lower tier's newest task when the
+                  pool is full (in the same publish: ``gateway_tasks.core.evict.evicting``),
+                  or held on its dependencies (with priority inheritance)
+
+Each step that takes something registers how to give it back; when a later step fails,
+``run`` undoes exactly the steps that ran, newest first, in one place (``_undo``).
+Nothing is enqueued unless every step passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import redis
+from celery import states
+
+from gateway_tasks.core import depends
+from gateway_tasks.core.cancel import read_refs
+from gateway_tasks.core.celery_app import TASK_NAME
+from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
+from gateway_tasks.core.evict import EVICTED_BY_HIGHER_TIER, Eviction, Victim, evicting, throttle_retry_after_s, tiers_below
+from gateway_tasks.core.health import choose_pool, read_health
+from gateway_tasks.core.keys import learned_field
+from gateway_tasks.core.lanes import lane_for
+from gateway_tasks.core.overload_actions import degrade, deferral
+from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
+from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.core.settings import Pool, Tier
+from gateway_tasks.core.stats import EVICTED, tier_field
+from gateway_tasks.core.tenants import Tenant, TenantRegistry
+from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.producer.memory_guard import submit_bytes
+
+if TYPE_CHECKING:
+    from gateway_tasks.producer.gateway import Gateway, TaskHandle
+
+IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
+LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
+UPSTREAM_PARAMETERS = {"model", "messages", "max_tokens", "stream", "stream_options"}   # not in extra_body
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A submit's arguments, as the caller gave them."""
+
+    tenant_id: str
+    messages: Sequence[dict[str, Any]] | str
+    model: str | None = None
+    max_tokens: int | None = None
+    deadline_s: float | None = None
+    source: str = "api"
+    idempotency_key: str | None = None
+    extra_body: dict[str, Any] | None = None
+    stream: bool = False
+    count_quota: bool = True
+    depends_on: Sequence[str] | None = None
+    lane: str | None = None
+
+
+class Submission:
+    def __init__(self, gw: "Gateway", asked: Asked):
+        self.gw, self.asked = gw, asked
+        self.r, self.keys, self.settings = gw.r, gw.keys, gw.settings
+        self.task_id = ""
+        self.lane = ""
+        self.req: InferenceRequest | None = None
+        self.deps: tuple[str, ...] = ()
+        self._undos: list[Callable[[], Any]] = []
+
+    def run(self) -> "TaskHandle":
+        try:
+            self.validate()
+            record, level, reason = self.claim()
+            self.estimate(record, level, reason)
+            self.dependencies()
+            if not self.remember():
+                return self.gw._handle(self.task_id, self.req)   # a repeat: the first submit's task
+            self.take_quota()
+            self.enqueue()
+        except BaseException:
+            self._undo()
+            raise
+        req = self.req
+        # counted against the memory limit until the guard's next INFO read sees it
+        self.gw.memory.charge(submit_bytes(len(json.dumps(req.messages)) + len(json.dumps(req.extra_body))))
+        return self.gw._handle(self.task_id, req)
+
+    def _undo(self) -> None:
+        """Give back what the steps that ran took, newest first (Redis may be what failed)."""
+        with contextlib.suppress(redis.RedisError):
+            while self._undos:
+                self._undos.pop()()
+
+    # -- the steps ------------------------------------------------------------------------
+    def validate(self) -> None:
+        a = self.asked
+        deadline_s = a.deadline_s
+        if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
+                                       or not 0 < deadline_s <= MAX_DEADLINE_S):
+            raise InvalidRequest(f"deadline_s must be a positive number of seconds up to {MAX_DEADLINE_S} "
+                                 f"(7 days), got {deadline_s!r}")
+        if a.extra_body is not None:
+            if not isinstance(a.extra_body, dict):
+                raise InvalidRequest("extra_body must be an object of upstream parameters")
+            clash = set(a.extra_body) & UPSTREAM_PARAMETERS
+            if clash:
+                raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
+        self.lane = lane_for(a.source, a.lane)
+        self.gw.memory.check()
+
+    def claim(self) -> tuple[dict[Any, Any], int, str]:
+        """The task's id, and in one round trip the tenant's record, the task's owner written
+        ahead (undone if a later step fails) and the load level."""
+        a = self.asked
+        self.task_id = str(uuid.uuid4())
+        if a.idempotency_key is not None:
+            self.task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{a.tenant_id}:{a.idempotency_key}"))
+        record, owned, level = {}, False, [None, None]
+        if isinstance(a.tenant_id, str):
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.tenant(a.tenant_id))
+                pipe.set(self.keys.task_owner(self.task_id), a.tenant_id, ex=self.settings.result_ttl_s, nx=True)
+                pipe.hmget(self.keys.overload_state, "level", "reason")
+                record, owned, level = pipe.execute()
+        if owned:
+            owner_key = self.keys.task_owner(self.task_id)
+            self._undos.append(lambda: self.r.delete(owner_key))
+        level_now, reason = self.gw._level_of(level)
+        return record, level_now, reason
+
+    def estimate(self, record: dict[Any, Any], level: int, reason: str) -> None:
+        a = self.asked
+        req = estimate_request(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
+                               TenantRegistry.from_record(a.tenant_id, record), level, reason)
+        self.req = replace(req, deadline_s=a.deadline_s, source=a.source, extra_body=a.extra_body or {},
+                           stream=bool(a.stream), lane=self.lane)
+
+    def dependencies(self) -> None:
+        depends_on = self.asked.depends_on
+        if depends_on is None:
+            return
+        try:
+            deps = depends.dependency_ids(depends_on)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        with self.r.pipeline(transaction=False) as pipe:
+            for dep in deps:
+                pipe.exists(self.keys.task_owner(dep))
+            known = pipe.execute()
+        unknown = [d for d, ok in zip(deps, known) if not ok]
+        if unknown:
+            raise UnknownTask(f"depends_on names unknown tasks: {unknown}")
+        self.deps = deps
+
+    def remember(self) -> bool:
+        """False when an idempotency key was submitted before (this submit is its repeat)."""
+        if self.asked.idempotency_key is None:
+            return True
+        meta = self.keys.meta(self.task_id)
+        if not self.r.set(meta, "submitted", nx=True, ex=self.settings.result_ttl_s):
+            return False
+        self._undos.append(lambda: self.r.delete(meta))
+        return True
+
+    def take_quota(self) -> None:
+        """The tenant's hourly and TPM quotas (both or neither), or QuotaExceeded saying which,
+        its limit and when to retry."""
+        req, count = self.req, self.asked.count_quota
+        tier = self.settings.tier(req.tier)
+        take = QuotaTakeCall(self.keys, req.tenant_id, int(time.time() * 1000),   # the hour, as beat names it
+                             tier.max_tasks_per_hour if count else 0, req.est_tokens, req.tenant_tpm)
+        take.check_fits()
+        taken = scripts_for(self.r).run(take)
+        if not taken.ok:
+            raise take.refusal(taken)
+        self._undos.append(lambda: scripts_for(self.r).run(QuotaRefundCall(take, counted=count)))
+
+    def enqueue(self) -> None:
+        """Held on its dependencies while any runs, else published on its tier's queue."""
+        if self.deps and self._hold():
+            return
+        req = self.req
+        below = tiers_below(self.settings, req.tier)
+        eviction = Eviction(tuple(t.name for t in below), tuple(t.scheduled_lag_tokens for t in below))
+        try:
+            with evicting(eviction):
+                self.gw.app.send_task(TASK_NAME, args=[req.to_body()], task_id=self.task_id,
+                                      queue=self.gw._queue(req), headers=req.routing_headers(),
+                                      argsrepr=req.argsrepr(), kwargsrepr="{}")
+        finally:   # evicted for it, whether it was enqueued or not
+            for victim in eviction.victims:
+                fail_evicted(self.gw, victim, req)
+
+    def _hold(self) -> bool:
+        """Hold the task on its dependencies; False when none is running any more (send it now)."""
+        req, deps = self.req, self.deps
+        finished = depends.finished_outcomes(self.gw.app, self.r, deps)
+        failed = next((d for d, outcome in finished.items() if outcome != depends.OK), "")
+        if failed:
+            raise _dependency_failed(failed)
+        running = tuple(d for d in deps if d not in finished)
+        if not running:
+            return False
+        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
+                                 req.argsrepr())
+        held = scripts_for(self.r).run(depends.DependCall(self.keys, self.task_id, running, spec,
+                                                          self.settings.result_ttl_s * 1000))
+        if held.pending == 0 and held.failed:
+            raise _dependency_failed(held.failed)
+        if held.pending > 0:
+            self._inherit(running)
+        return held.pending > 0
+
+    def _inherit(self, deps: tuple[str, ...]) -> None:
+        """Priority inheritance: each dependency queued in a lower tier than this task is
+        dispatched at this task's tier's priority (lua/boost.lua, then lua/pick.lua)."""
+        req = self.req
+        rank = self.settings.tier_rank(req.tier)
+        for ref in read_refs(self.r, self.keys, self.gw._pool_names, deps).values():
+            if ref.entry and self.settings.tier_rank(ref.tier) > rank:
+                scripts_for(self.r).run(depends.BoostCall(self.keys, ref.pool, ref.tier, req.tier, ref.entry))
+
+
+def _dependency_failed(task_id: str) -> DependencyFailed:
+    return DependencyFailed(f"task {task_id} (in depends_on) did not succeed; this task "
+                            f"was not queued", None, "dependency_failed")
+
+
+def fail_evicted(gw: "Gateway", victim: Victim, by: InferenceRequest) -> None:
+    """The evicted task's result: Evicted, with a throttle reason and when to retry."""
+    gw.r.hincrby(gw.keys.stats(by.pool), tier_field(EVICTED, victim.tier), 1)
+    if victim.task_id is None:
+        return
+    gw._finished(victim.task_id)
+    retry_s = throttle_retry_after_s(gw.settings.tier(victim.tier))
+    gw.app.backend.store_result(victim.task_id, Evicted(
+        f"task {victim.task_id} ({victim.tier}) was evicted from the full queue of pool "
+        f"{by.pool!r} to make room for a {by.tier} request; it never reached the upstream; "
+        f"retry in {retry_s:g} s", retry_s, EVICTED_BY_HIGHER_TIER), states.FAILURE)
+
+
+# -- estimate: validation, tokens, the load level's actions, routing -----------------------
+def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
+                     tenant: Tenant, level: int, reason: str) -> InferenceRequest:
+    """A request validated, its pool and token estimate computed (enqueues nothing): the
+    load level's actions applied (a tier deferred at ``level`` raises ``Deferred``) and a
+    reserved tier routed to a backup while its pool is unavailable."""
+    settings = gw.settings
+    tier = settings.tier(tenant.tier)
+    msgs = validate_messages(messages)
+    if max_tokens is None:
+        max_tokens = settings.default_max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    try:
+        pool = settings.pool_for_model(model)
+    except Exception as exc:  # ConfigError -> the caller's mistake here
+        raise InvalidRequest(str(exc)) from None
+    model = model or pool.model
+    pool, model, max_tokens, changes = _overload(gw, tier, pool, model, max_tokens, level, reason)
+    prompt_tokens = count_prompt_tokens(msgs)
+    total = prompt_tokens + max_tokens
+    if total > settings.max_prompt_tokens:
+        raise PromptTooLarge(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+            f"the limit of {settings.max_prompt_tokens} tokens")
+    if total > pool.token_capacity:
+        raise PromptTooLarge(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+            f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
+            f"(TPM {pool.tpm}); it could never be admitted")
+    requested_pool, requested_model = pool.name, model
+    pool, model, failover = _route(gw, tier, pool, model, total)
+    if failover:
+        changes = {"level": level, "requested_max_tokens": max_tokens,
+                   "requested_model": changes.get("requested_model", requested_model), **changes,
+                   "requested_pool": requested_pool, "failover": failover}
+    completion_est = max_tokens
+    if pool.charge == "actual":
+        learned = gw.r.hget(gw.keys.learned(pool.name), learned_field(tenant_id, model))
+        if learned is not None:
+            completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
+    return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
+                            messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                            est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
+                            tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm),
+                            degradation=changes)
+
+
+def _overload(gw: "Gateway", tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,
+              reason: str) -> tuple[Pool, str, int, dict[str, Any]]:
+    """The level's actions on a valid request: deferral (raises), max_tokens cap and model
+    fallback of degradable tiers.  Returns (pool, model, max_tokens, what changed)."""
+    refused = deferral(tier, level, reason)
+    if refused is not None:
+        raise refused
+    settings = gw.settings
+    served = {m for p in settings.pools for m in p.models}
+    d = degrade(settings.overload, tier, level, model, max_tokens,
+                lambda m: settings.overload.fallback_for(m, pool.fallback_model),
+                lambda m: m in served)
+    changes: dict[str, Any] = {}
+    if d.changed:
+        changes = {"level": level, "requested_max_tokens": max_tokens, "requested_model": model}
+        if d.substituted:
+            pool = settings.pool_for_model(d.model)
+    return pool, d.model, d.max_tokens, changes
+
+
+def _route(gw: "Gateway", tier: Tier, pool: Pool, model: str, est_tokens: int) -> tuple[Pool, str, str]:
+    """A reserved tier's pool: a backup while its own is unavailable (circuit open,
+    drained by a 429, or its bucket cannot admit within the tier's max wait).
+    Returns (pool, model, reason); reason "" = no failover."""
+    if tier.reserved_share <= 0 or not pool.backup_pools:
+        return pool, model, ""
+    backups = [gw.settings.pool(n) for n in pool.backup_pools]
+    health = read_health(gw.r, gw.keys, [pool, *backups])
+    route = choose_pool(pool, backups, health, est_tokens, tier.max_wait_ms)
+    if not route.reason:
+        return pool, model, ""
+    target = route.pool
+    return target, (model if model in target.models else target.model), route.reason

@@ -232,14 +232,12 @@ def test_a_refused_task_gives_its_tenants_tpm_tokens_back(s):
     s.gw.r.hset(s.keys.tenant_bucket("metered"), mapping={"tokens": 300, "ts_ms": redis_now_ms(s.gw.r)})
     before_tokens, before_ms = tenant_bucket(s, "metered")
     handle = s.gw.submit("metered", MESSAGES, model=MODEL, max_tokens=16, extra_body={"n": 2})
-    taken_tokens, _ = tenant_bucket(s, "metered")
-    assert taken_tokens < before_tokens - handle.est_tokens + 1    # taken at submit
     with pytest.raises(UpstreamRejected):
         handle.get(timeout=30)
     tokens, ts_ms = tenant_bucket(s, "metered")
     # what it held plus its refill since: the estimate came back (without it: est_tokens fewer)
-    assert tokens == pytest.approx(before_tokens + (ts_ms - before_ms) * tpm / 60_000, abs=0.5)
     assert handle.est_tokens > 1
+    assert tokens == pytest.approx(before_tokens + (ts_ms - before_ms) * tpm / 60_000, abs=0.5)
 
 
 def test_openapi_documents_the_passed_through_statuses(s):

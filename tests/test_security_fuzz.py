@@ -21,6 +21,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
+from schemathesis.core.parameters import ParameterLocation  # noqa: E402
 
 from gateway_tasks.core.keys import Keys  # noqa: E402
 from gateway_tasks.core.settings import Pool, load_settings  # noqa: E402
@@ -72,27 +73,37 @@ def _enqueued(gw: Gateway) -> int:
     return int(gw.r.get(Keys(gw.settings.key_prefix).seq("default")) or 0)
 
 
-def _credential(deployment, path: str) -> dict[str, str]:
-    access = access_of(path)
-    if access == PUBLIC:
+def _drops_its_credential(case) -> bool:
+    """A negative case whose headers leave the Authorization header out on purpose."""
+    meta = case._meta   # schemathesis's record of which components it made invalid
+    info = meta.components.get(ParameterLocation.HEADER) if meta is not None else None
+    return (info is not None and info.mode == schemathesis.GenerationMode.NEGATIVE
+            and "authorization" not in {name.lower() for name in (case.headers or {})})
+
+
+def _credential(deployment, case) -> dict[str, str]:
+    access = access_of(case.path)
+    if access == PUBLIC or _drops_its_credential(case):   # the latter: a 401 is its answer
         return {}
     return {"Authorization": f"Bearer {ADMIN_KEY if access == ADMIN else deployment.tenant_key}"}
 
 
 def _prepare(case) -> None:
-    if case.path == "/v1/chat/completions" and isinstance(case.body, dict):
+    # each change assigns case.body anew, so that schemathesis judges the body as it is sent
+    # (an invalid deadline_s removed leaves a valid body, which must then be accepted)
+    if case.path == "/v1/chat/completions" and isinstance(case.body, dict) and "deadline_s" in case.body:
         # the caller's own wait limit (deadline_s) may be shorter than any answer: 504 by design
-        case.body.pop("deadline_s", None)
+        case.body = {k: v for k, v in case.body.items() if k != "deadline_s"}
     # keep the fuzzing tenant itself: admin writes and deletes go to other ids
     if isinstance(case.body, dict) and case.body.get("tenant_id") == "fuzzer":
-        case.body["tenant_id"] = "fuzzer-2"
+        case.body = {**case.body, "tenant_id": "fuzzer-2"}
     if isinstance(case.path_parameters, dict) and case.path_parameters.get("tenant_id") == "fuzzer":
         case.path_parameters["tenant_id"] = "fuzzer-2"
 
 
 def _check_case(deployment, case, seen: dict) -> None:
     _prepare(case)
-    headers = {**(case.headers or {}), **_credential(deployment, case.path)}
+    headers = {**(case.headers or {}), **_credential(deployment, case)}
     before = _enqueued(deployment.gw)
     # positive_data_acceptance is left out: a schema-valid request may still be refused for
     # what a schema cannot say (an unknown tier or model, a blank prompt, a prompt over the

@@ -1,6 +1,6 @@
 """The tenant-cron scripts as typed calls (``gateway_tasks.core.scripts.ScriptCall``):
-lua/cron_fire.lua settles one (entry, nominal time), lua/cron_resync.lua moves a
-due entry to the time its hash says, lua/cron_record.lua stores a run's outcome.
+lua/beat/cron_fire.lua settles one (entry, nominal time), lua/beat/cron_resync.lua moves a
+due entry to the time its hash says, lua/beat/cron_record.lua stores a run's outcome.
 
 Settling one due entry, whichever script did it, ends in a ``CronOutcome``.
 """
@@ -44,7 +44,7 @@ class EntryCall:
 class CronFireCall(EntryCall):
     """Fire or skip one (entry, nominal time), at most once, and reschedule the entry."""
 
-    SCRIPT: ClassVar[str] = "cron_fire"
+    SCRIPT: ClassVar[str] = "beat/cron_fire"
 
     tenant_id: str
     planned_score_ms: int       # the due score the plan was made from
@@ -91,7 +91,7 @@ class CronFireCall(EntryCall):
 class CronResyncCall(EntryCall):
     """Move a due entry to the fire time its hash says, if its score is still the one read."""
 
-    SCRIPT: ClassVar[str] = "cron_resync"
+    SCRIPT: ClassVar[str] = "beat/cron_resync"
 
     read_score_ms: int
     new_score_ms: int
@@ -113,7 +113,7 @@ class CronResyncCall(EntryCall):
 class CronRecordCall(EntryCall):
     """Store a run's outcome on its entry, unless the entry was deleted meanwhile."""
 
-    SCRIPT: ClassVar[str] = "cron_record"
+    SCRIPT: ClassVar[str] = "beat/cron_record"
 
     last_error: str | None = None     # "" = none; None: left as it is
     last_task_id: str | None = None   # None: left as it is

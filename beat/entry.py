@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from gateway_tasks.core.errors import CronError
-from gateway_tasks.core.tenants import TENANT_ID_RE
+from gateway_tasks.tenants.registry import TENANT_ID_RE
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 PAYLOAD_KEYS = ("messages", "model", "max_tokens")

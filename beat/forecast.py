@@ -27,7 +27,7 @@ from typing import Iterator
 import redis
 
 from gateway_tasks.core.errors import ConfigError, GatewayError
-from gateway_tasks.core.forecast import Forecast, validate_window
+from gateway_tasks.capacity.forecast import Forecast, validate_window
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.core.tokens import count_prompt_tokens

@@ -49,9 +49,9 @@ class TokenLockCall:
 
 @dataclass(frozen=True)
 class LockRenewCall(TokenLockCall):
-    """lua/beat_lock_renew.lua: extend the lock to ttl_ms."""
+    """lua/beat/lock_renew.lua: extend the lock to ttl_ms."""
 
-    SCRIPT: ClassVar[str] = "beat_lock_renew"
+    SCRIPT: ClassVar[str] = "beat/lock_renew"
 
     ttl_ms: int
 
@@ -62,9 +62,9 @@ class LockRenewCall(TokenLockCall):
 
 @dataclass(frozen=True)
 class LockReleaseCall(TokenLockCall):
-    """lua/beat_lock_release.lua: delete the lock."""
+    """lua/beat/lock_release.lua: delete the lock."""
 
-    SCRIPT: ClassVar[str] = "beat_lock_release"
+    SCRIPT: ClassVar[str] = "beat/lock_release"
 
     @property
     def script_args(self) -> list[str]:

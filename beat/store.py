@@ -22,7 +22,7 @@ import redis
 from gateway_tasks.core.errors import ConfigError, CronError, UnknownTenant
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 from beat.entry import TIMEZONE, CronEntry, entry_id, validate_ids, validate_payload
 from beat.jitter import jitter_offset_s

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from gateway_tasks.rest import cli as api_module
 from gateway_tasks.cli import tenant as tenant_cli
 from gateway_tasks.rest.app import create_app
-from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.dispatch.broker import queued_messages
 from gateway_tasks.core.keys import Keys, split_queue_name
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 from gateway_tasks.core.errors import DeadlineExceeded
 from gateway_tasks.rest.limits import BodySizeLimit
 

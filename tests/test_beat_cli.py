@@ -9,7 +9,7 @@ import pytest
 
 from beat import cli
 from gateway_tasks.core.errors import ConfigError, CronError
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 
 def parse(argv):

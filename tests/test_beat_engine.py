@@ -18,7 +18,7 @@ from beat.engine import CronEngine
 from beat.fire import run_key
 from beat.store import CronSpec, CronStore
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 HOUR = 3_600_000
 B = 1_709_290_800_000            # 2024-03-01T11:00:00Z, an hour boundary

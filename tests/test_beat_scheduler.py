@@ -9,7 +9,7 @@ from beat.scheduler import TenantCronScheduler
 from beat.store import CronStore
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 B = 1_709_290_800_000            # 2024-03-01T11:00:00Z
 PAYLOAD = {"messages": [{"role": "user", "content": "ping"}]}

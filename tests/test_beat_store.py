@@ -12,7 +12,7 @@ from beat.schedule import iso_utc
 from beat.store import CronSpec, CronStore
 from gateway_tasks.core.errors import CronError, UnknownTenant
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 T0 = 1_709_287_380_000          # 2024-03-01T10:03:00Z
 HOUR = 3_600_000

@@ -20,8 +20,8 @@ from celery import states
 from fastapi.testclient import TestClient
 
 from gateway_tasks.cli import task as task_cli
-from gateway_tasks.core.broker import queued_messages
-from gateway_tasks.core.cancel import TaskRef, read_refs
+from gateway_tasks.dispatch.broker import queued_messages
+from gateway_tasks.lifecycle.cancel import TaskRef, read_refs
 from gateway_tasks.core.errors import QueueFull, TaskCancelled, UnknownTask
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool

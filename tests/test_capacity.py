@@ -13,14 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_tasks.cli import capacity as cli
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.capacity import (Instance, ceil_instances, instance_rps_from_concurrency,
-                                         instances_needed, plan, raw_instances)
+from gateway_tasks.capacity.model import (Instance, ceil_instances, instance_rps_from_concurrency, instances_needed,
+                                          plan, raw_instances)
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.forecast import Forecast, bin_of, validate_window
+from gateway_tasks.capacity.forecast import Forecast, bin_of, validate_window
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field
 from gateway_tasks.core.tokens import count_prompt_tokens
-from gateway_tasks.core.index_entry import backlog_tokens
+from gateway_tasks.dispatch.index_entry import backlog_tokens
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.gateway import Gateway
 
@@ -277,7 +277,7 @@ def test_forecast_command_prints_bins_and_json(r, settings, crons, monkeypatch, 
 
 
 def test_upstream_time_is_flushed_in_batches(r, settings, monkeypatch):
-    from workers import upstream_stats
+    from gateway_tasks.upstream import stats as upstream_stats
 
     keys = Keys(settings.key_prefix)
     tally = upstream_stats.UpstreamTimeTally()

@@ -16,7 +16,7 @@ from kombu.exceptions import OperationalError
 
 from devtools.cli import build_parser
 from gateway_tasks.core.celery_app import make_app
-from gateway_tasks.core.oom import is_out_of_memory
+from gateway_tasks.core.redis_failures import is_out_of_memory
 from gateway_tasks.core.result_backend import RESULT_BACKEND, ResultBackend, backend_url
 from gateway_tasks.core.settings import load_settings
 from devtools.chaos.counters import Level, expected_level, ledger_gap, refilled
@@ -28,8 +28,8 @@ from devtools.chaos.table import render
 from devtools.chaos.workload import QUICK
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool
-from workers.faults import KILL_POINTS, parse_kill_points
-from workers.redis_retry import RestartBackoff, backoff_s, retries_within, through_restarts, worth_retrying
+from gateway_tasks.core.faults import KILL_POINTS, parse_kill_points
+from gateway_tasks.core.redis_retry import RestartBackoff, backoff_s, retries_within, through_restarts, worth_retrying
 
 
 @pytest.mark.slow

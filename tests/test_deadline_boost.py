@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_tasks.core.deadline import urgent_from_ms
-from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.dispatch.deadline import urgent_from_ms
+from gateway_tasks.dispatch.index_entry import IndexEntry
 from gateway_tasks.producer.gateway import Gateway
 
 

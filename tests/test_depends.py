@@ -8,8 +8,8 @@ import pytest
 from celery import states
 from fastapi.testclient import TestClient
 
-from gateway_tasks.core import depends
-from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.lifecycle import depends
+from gateway_tasks.dispatch.broker import queued_messages
 from gateway_tasks.core.errors import DependencyFailed, InvalidRequest, UnknownTask
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Overload, Pool
@@ -17,7 +17,7 @@ from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
-from gateway_tasks.core.quota import hour_of
+from gateway_tasks.tenants.quota import hour_of
 from gateway_tasks.core.clock import redis_now_ms
 
 

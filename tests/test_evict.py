@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.dispatch.broker import queued_messages
 from gateway_tasks.core.errors import Evicted, QueueFull
-from gateway_tasks.core.evict import EVICTED_BY_HIGHER_TIER, POOL_FULL, throttle_retry_after_s, tiers_below
+from gateway_tasks.dispatch.evict import EVICTED_BY_HIGHER_TIER, tiers_below
+from gateway_tasks.dispatch.enqueue import POOL_FULL, throttle_retry_after_s
 from gateway_tasks.core.keys import Keys
 from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorThread

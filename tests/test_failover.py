@@ -1,5 +1,5 @@
-"""The VIP fallback channel: the circuit breaker (lua/circuit.lua), the backup bucket
-(lua/take.lua), the routing choice (pure), and failover / failback end to end with two
+"""The VIP fallback channel: the circuit breaker (lua/upstream/circuit.lua), the backup bucket
+(lua/bucket/take.lua), the routing choice (pure), and failover / failback end to end with two
 simulator processes -- one killed, forced to 500 or to 429 -- and a real worker."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway_tasks.core.health import CLOSED, OPEN, PoolHealth, choose_pool, read_health
+from gateway_tasks.upstream.health import CLOSED, OPEN, PoolHealth, choose_pool, read_health
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Circuit, Pool
@@ -17,8 +17,8 @@ from gateway_tasks.core.stats import CIRCUIT_CLOSES, CIRCUIT_OPENS, FAILOVERS
 from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
-from workers.circuit import CALL, PROBE, WAIT, PoolCircuit
-from workers.failover import TakeCall
+from gateway_tasks.upstream.circuit import CALL, PROBE, WAIT, PoolCircuit
+from gateway_tasks.bucket.calls import TakeCall
 
 P = Pool("p", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=60_000, rpm=600)
 B = Pool("b", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=60_000, rpm=600)
@@ -56,7 +56,7 @@ def test_a_4xx_answer_to_the_half_open_probe_closes_the_circuit(r, key_prefix, s
     """The upstream answered (it refused the request: the caller's error): it is reachable,
     so the probe succeeded -- the circuit closes now, not after probe_timeout_s."""
     from gateway_tasks.core.errors import UpstreamRejected
-    from gateway_tasks.core.request import InferenceRequest
+    from gateway_tasks.dispatch.request import InferenceRequest
     from workers import pipeline
     keys = Keys(key_prefix)
     c = PoolCircuit(r, keys, Circuit(failure_threshold=1, open_s=0.05, probe_timeout_s=30), P)
@@ -111,7 +111,7 @@ def test_level_cancel_mark_and_closed_circuit_in_one_round_trip_of_plain_reads(s
     ([b"half_open", b"3"], None),
 ])
 def test_closed_verdict_from_a_read_of_the_circuit(raw, verdict):
-    from workers.circuit import closed_verdict
+    from gateway_tasks.upstream.circuit import closed_verdict
 
     got = closed_verdict(raw)
     assert (got and (got.state, got.verdict, got.until_ms, got.failures)) == verdict
@@ -270,10 +270,10 @@ def two_pools(settings, url_p="http://127.0.0.1:9/v1", url_b="http://127.0.0.1:9
 
 
 def test_rescuer_moves_queued_vip_off_a_drained_pool_and_leaves_the_others(r, settings):
-    from gateway_tasks.core.broker import queued_messages
-    from gateway_tasks.core.index_entry import IndexEntry
-    from workers.bucket import PoolBucket
-    from workers.rescue import Rescuer
+    from gateway_tasks.dispatch.broker import queued_messages
+    from gateway_tasks.dispatch.index_entry import IndexEntry
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
+    from gateway_tasks.upstream.rescue import Rescuer
 
     s = two_pools(settings)
     keys = Keys(s.key_prefix)
@@ -305,7 +305,7 @@ def test_rescuer_moves_queued_vip_off_a_drained_pool_and_leaves_the_others(r, se
 
 
 def test_a_move_whose_mover_died_is_queued_again_not_lost(r, settings):
-    from workers.rescue import Rescuer, WithdrawCall
+    from gateway_tasks.upstream.rescue import Rescuer, WithdrawCall
 
     s = two_pools(settings)
     keys = Keys(s.key_prefix)
@@ -325,7 +325,7 @@ def test_a_move_whose_mover_died_is_queued_again_not_lost(r, settings):
 
 @pytest.mark.slow
 def test_vip_queued_on_a_drained_pool_is_served_by_the_backup(settings, tmp_path):
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
 
     with SimulatorProcess(SimConfig(base_latency_ms=5)) as backup_sim, \
             SimulatorProcess(SimConfig(base_latency_ms=5)) as primary_sim:

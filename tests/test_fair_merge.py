@@ -1,12 +1,12 @@
 """Upgrading across the move of a pool's fair state into its state hash (2026-12-05):
-lua/fair_merge.lua carries the old '<pool>:fair' hash over, field by field, and a real
+lua/dispatch/fair_merge.lua carries the old '<pool>:fair' hash over, field by field, and a real
 worker runs it before its first pick."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway_tasks.core.fair_merge import FairMerge
+from gateway_tasks.dispatch.fair_merge import FairMerge
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool

@@ -1,4 +1,4 @@
-"""The contract between ``gateway_tasks.core.kombu_adapter`` and the installed kombu.
+"""The contract between ``gateway_tasks.dispatch.kombu_adapter`` and the installed kombu.
 
 The adapter is the one place that uses kombu's private Redis-transport API.  These
 tests fail when the installed kombu changes what it relies on:
@@ -32,11 +32,11 @@ import redis
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 
-from gateway_tasks.core import broker, kombu_adapter
-from workers import transport
+from gateway_tasks.dispatch import broker, kombu_adapter
+from gateway_tasks.dispatch import transport
 
 ADAPTER = Path(kombu_adapter.__file__).resolve()
-ADAPTER_FILE = "gateway_tasks/core/kombu_adapter.py"
+ADAPTER_FILE = "gateway_tasks/dispatch/kombu_adapter.py"
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,16 @@ METHODS = [
     # QoS: the in-memory half of the ack emulation, and what the consumer half overrides
     Used(virtual.QoS, "append", ("self", "message", "delivery_tag"), "QoS.record_delivery"),
     Used(virtual.QoS, "ack", ("self", "delivery_tag"), "QoS.forget_delivery"),
-    Used(kredis.QoS, "append", ("self", "message", "delivery_tag"), "workers/transport.py QoS.append"),
-    Used(kredis.QoS, "ack", ("self", "delivery_tag"), "workers/transport.py QoS.ack"),
-    Used(kredis.QoS, "reject", ("self", "delivery_tag", "requeue=False"), "workers/transport.py QoS.reject"),
+    Used(kredis.QoS, "append", ("self", "message", "delivery_tag"), "gateway_tasks/dispatch/transport.py QoS.append"),
+    Used(kredis.QoS, "ack", ("self", "delivery_tag"), "gateway_tasks/dispatch/transport.py QoS.ack"),
+    Used(kredis.QoS, "reject", ("self", "delivery_tag", "requeue=False"), "gateway_tasks/dispatch/transport.py QoS.reject"),
     Used(kredis.QoS, "restore_by_tag", ("self", "tag", "client=None", "leftmost=False"),
-         "workers/transport.py QoS.restore_by_tag"),
+         "gateway_tasks/dispatch/transport.py QoS.restore_by_tag"),
     Used(kredis.QoS, "restore_unacked", ("self", "client=None"),
-         "QoS.delivered_tags / drop_delivered (workers/transport.py QoS.restore_unacked)"),
+         "QoS.delivered_tags / drop_delivered (gateway_tasks/dispatch/transport.py QoS.restore_unacked)"),
     Used(kredis.QoS, "restore_visible", ("self", "start=0", "num=10", "interval=10"),
-         "QoS.restore_scanned (workers/transport.py QoS.restore_visible)"),
-    Used(virtual.QoS, "can_consume_max_estimate", ("self",), "workers/transport.py Channel.poll_start"),
+         "QoS.restore_scanned (gateway_tasks/dispatch/transport.py QoS.restore_visible)"),
+    Used(virtual.QoS, "can_consume_max_estimate", ("self",), "gateway_tasks/dispatch/transport.py Channel.poll_start"),
 ]
 
 # the private kombu attributes the adapter reads or sets (not methods), and who relies on them

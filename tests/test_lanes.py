@@ -1,4 +1,4 @@
-"""Lanes inside a tier (gateway_tasks/core/lanes.py): interactive work goes before scheduled
+"""Lanes inside a tier (gateway_tasks/dispatch/lanes.py): interactive work goes before scheduled
 work (cron runs) by a bounded lag.  The pure encoding table-tested, then the real scripts
 against a real Redis: an interactive tenant goes ahead of scheduled tenants that came
 earlier, a scheduled run goes after at most the lag of interactive service, a lone
@@ -14,18 +14,17 @@ from dataclasses import replace
 
 import pytest
 
-from gateway_tasks.core.cancel import CancelCall, TaskRef
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest
-from gateway_tasks.core.evict import EvictCall
-from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.dispatch.evict import EvictCall
+from gateway_tasks.dispatch.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.lanes import (INTERACTIVE, SCHEDULED, active_score, lane_for, marks_scheduled,
-                                      start_tag)
+from gateway_tasks.dispatch.lanes import INTERACTIVE, SCHEDULED, active_score, lane_for, marks_scheduled, start_tag
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings
-from workers.release import REQUEUE, ReleaseCall
-from workers.router import PickPlan, Picked, pick_now
+from gateway_tasks.dispatch.release import REQUEUE, ReleaseCall
+from gateway_tasks.dispatch.router import PickPlan, Picked, pick_now
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
 LAG = 1000
@@ -233,7 +232,7 @@ def test_a_scheduled_run_taken_out_of_fair_order_is_charged_from_its_real_start_
     # deadline boost dispatches a tenant's second cron run first: its start tag is read back
     # from a score that carries the lag, and its next run is in line at the real finish tag
     from gateway_tasks.core.clock import redis_now_ms
-    from gateway_tasks.core.deadline import DeadlineCall
+    from gateway_tasks.dispatch.deadline import DeadlineCall
 
     s = lane_settings(settings)
     plan = plan_of(s)
@@ -277,7 +276,7 @@ def test_an_interactive_task_put_back_ahead_of_scheduled_ones_makes_its_tenant_i
 
 
 def test_a_restored_scheduled_run_keeps_its_lane(r, settings):
-    from workers.leases import sweep_expired
+    from gateway_tasks.dispatch.leases import sweep_expired
 
     s = lane_settings(settings)
     plan = plan_of(s)
@@ -330,7 +329,7 @@ def test_evicting_a_tenants_last_interactive_task_puts_it_in_the_scheduled_lane(
 
 
 def test_a_task_moved_to_a_backup_pool_keeps_its_lane(r, settings):
-    from workers.rescue import Rescuer, WithdrawCall
+    from gateway_tasks.upstream.rescue import Rescuer, WithdrawCall
 
     s = lane_settings(settings)
     s = s.with_(pools=(BIG, replace(BIG, name="backup", models=("m2",))))

@@ -13,7 +13,7 @@ from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.core.settings import Pool
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 
 
 def samples(text: bytes | str) -> dict[tuple[str, frozenset], float]:

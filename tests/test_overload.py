@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.errors import Deferred
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_state import read_history, read_state
+from gateway_tasks.overload.state import read_history, read_state
 from gateway_tasks.core.settings import MAX_LEVEL, Overload
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_ERRORS, tier_field
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
-from workers.overload import OverloadCommitCall, OverloadController
+from gateway_tasks.overload.controller import OverloadCommitCall, OverloadController
 from gateway_tasks.core.scripts import scripts_for
 
 FAST = Overload(tick_s=0.2, window_s=1.0, hold_s=1.0)
@@ -109,8 +109,8 @@ def test_queue_depth_and_error_rate_levels(r, fast):
 
 
 def test_an_old_queued_task_raises_the_level(r, fast):
-    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
-    from workers.overload import oldest_waits
+    from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
+    from gateway_tasks.overload.controller import oldest_waits
 
     keys = Keys(fast.key_prefix)
     now = redis_now_ms(r)
@@ -127,8 +127,8 @@ def test_a_queue_holding_the_pools_next_window_raises_the_level(r, fast):
     """200 batch tasks of 200 tenants (more than the tick's sample of 64 entries) whose
     estimated tokens are 1.2 windows of the pool's TPM: L3 at the first tick, before
     anything was served; the same queue with the backlog signal off asks for nothing."""
-    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
-    from gateway_tasks.core.status import deployment_status, format_status
+    from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
+    from gateway_tasks.overload.status import deployment_status, format_status
 
     pool = fast.pools[0]
     est = int(pool.tpm * FAST.window_s / 60 * 1.2 / 200) + 1
@@ -155,7 +155,7 @@ def test_a_queue_holding_the_pools_next_window_raises_the_level(r, fast):
 def test_one_tenants_bulk_queue_behind_its_own_cap_is_not_overload(r, fast):
     """The same 200 tasks from one batch tenant (2 at a time): it can start 2 of them in the
     next window, so the pool is not committed -- the other tenants' work is not deferred."""
-    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+    from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 
     pool, keys = fast.pools[0], Keys(fast.key_prefix)
     est = int(pool.tpm * FAST.window_s / 60 * 1.2 / 200) + 1

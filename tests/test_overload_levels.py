@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gateway_tasks.core.errors import ConfigError, Deferred, Rejected
-from gateway_tasks.core.overload_actions import degrade, deferral, record
-from gateway_tasks.core.overload_levels import (NEVER, QueuedWork, Signals, backlog_seconds, baseline, hysteresis,
-                                                measure, pool_backlog_tokens, startable_tasks, target_level,
-                                                tier_latency_s)
+from gateway_tasks.overload.actions import degrade, deferral, record
+from gateway_tasks.overload.levels import (NEVER, QueuedWork, Signals, backlog_seconds, baseline, hysteresis, measure,
+                                           pool_backlog_tokens, startable_tasks, target_level, tier_latency_s)
 from gateway_tasks.core.settings import Overload, Pool, Settings, load_settings
 
 O = Overload()

@@ -12,7 +12,7 @@ from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.packer import FAST_PACKER, connection_kwargs
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.producer.gateway import Gateway
-from workers.router import PickPlan
+from gateway_tasks.dispatch.router import PickPlan
 
 BIG = "x" * 20_000          # over redis-py's buffer cutoff: it sends such an argument on its own
 
@@ -69,7 +69,7 @@ def test_gateway_connections_use_it_end_to_end(r, redis_url, settings):
         assert gw.r.connection_pool.connection_kwargs["command_packer"] is FAST_PACKER
         gw.register_tenant("acme", "vip")
         handle = gw.submit("acme", "packed", max_tokens=5)
-        assert handle.queue and scripts_for(gw.r).sha("enqueue")
+        assert handle.queue and scripts_for(gw.r).sha("dispatch/enqueue")
     finally:
         gw.app.close()
         app.close()

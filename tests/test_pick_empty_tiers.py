@@ -17,15 +17,15 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from gateway_tasks.core.cancel import CancelCall, TaskRef, find_entry
+from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef, find_entry
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.dispatch.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import default_tiers
 from tests.test_router import make, pick, push
-from workers.release import ReleaseCall
-from workers.router import Picked, Wait
+from gateway_tasks.dispatch.release import ReleaseCall
+from gateway_tasks.dispatch.router import Picked, Wait
 
 TIERS = ("vip", "normal", "batch")
 

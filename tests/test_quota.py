@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 
 from beat.entry import CronEntry
 from beat.fire import gateway_fire
-from gateway_tasks.core.broker import queued_messages
+from gateway_tasks.dispatch.broker import queued_messages
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.errors import PromptTooLarge, QueueFull, QuotaExceeded
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.quota import HOUR_MS, effective_tpm, hour_of, hour_reset_s, reset_iso
+from gateway_tasks.tenants.quota import HOUR_MS, effective_tpm, hour_of, hour_reset_s, reset_iso
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 

@@ -186,13 +186,13 @@ def test_dispatch_runs_on_a_real_cluster_one_pool_per_shard(redis_cluster, key_p
     no script call crosses a slot (Redis would refuse it with CROSSSLOT)."""
     import json
 
-    from gateway_tasks.core.cancel import read_refs
-    from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+    from gateway_tasks.lifecycle.cancel import read_refs
+    from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
     from gateway_tasks.core.keys import Keys
     from gateway_tasks.core.scripts import scripts_for
     from gateway_tasks.core.settings import Pool, Settings
-    from workers.release import ReleaseCall
-    from workers.router import PickPlan, Picked
+    from gateway_tasks.dispatch.release import ReleaseCall
+    from gateway_tasks.dispatch.router import PickPlan, Picked
 
     client = redis_cluster.client()
     keys = Keys(key_prefix)

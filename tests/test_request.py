@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gateway_tasks.core.errors import InvalidRequest
-from gateway_tasks.core.request import InferenceRequest
+from gateway_tasks.dispatch.request import InferenceRequest
 
 GOOD = InferenceRequest(tenant_id="acme", tier="vip", pool="default", model="gpt-4o-mini",
                         messages=[{"role": "user", "content": "secret prompt"}], max_tokens=64,

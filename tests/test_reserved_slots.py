@@ -11,18 +11,18 @@ from dataclasses import replace
 
 import pytest
 
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.lanes import INTERACTIVE, SCHEDULED
+from gateway_tasks.dispatch.lanes import INTERACTIVE, SCHEDULED
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, load_settings
 from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
-from workers.release import ReleaseCall
-from workers.poll_step import next_step
-from workers.router import NO_LIMIT, PickPlan, Picked, Wait, general_picks, kept_slots
+from gateway_tasks.dispatch.release import ReleaseCall
+from gateway_tasks.dispatch.poll_step import next_step
+from gateway_tasks.dispatch.router import NO_LIMIT, PickPlan, Picked, Wait, general_picks, kept_slots
 
 BIG = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
 

@@ -1,4 +1,4 @@
-"""The result backend's one-round-trip write (lua/result_store.lua via ResultBackend), on a
+"""The result backend's one-round-trip write (lua/core/result_store.lua via ResultBackend), on a
 real Redis: a result is stored, expires and is published as Celery's backend does it; a
 stored success is never overwritten by a late write; a meta whose status is not its first
 field is read whole to find it.  A task that takes its STARTED write along has it held for

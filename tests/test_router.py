@@ -1,4 +1,4 @@
-"""lua/pick.lua against a real Redis: ordering per policy, fair shares, aging,
+"""lua/dispatch/pick.lua against a real Redis: ordering per policy, fair shares, aging,
 starvation bound, tenant caps, pool isolation, and a bucket that never
 overshoots under concurrent dispatchers."""
 
@@ -14,15 +14,15 @@ from collections import Counter
 
 import pytest
 
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.core.keys import Keys
-from workers.bucket_calls import DrainCall
-from gateway_tasks.core.index_entry import IndexEntry
-from workers.release import ReleaseCall, Released
-from gateway_tasks.core.request import HEADER_DISPATCH
-from workers.dispatch import Dispatch
-from workers.router import PickPlan, Picked, Wait, pick_now
+from gateway_tasks.bucket.calls import DrainCall
+from gateway_tasks.dispatch.index_entry import IndexEntry
+from gateway_tasks.dispatch.release import ReleaseCall, Released
+from gateway_tasks.dispatch.request import HEADER_DISPATCH
+from gateway_tasks.dispatch.record import Dispatch
+from gateway_tasks.dispatch.router import PickPlan, Picked, Wait, pick_now
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings, default_tiers
 
@@ -298,7 +298,7 @@ def test_concurrent_dispatchers_never_overshoot_the_bucket(r, settings):
 
 
 def test_settle_refunds_and_sync_only_lowers(r, settings):
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -319,7 +319,7 @@ def test_settle_refunds_and_sync_only_lowers(r, settings):
 
 def test_a_refund_rings_the_pools_bell_only_while_a_dispatcher_waits_for_the_bucket(r, settings):
     # a refund nobody waits for would wake an idle dispatcher for an empty pick
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)   # capacity 6000 tokens, 100 a second
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -349,7 +349,7 @@ def test_a_refund_rings_the_pools_bell_only_while_a_dispatcher_waits_for_the_buc
 def test_a_late_reply_does_not_undo_debits_made_after_its_dispatch(r, settings):
     """x-ratelimit-remaining describes the upstream when it answered task A; tasks the
     gateway dispatched after A cannot be in it yet, so the sync keeps their debits."""
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -374,7 +374,7 @@ def test_settle_follows_the_replys_remaining_headers_in_the_same_call(r, setting
     """The worker's one call after an upstream reply: refund to the real usage, then lower
     to what the reply says is left minus what was dispatched after it, and the Redis time."""
     from gateway_tasks.core.clock import redis_now_ms as now_ms
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -403,9 +403,9 @@ def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scrip
     script runs once, the reads are sent again."""
     import redis as redis_lib
 
-    from gateway_tasks.core.depends import Done, done_call
+    from gateway_tasks.lifecycle.depends import Done, done_call
     from gateway_tasks.local.redis_server import EmbeddedRedis
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=6_000, rpm=600)
     keys = Keys(settings.key_prefix)
@@ -436,7 +436,7 @@ def test_settle_and_reads_in_one_round_trip_even_after_the_server_lost_its_scrip
 
 
 def test_drain_blocks_the_pool_until_retry_after(r, settings):
-    from workers.bucket import PoolBucket
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
     s, plan = make(settings, "wfq")
     bucket = PoolBucket(r, Keys(s.key_prefix), s.pools[0])
     bucket.drain(5_000)
@@ -572,8 +572,8 @@ def test_every_key_of_a_dispatch_shares_the_pools_hash_slot(r, settings):
 
 # -- leases ---------------------------------------------------------------------------------
 def test_an_expired_lease_is_swept_once_and_its_late_holder_is_told_it_is_stale(r, settings):
-    from workers.leases import sweep_expired
-    from workers.release import RenewCall
+    from gateway_tasks.dispatch.leases import sweep_expired
+    from gateway_tasks.dispatch.release import RenewCall
 
     s, plan = make(settings, "wfq")
     keys = Keys(s.key_prefix)
@@ -605,7 +605,7 @@ def test_an_expired_lease_is_swept_once_and_its_late_holder_is_told_it_is_stale(
 
 
 def test_a_lease_is_not_renewed_past_the_visibility_timeout(r, settings):
-    from workers.release import RenewCall
+    from gateway_tasks.dispatch.release import RenewCall
 
     s, plan = make(settings, "wfq")
     keys = Keys(s.key_prefix)
@@ -665,7 +665,7 @@ def test_a_batch_stops_at_a_tenants_cap_and_at_the_bucket(r, settings):
 class _RawBatch:
     """A pick batch whose reply comes back unparsed (its wait hint read by PickBatch)."""
 
-    SCRIPT = "pick"
+    SCRIPT = "dispatch/pick"
 
     def __init__(self, batch):
         self.script_keys, self.script_args = batch.script_keys, batch.script_args
@@ -676,7 +676,7 @@ class _RawBatch:
 
 
 def test_a_batch_that_took_fewer_than_asked_says_what_its_other_slots_face(r, settings):
-    from workers.router import PickBatch
+    from gateway_tasks.dispatch.router import PickBatch
     pool = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
                 tpm=60_000, rpm=10**6)   # capacity 60000 tokens, refilled at 1 a ms
     s, plan = make(settings, "wfq", pools=(pool,))
@@ -698,7 +698,7 @@ def test_a_batch_that_took_fewer_than_asked_says_what_its_other_slots_face(r, se
 
 
 def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, settings):
-    from workers.router import INLINE_MESSAGE_MAX_B
+    from gateway_tasks.dispatch.router import INLINE_MESSAGE_MAX_B
     s, plan = make(settings, "wfq")
     small = push(r, s, "normal", tenant="a")
     queue = s.queue_name("normal", "default")
@@ -719,7 +719,7 @@ def test_a_large_message_is_not_copied_through_lua_but_fetched_by_tag(r, setting
 class _EnqueueWithoutSize:
     """enqueue.lua as a release before message sizes were kept in index entries ran it."""
 
-    SCRIPT = "enqueue"
+    SCRIPT = "dispatch/enqueue"
 
     def __init__(self, call: EnqueueCall):
         self.script_keys, self.parse = call.script_keys, call.parse
@@ -764,7 +764,7 @@ def test_enqueue_writes_message_and_entry_together_and_a_full_queue_keeps_neithe
 def test_a_dispatch_knows_whether_it_still_holds_its_lease_before_the_upstream_call(r, settings):
     """The worker's pre-call read says whether the task's dispatched record is still this
     dispatch's (same token): not once it was released or restored and dispatched again."""
-    from workers.release import ACK, ReleaseCall
+    from gateway_tasks.dispatch.release import ACK, ReleaseCall
     from workers.pipeline import before_call
     s, plan = make(settings, "wfq")
     keys = Keys(s.key_prefix)

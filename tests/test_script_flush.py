@@ -25,7 +25,7 @@ from gateway_tasks.core.settings import Pool, load_settings
 from gateway_tasks.local.redis_server import EmbeddedRedis
 from gateway_tasks.producer.gateway import Gateway
 from workers.app import make_worker_app
-from workers.bucket import PoolBucket
+from gateway_tasks.bucket.pool_bucket import PoolBucket
 
 HOUR = 3_600_000
 B = 1_709_290_800_000            # 2024-03-01T11:00:00Z
@@ -97,7 +97,7 @@ def test_producer_enqueue_is_one_round_trip_without_script_exists(gw, client):
 def test_pick_through_the_event_loop_and_basic_get_after_flush(gw, client, monkeypatch):
     lost: list[str] = []
     real_lost = Scripts.lost
-    # who found NOSCRIPT: the producer's enqueue (core/enqueue.py) or the worker's pick
+    # who found NOSCRIPT: the producer's enqueue (dispatch/enqueue.py) or the worker's pick
     monkeypatch.setattr(Scripts, "lost", lambda self: lost.append(
         "enqueue" if sys._getframe(1).f_code.co_name == "enqueue" else "pick") or real_lost(self))
     worker_app = make_worker_app(gw.settings, gw.settings.redis_url)

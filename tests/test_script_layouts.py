@@ -13,33 +13,33 @@ import re
 
 import pytest
 
-from gateway_tasks.core.cancel import CancelCall, TaskRef
-from gateway_tasks.core.deadline import DeadlineCall
-from gateway_tasks.core.depends import BoostCall, DependCall, DepsDoneCall, DepsReleaseCall
-from gateway_tasks.core.enqueue import EnqueueCall
-from gateway_tasks.core.evict import EvictCall
-from gateway_tasks.core.fair_merge import FairMerge
+from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
+from gateway_tasks.dispatch.deadline import DeadlineCall
+from gateway_tasks.lifecycle.depends import BoostCall, DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.dispatch.enqueue import EnqueueCall
+from gateway_tasks.dispatch.evict import EvictCall
+from gateway_tasks.dispatch.fair_merge import FairMerge
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall
+from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall
 from gateway_tasks.core.result_backend import ResultStoreCall
 from gateway_tasks.core.scripts import (GROUP, Layout, LayoutError, available, body, includes, layout, scripts_for,
                                         source)
 from gateway_tasks.core.settings import MAX_LEVEL, Pool
 from beat.cron_calls import CronFireCall, CronRecordCall, CronResyncCall
 from beat.lock import LockReleaseCall, LockRenewCall
-from workers.bucket_calls import DrainCall, SettleCall, SyncLimitsCall
-from workers.circuit import CircuitCall
-from workers.failover import TakeCall
-from workers.overload import OverloadCommitCall
-from workers.release import ReleaseCall, RenewCall
-from workers.rescue import WithdrawCall
-from workers.router import PickPlan
+from gateway_tasks.bucket.calls import DrainCall, SettleCall, SyncLimitsCall, TakeCall
+from gateway_tasks.upstream.circuit import CircuitCall
+from gateway_tasks.overload.controller import OverloadCommitCall
+from gateway_tasks.dispatch.release import ReleaseCall, RenewCall
+from gateway_tasks.upstream.rescue import WithdrawCall
+from gateway_tasks.dispatch.router import PickPlan
 
-CALL_MODULES = ("gateway_tasks.core.cancel", "gateway_tasks.core.deadline", "gateway_tasks.core.depends",
-                "gateway_tasks.core.enqueue", "gateway_tasks.core.evict", "gateway_tasks.core.fair_merge",
-                "gateway_tasks.core.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
-                "workers.bucket_calls", "workers.circuit", "workers.failover", "workers.overload",
-                "workers.release", "workers.rescue", "workers.router")
+CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadline", "gateway_tasks.lifecycle.depends",
+                "gateway_tasks.dispatch.enqueue", "gateway_tasks.dispatch.evict", "gateway_tasks.dispatch.fair_merge",
+                "gateway_tasks.tenants.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
+                "gateway_tasks.bucket.calls", "gateway_tasks.upstream.circuit", "gateway_tasks.upstream.failover",
+                "gateway_tasks.overload.controller", "gateway_tasks.dispatch.release", "gateway_tasks.upstream.rescue",
+                "gateway_tasks.dispatch.router")
 NAME = re.compile(r"\b([KAN]_\w+)")
 LITERAL_POSITION = re.compile(r"\b(?:KEYS|ARGV)\[\s*\d")
 
@@ -70,8 +70,9 @@ def test_every_script_loads(r, name):
 
 
 def test_pick_is_spliced_from_its_parts():
-    parts = includes("pick")
-    assert {"pick/candidates", "pick/scoring", "pick/admission", "pick/dispatch"} <= set(parts)
+    parts = includes("dispatch/pick")
+    assert {"dispatch/pick/candidates", "dispatch/pick/scoring", "dispatch/pick/admission",
+            "dispatch/pick/dispatch"} <= set(parts)
     assert all(p.split("/")[0] == "pick" and p not in available() for p in parts)
 
 
@@ -134,7 +135,7 @@ def test_every_script_has_a_call_and_every_call_a_sample(settings):
 
 
 def test_a_call_that_does_not_fit_fails_by_name():
-    lay = layout("drain")
+    lay = layout("bucket/drain")
     with pytest.raises(LayoutError, match="retry_after_ms"):
         lay.args(stats_field="x")
     with pytest.raises(LayoutError, match="no ARGV"):
@@ -142,12 +143,12 @@ def test_a_call_that_does_not_fit_fails_by_name():
     with pytest.raises(LayoutError, match="past its layout"):
         lay.read(["bucket", "stats", "more"], [1, "x"])
     with pytest.raises(LayoutError, match="records per"):
-        layout("depend").args(task_id="t", send="{}", ttl_ms=1, D=3, dependency=[dict(id="a")])
+        layout("lifecycle/depend").args(task_id="t", send="{}", ttl_ms=1, D=3, dependency=[dict(id="a")])
 
 
 def test_positions_are_numbers_computed_once_in_front_of_the_script():
-    text = layout("pick").lua()
+    text = layout("dispatch/pick").lua()
     assert "local A_max_picks = 6" in text
     assert "local K_queue_index = K_pool_state + K_per_pool * N_pool" in text
-    assert text.count("ARGV[") == len(layout("pick").groups())   # the counts, read once each
-    assert isinstance(layout("pick"), Layout)
+    assert text.count("ARGV[") == len(layout("dispatch/pick").groups())   # the counts, read once each
+    assert isinstance(layout("dispatch/pick"), Layout)

@@ -11,11 +11,11 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway_tasks.core import tenants as tenants_module
+from gateway_tasks.tenants import registry as tenants_module
 from gateway_tasks.core.errors import ConfigError, UnknownTenant
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, settings_to_json
-from gateway_tasks.core.tenants import TenantRegistry, hash_api_key
+from gateway_tasks.tenants.registry import TenantRegistry, hash_api_key
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
 from gateway_tasks.rest.auth import ADMIN, PUBLIC, TENANT, access_of

@@ -69,7 +69,7 @@ def api_schema(deployment):
 
 
 def _enqueued(gw: Gateway) -> int:
-    """How many enqueues the pool has seen (lua/enqueue.lua INCRs this per task)."""
+    """How many enqueues the pool has seen (lua/dispatch/enqueue.lua INCRs this per task)."""
     return int(gw.r.get(Keys(gw.settings.key_prefix).seq("default")) or 0)
 
 

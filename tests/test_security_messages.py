@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from gateway_tasks.core.broker import queued_messages
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.broker import queued_messages
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.errors import InvalidRequest
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
@@ -25,7 +25,7 @@ from devtools import processes
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
-from gateway_tasks.core.dead_letters import dead_letters
+from gateway_tasks.dispatch.dead_letters import dead_letters
 
 pytestmark = pytest.mark.slow
 TPM = 120_000   # bucket capacity 120k tokens (burst 60 s)
@@ -262,8 +262,8 @@ def test_a_refund_of_an_unsent_dispatch_is_not_counted_as_in_flight(settings, r)
     """A: a normal task dispatched; B: a 120k-token dispatch refunded unsent (a dead letter).
     A's reply then says the upstream has its whole quota left: the bucket follows it
     minus what is really in flight since A (nothing), not minus B's refunded debit."""
-    from workers.bucket import PoolBucket
-    from workers.router import PickPlan, pick_now
+    from gateway_tasks.bucket.pool_bucket import PoolBucket
+    from gateway_tasks.dispatch.router import PickPlan, pick_now
 
     pool = Pool("default", base_url="http://127.0.0.1:9/v1", api_key="k", models=("gpt-4o-mini",),
                 tpm=TPM, rpm=6_000)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION, channel_settings
+from gateway_tasks.dispatch.broker import channel_settings
+from gateway_tasks.core.celery_app import PUBLIC_SETTINGS_OPTION
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool, load_settings, settings_from_json, settings_to_json
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway_tasks.core.chunks import ChunkWriter, read
+from gateway_tasks.upstream.chunks import ChunkWriter, read
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, tier_field
@@ -126,7 +126,7 @@ def test_a_stream_that_breaks_after_chunks_is_stream_broken_not_a_retry():
     from starlette.routing import Route
 
     from gateway_tasks.local.ports import free_port
-    from workers.upstream import StreamBroken, chat_stream
+    from gateway_tasks.upstream.client import StreamBroken, chat_stream
 
     chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-mini",
              "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}

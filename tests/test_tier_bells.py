@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import redis
 
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Settings
-from workers.release import ACK, REQUEUE, ReleaseCall
-from workers.router import PickPlan, Picked, pick_now
+from gateway_tasks.dispatch.release import ACK, REQUEUE, ReleaseCall
+from gateway_tasks.dispatch.router import PickPlan, Picked, pick_now
 
 POOL = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",), tpm=10**9, rpm=10**9)
 

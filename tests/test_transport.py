@@ -12,13 +12,13 @@ import pytest
 import redis
 from kombu import Queue
 
-from gateway_tasks.core.kombu_adapter import Empty
+from gateway_tasks.dispatch.kombu_adapter import Empty
 from gateway_tasks.core.settings import load_settings
 from gateway_tasks.local.redis_server import EmbeddedRedis
 from gateway_tasks.producer.gateway import Gateway
 from workers.app import make_worker_app
-from workers.poll_step import PICK, WAIT
-from workers.transport import MAX_WAIT_S, Channel, bell_timeout
+from gateway_tasks.dispatch.poll_step import PICK, WAIT
+from gateway_tasks.dispatch.transport import MAX_WAIT_S, Channel, bell_timeout
 
 
 def test_bell_timeout_never_truncates_to_block_forever():

@@ -1,4 +1,4 @@
-"""workers.upstream: what a reply says of the upstream's own time, and which of its 4xx
+"""gateway_tasks.upstream.client: what a reply says of the upstream's own time, and which of its 4xx
 are the caller's error (``refusal_of``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from gateway_tasks.core.errors import UpstreamRejected
 from gateway_tasks.core.settings import Pool
-from workers.upstream import UNKNOWN_ERROR_TYPE, processing_ms, refusal_of
+from gateway_tasks.upstream.client import UNKNOWN_ERROR_TYPE, processing_ms, refusal_of
 
 
 @pytest.mark.parametrize("headers,expected", [
@@ -63,7 +63,7 @@ def test_the_client_is_built_on_the_sdks_own_http_library():
     chat_stream recognises mid-stream are that library's."""
     import openai
 
-    from workers import upstream
+    from gateway_tasks.upstream import client as upstream
     pool = Pool("p", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=1_000, rpm=10)
     client = upstream.client_for(pool)
     assert isinstance(client._client, openai.DefaultHttpxClient.__mro__[1])
@@ -78,7 +78,7 @@ def test_a_stream_cut_mid_way_by_the_connection_is_stream_broken():
     import socket
     import threading
 
-    from workers.upstream import StreamBroken, chat_stream
+    from gateway_tasks.upstream.client import StreamBroken, chat_stream
     chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
              "choices": [{"index": 0, "delta": {"content": "partial "}, "finish_reason": None}]}
     sent = "".join(f"data: {json.dumps(chunk)}\n\n" for _ in range(2)).encode()

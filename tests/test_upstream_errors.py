@@ -111,7 +111,7 @@ def request(overrides: dict) -> dict:
 
 
 def enqueued(s) -> int:
-    """Tasks enqueued on either pool (lua/enqueue.lua counts each in its pool's seq)."""
+    """Tasks enqueued on either pool (lua/dispatch/enqueue.lua counts each in its pool's seq)."""
     return sum(int(s.gw.r.get(s.keys.seq(p)) or 0) for p in ("default", "backup"))
 
 

@@ -23,7 +23,7 @@ def test_warm_sdk_parses_a_canned_reply_without_any_network():
 
 
 def test_warm_worker_never_raises_and_builds_every_pool_client(settings, monkeypatch, caplog):
-    from workers import upstream
+    from gateway_tasks.upstream import client as upstream
     pools = (Pool("a", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=60_000, rpm=600),
              Pool("b", base_url="http://127.0.0.1:9/v2", api_key="k", models=("m",), tpm=60_000, rpm=600))
     assert warmup.warm_worker(settings.with_(pools=pools)) >= 0

@@ -1,5 +1,5 @@
 """The workers' Celery app: the producer's configuration on the dispatching
-transport (``workers.transport``), with the inference task registered.
+transport (``gateway_tasks.dispatch.transport``), with the inference task registered.
 
     celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -E
 
@@ -19,12 +19,13 @@ from gateway_tasks.core.celery_app import lazy_app, make_app
 from gateway_tasks.core.settings import Settings, get_settings
 from workers.redaction import install_log_filter
 
-WORKER_TRANSPORT = "workers.transport:Transport"
+WORKER_TRANSPORT = "gateway_tasks.dispatch.transport:Transport"
 # workers.startup: no start with queues it cannot serve or without the called pools' keys;
-# workers.overload: the load-level controller, started by each worker when it is ready;
+# gateway_tasks.overload.controller: the load-level controller, started by each worker when it is ready;
 # workers.warmup: the openai SDK's one-time work, done before the worker takes a task;
 # workers.interpreter: the process's GIL switch interval and its startup objects frozen
-TASK_MODULES = ("workers.startup", "workers.tasks", "workers.overload", "workers.warmup", "workers.interpreter")
+TASK_MODULES = ("workers.startup", "workers.tasks", "gateway_tasks.overload.controller", "workers.warmup",
+                "workers.interpreter")
 
 
 def make_worker_app(settings: Settings, redis_url: str | None = None, name: str = "gateway-worker",

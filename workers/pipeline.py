@@ -25,29 +25,29 @@ import openai
 import redis
 from celery.exceptions import Ignore, Reject
 
-from gateway_tasks.core import depends
+from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.celery_app import settings_of
-from gateway_tasks.core.chunks import ChunkWriter
+from gateway_tasks.upstream.chunks import ChunkWriter
 from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, InvalidRequest, RetryBudgetExceeded,
                                        TaskCancelled, UpstreamError, UpstreamRejected)
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_actions import degrade, record
+from gateway_tasks.overload.actions import degrade, record
 from gateway_tasks.core.packer import connection_kwargs
-from gateway_tasks.core.request import InferenceRequest
+from gateway_tasks.dispatch.request import InferenceRequest
 from gateway_tasks.core.result_backend import HeldStarted, take_started
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings, Tier
 from gateway_tasks.core.stats import COMPLETED, DEGRADED, EXPIRED, RETRIES, UPSTREAM_ERRORS, tier_field
-from workers.bucket import PoolBucket, retry_after_ms
-from workers.circuit import PROBE, READ_FIELDS, CircuitReply, PoolCircuit, closed_verdict
-from workers.dispatch import Dispatch
-from workers.failover import TRANSIENT, fail_over
-from workers.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
-from workers.redis_retry import riding_retry, through_restarts
-from workers.reservation import Debit, Reservation, Settlement, Used
-from workers.streaming import chat_streamed
-from workers.upstream import UpstreamReply, chat, processing_ms
-from workers.upstream_stats import TALLY as UPSTREAM_TIME
+from gateway_tasks.bucket.pool_bucket import PoolBucket, retry_after_ms
+from gateway_tasks.upstream.circuit import PROBE, READ_FIELDS, CircuitReply, PoolCircuit, closed_verdict
+from gateway_tasks.dispatch.record import Dispatch
+from gateway_tasks.upstream.failover import TRANSIENT, fail_over
+from gateway_tasks.core.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
+from gateway_tasks.core.redis_retry import riding_retry, through_restarts
+from gateway_tasks.upstream.reservation import Debit, Reservation, Settlement, Used
+from gateway_tasks.upstream.streaming import chat_streamed
+from gateway_tasks.upstream.client import UpstreamReply, chat, processing_ms
+from gateway_tasks.upstream.stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
@@ -319,7 +319,7 @@ def call(job: Job, a: Admitted) -> Called:
 
 def _upstream(job: Job, a: Admitted, target: Pool, model: str) -> UpstreamReply:
     """One call of ``target``: streamed (its chunks go to the waiting API process,
-    workers/streaming.py) or not."""
+    gateway_tasks/upstream/streaming.py) or not."""
     req = a.req
     if req.stream:
         return chat_streamed(job.r, job.keys, replace(req, model=model, max_tokens=a.max_tokens), target,

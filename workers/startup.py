@@ -12,7 +12,7 @@ before the banner and the first poll), checks in order:
   process loads a pool whose ``api_key_env`` variable is not set as a pool without its
   key there (gateway_tasks.core.settings).  The pools it may call are those of the
   gateway queues it consumes and, for a tier with a reserved share, their
-  ``backup_pools`` (workers/failover.py).
+  ``backup_pools`` (gateway_tasks/upstream/failover.py).
 
 A failed check stops the worker with one critical line, ``gateway worker: configuration
 error: ...``, and exit status 78 (``stop_on_config_error``) before it takes a task:
@@ -26,13 +26,13 @@ from typing import Any, Iterable
 from celery import Celery
 from celery.signals import celeryd_after_setup
 
-from gateway_tasks.core.broker import is_gateway_queue
+from gateway_tasks.dispatch.broker import is_gateway_queue
 from gateway_tasks.core.celery_app import stop_on_config_error
 from gateway_tasks.core.config_report import announce
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import split_queue_name
 from gateway_tasks.core.settings import Settings
-from workers.router import PickPlan
+from gateway_tasks.dispatch.router import PickPlan
 
 
 def called_pools(settings: Settings, queues: Iterable[str]) -> list[str]:

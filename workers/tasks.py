@@ -20,14 +20,14 @@ import redis
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 
-from gateway_tasks.core import depends
+from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.errors import UpstreamRejected
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.result_backend import STARTED_WITH_FIRST_TRIP
 from workers import pipeline
 from workers.pipeline import DEPS_DONE, redis_for
-from workers.redis_retry import through_restarts
+from gateway_tasks.core.redis_retry import through_restarts
 
 logger = logging.getLogger(__name__)
 RESULT_HIDING_REQUEST = "workers.redaction:ResultHidingRequest"  # results stay out of task events

@@ -12,7 +12,7 @@ the simulator's own first request (tiktoken's encoder, now loaded at its start).
 
 So the worker, on ``worker_init`` (after its modules are imported, before its
 consumer starts), runs one complete SDK call -- the same ``with_raw_response``
-create, ``parse`` and ``model_dump`` as ``workers.upstream.chat`` -- against an
+create, ``parse`` and ``model_dump`` as ``gateway_tasks.upstream.client.chat`` -- against an
 in-process fake transport (the SDK's HTTP library's ``MockTransport``): no network, no upstream
 tokens, no rate limit touched.  It also builds each pool's real client.
 """
@@ -28,7 +28,7 @@ from celery.signals import worker_init, worker_ready
 
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.settings import Settings
-from workers.upstream import SDK_HTTP
+from gateway_tasks.upstream.client import SDK_HTTP
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def warm_worker(settings: Settings) -> float:
     """Warm the SDK and build the client of every pool with its key here; seconds it took.
     Never raises: a worker that could not warm up still works, it is only slower on its
     first calls."""
-    from workers.upstream import client_for
+    from gateway_tasks.upstream.client import client_for
     started = time.monotonic()
     try:
         warm_sdk()

@@ -48,7 +48,7 @@ import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
 from devtools.quotas import for_load
-from gateway_tasks.core.tenants import TenantRegistry
+from gateway_tasks.tenants.registry import TenantRegistry
 from devtools.bench.wall_time import Stopwatch, took_line
 from devtools.measure import percentile
 from devtools.run_redis import delete_prefix, redis_or_embedded, shown_redis

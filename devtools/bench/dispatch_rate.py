@@ -2,7 +2,7 @@
 
 ``dispatchers`` processes (no GIL between them) each loop: pick.lua
 (``PickPlan`` of all the pool's tiers, one task a call or a batch of 8),
-then lua/release.lua to ack what it picked -- one dispatch, two round trips
+then lua/dispatch/release.lua to ack what it picked -- one dispatch, two round trips
 -- until its share of the queued messages is done.  Beside it the same number
 of processes RPOP a plain list holding the same messages.  All processes
 start together (an Event, once every one is connected with its scripts
@@ -31,8 +31,8 @@ from gateway_tasks.core.settings import Settings, settings_from_json, settings_t
 from devtools.bench import dispatch_server
 from devtools.bench import redis_stats
 from devtools.run_redis import discard_prefix
-from workers.release import ReleaseCall
-from workers.router import PickPlan
+from gateway_tasks.dispatch.release import ReleaseCall
+from gateway_tasks.dispatch.router import PickPlan
 
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 300.0
@@ -48,7 +48,7 @@ def _dispatch_loop(url: str, settings_json: str, per_call: int, count: int, read
     keys = Keys(settings.key_prefix)
     batch = PickPlan(settings, settings.queue_names()).batch(per_call)
     scripts = scripts_for(client)
-    for name in ("pick", "release"):
+    for name in ("dispatch/pick", "dispatch/release"):
         client.script_load(source(name))
     ready.put(1)
     go.wait(START_TIMEOUT_S)

@@ -2,11 +2,11 @@
 
 On a private Redis (nobody else's commands), per scenario -- prompt size x
 tenants queued -- ``messages`` copies of the real message ``Gateway.submit``
-queues for such a prompt are enqueued (lua/enqueue.lua, pipelined) on a pool
+queues for such a prompt are enqueued (lua/dispatch/enqueue.lua, pipelined) on a pool
 whose bucket never waits, spread round-robin over the tenants, all in the
 ``normal`` tier.  Then ``picks`` pick.lua calls (``PickPlan`` of all the
 pool's tiers, as a worker runs it, through ``scripts_for(client).run``), in
-batches; between batches the picked tasks are acked (lua/release.lua).
+batches; between batches the picked tasks are acked (lua/dispatch/release.lua).
 INFO commandstats is read around every batch, so ``cmdstat_evalsha`` counts
 only pick calls in the pick windows and only release calls in the ack
 windows: usec / calls is Redis's execution time per pick (and per ack, and
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import redis
 
-from gateway_tasks.core.enqueue import EnqueueCall, queue_enqueue
+from gateway_tasks.dispatch.enqueue import EnqueueCall, queue_enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for, source
 from gateway_tasks.core.settings import Settings
@@ -52,8 +52,8 @@ from devtools.bench import redis_stats
 from devtools.bench.redis_stats import Cost, commandstats, stats_delta
 from devtools.run_redis import discard_prefix
 from gateway_tasks.producer.gateway import Gateway
-from workers.release import ReleaseCall
-from workers.router import PickPlan, Picked
+from gateway_tasks.dispatch.release import ReleaseCall
+from gateway_tasks.dispatch.router import PickPlan, Picked
 
 TIER = "normal"
 PIPELINE_CHUNK = 500
@@ -287,7 +287,7 @@ def pick_floor(client: redis.Redis, base: Settings, message: str) -> dict[str, A
 def run_scenario(client: redis.Redis, base: Settings, scenario: Scenario, message: str) -> dict[str, Any]:
     prefix = f"gt-bench-pick-{uuid.uuid4().hex[:8]}:"
     settings = bench_settings(base, prefix)
-    for name in ("enqueue", "pick", "release"):   # loaded before any window
+    for name in ("dispatch/enqueue", "dispatch/pick", "dispatch/release"):   # loaded before any window
         client.script_load(source(name))
     try:
         enqueue = fill(client, settings, scenario, message)

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import redis
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.index_entry import tenant_range
+from gateway_tasks.dispatch.index_entry import tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
 from devtools.quotas import for_load

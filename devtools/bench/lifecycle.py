@@ -23,12 +23,12 @@ from typing import Any, Callable
 
 import redis
 
-from gateway_tasks.core.cancel import CancelCall, TaskRef
-from gateway_tasks.core.depends import DependCall, DepsDoneCall, DepsReleaseCall
-from gateway_tasks.core.enqueue import EnqueueCall, enqueue
-from gateway_tasks.core.evict import EvictCall
+from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
+from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
+from gateway_tasks.dispatch.evict import EvictCall
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.quota import QuotaTakeCall
+from gateway_tasks.tenants.quota import QuotaTakeCall
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import load_settings
 from devtools.bench import command as bench_command

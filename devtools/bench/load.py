@@ -49,7 +49,7 @@ import redis
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, Settings
 from devtools.quotas import for_load
-from gateway_tasks.core.broker import purge_tier
+from gateway_tasks.dispatch.broker import purge_tier
 from devtools import processes
 from devtools.bench.utilisation import UpstreamPoint, window_utilisation
 from devtools.bench.results import count_existing, result_metas

@@ -33,7 +33,7 @@ import redis
 
 from gateway_tasks.core.errors import ConfigError, Deferred, GatewayError
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_state import read_history, read_level
+from gateway_tasks.overload.state import read_history, read_level
 from gateway_tasks.core.settings import Pool, Settings
 from devtools import processes
 from devtools.bench import command as bench_command

@@ -44,7 +44,7 @@ What is measured, per mode:
   worker's time; and beat's fire lag (enqueue time - scheduled jittered time) p99.
 
 Beat submits the cron runs with ``source="cron"``: the scheduled lane
-(``gateway_tasks.core.lanes``); the probe's requests are interactive.
+(``gateway_tasks.dispatch.lanes``); the probe's requests are interactive.
 
 Targets (judged on jitter on): peak/mean <= 1.25, 429 <= 0.3 %, VIP p99 during
 the storm <= 1.5 x its p99 just before it.
@@ -66,7 +66,7 @@ from typing import Any, Callable
 import redis
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.overload_state import HISTORY_MAX, read_history, read_state
+from gateway_tasks.overload.state import HISTORY_MAX, read_history, read_state
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.core.stats import CRON_DEFERRED, UPSTREAM_429
 from gateway_tasks.core.tokens import count_prompt_tokens

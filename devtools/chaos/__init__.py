@@ -7,5 +7,5 @@ simulator and the REST API.  Every fault module (``worker_kill``,
 ``rate_limit_storm``, ``beat_leader``, ``memory``, ``overload``) returns an
 ``outcome.Outcome``; ``suite`` runs them, ``table`` prints them, ``command``
 is the CLI.  Upstream calls are counted per task id at the simulator
-(``GET /calls``); the workers' kill -9 points come from ``workers.faults``.
+(``GET /calls``); the workers' kill -9 points come from ``gateway_tasks.core.faults``.
 """

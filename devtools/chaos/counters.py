@@ -48,7 +48,7 @@ class Level:
 
 
 def refilled(level: float, cap: float, rate_per_ms: float, elapsed_ms: float) -> float:
-    """A continuous bucket's level after elapsed_ms of refill (as lua/prelude.lua computes it)."""
+    """A continuous bucket's level after elapsed_ms of refill (as lua/core/prelude.lua computes it)."""
     return min(cap, level + max(0.0, elapsed_ms) * rate_per_ms)
 
 

@@ -30,7 +30,7 @@ from gateway_tasks.local.ports import free_port
 from gateway_tasks.local.redis_server import EmbeddedRedis, bundled_redis_server, redis_server_binary
 from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
-from workers.faults import KILL_AT_ENV
+from gateway_tasks.core.faults import KILL_AT_ENV
 
 KEY_PREFIX = "chaos:"
 LOGS_ENV = "GATEWAY_CHAOS_LOGS"

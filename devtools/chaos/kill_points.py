@@ -1,6 +1,6 @@
 """Fault: kill -9 between every pair of steps of a task -- pick, upstream call,
 settle, ack -- with the worker's own fault-injection point
-(``GATEWAY_FAULT_KILL_AT``, workers/faults.py).
+(``GATEWAY_FAULT_KILL_AT``, gateway_tasks/core/faults.py).
 
 For each point a doomed worker (killing itself the first time it gets there)
 and a survivor share a small batch; after the death every task must end,
@@ -20,7 +20,7 @@ from devtools.chaos.outcome import Outcome
 from devtools.chaos.workload import Size, Submitter, settle
 from gateway_tasks.simulator import SimConfig
 from gateway_tasks.core.stats import FINISHED_NOT_ACKED
-from workers.faults import KILL_POINTS
+from gateway_tasks.core.faults import KILL_POINTS
 
 NAME = "kill -9 at each step ({points})"
 TARGET_S = 10.0

@@ -4,7 +4,7 @@
     gateway capacity --measure-s 30 [--peak-qps 120]     # rates measured in Redis now
     gateway capacity forecast [--horizon-s 600] [--bucket-s 60] [--json]
 
-The model (gateway_tasks.core.capacity): instances = ceil(max(QPS x tokens per
+The model (gateway_tasks.capacity.model): instances = ceil(max(QPS x tokens per
 request / instance tokens/s, QPS / instance requests/s) x safety factor 1.5).
 With ``--measure-s S`` it samples the deployment's counters in Redis every
 second for S seconds: baseline QPS = completed calls/s over the window, peak
@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import redis
 
-from gateway_tasks.core.capacity import (DEFAULT_SAFETY_FACTOR, CapacityPlan, Instance,
-                                         instance_rps_from_concurrency, plan)
+from gateway_tasks.capacity.model import (DEFAULT_SAFETY_FACTOR, CapacityPlan, Instance, instance_rps_from_concurrency,
+                                          plan)
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.forecast import Forecast
+from gateway_tasks.capacity.forecast import Forecast
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field

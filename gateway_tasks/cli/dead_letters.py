@@ -1,5 +1,5 @@
 """`gateway dead-letters`: the messages workers took off the queues because they could
-not be run (gateway_tasks.core.dead_letters), newest first, as JSON.  The stored message
+not be run (gateway_tasks.dispatch.dead_letters), newest first, as JSON.  The stored message
 itself is left out unless --with-message is given (it may hold a prompt)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from gateway_tasks.core.dead_letters import dead_letters
+from gateway_tasks.dispatch.dead_letters import dead_letters
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import get_settings
 

@@ -13,7 +13,7 @@ import redis
 
 from gateway_tasks.core.config_report import config_summary, format_config
 from gateway_tasks.core.settings import get_settings
-from gateway_tasks.core.status import deployment_status, format_status
+from gateway_tasks.overload.status import deployment_status, format_status
 
 
 def _run(args: argparse.Namespace) -> int:

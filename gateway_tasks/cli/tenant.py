@@ -1,7 +1,7 @@
 """`gateway tenant add|list|delete`: manage tenants and their API keys.
 
 Output is JSON.  The API key is printed once, by ``add``; Redis keeps only its
-hash (HMAC-SHA256 keyed with GATEWAY_API_KEY_SECRET when set: gateway_tasks.core.tenants).
+hash (HMAC-SHA256 keyed with GATEWAY_API_KEY_SECRET when set: gateway_tasks.tenants.registry).
 The REST admin routes (POST /v1/admin/tenants, ...) do the same over HTTP.  Running ``add`` again for an existing tenant changes its tier and
 rotates its key (the old key stops working).
 """
@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.tenants import Tenant, TenantRegistry
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 
 
 def registry_from_env(settings: Settings | None = None) -> TenantRegistry:

@@ -20,15 +20,17 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from celery import Celery
 
-from gateway_tasks.core.broker import PUBLIC_SETTINGS_OPTION
 from gateway_tasks.core.errors import EXIT_CONFIG, ConfigError
 from gateway_tasks.core.result_backend import backend_url
 from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
 
-PRODUCER_TRANSPORT = "gateway_tasks.core.broker:Transport"
+PRODUCER_TRANSPORT = "gateway_tasks.dispatch.broker:Transport"
 TASK_NAME = "gateway.infer"
 
 log = logging.getLogger(__name__)
+
+# transport option holding the settings' public view (no API keys)
+PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
 
 
 def celery_config(settings: Settings, redis_url: str, *,

@@ -11,6 +11,17 @@ from dataclasses import dataclass
 
 QUEUE_PREFIX = "gt."  # every gateway Celery queue is gt.<tier>.<pool>
 
+# The bell: a Redis list of wake-up tokens (``Keys.bell``).
+#
+# Every enqueue pushes one on its tier's bell (``Keys.tier_bell``, lua/dispatch/enqueue.lua), as
+# does a release that puts a task back or unparks its tenant (lua/dispatch/release.lua); every
+# token refund pushes one on the pool's (lua/bucket/settle.lua) while a dispatcher waits for
+# the pool's bucket (lua/dispatch/pick.lua records until when); an idle dispatcher
+# BLPOPs the bells of the tiers it serves and of their pools (``gateway_tasks.dispatch.transport``).  The list is
+# trimmed to ``BELL_MAX`` tokens: one is enough to wake a dispatcher, and a bell
+# nobody waits on must not grow without bound.
+BELL_MAX = 1024  # wake-up tokens kept on the bell list
+
 
 def queue_name(tier: str, pool: str) -> str:
     """The Celery queue of one tier's traffic to one pool: gt.<tier>.<pool>."""
@@ -75,7 +86,7 @@ class Keys:
 
     def bucket(self, pool: str) -> str:
         """Hash: tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches of one
-        pool's bucket, wait_until_ms (until when a dispatcher waits for it: lua/pick.lua;
+        pool's bucket, wait_until_ms (until when a dispatcher waits for it: lua/dispatch/pick.lua;
         refunds ring the pool's ``bell`` only until then), and beside them the pool's
         fair-queuing state (``fair``)."""
         return f"{self.pool_tag(pool)}bucket"
@@ -91,7 +102,7 @@ class Keys:
 
     def fair_before_merge(self, pool: str) -> str:
         """Hash: where a pool's fair state lived before 2026-12-05 (read once, by
-        lua/fair_merge.lua, which moves it into ``fair`` and deletes it)."""
+        lua/dispatch/fair_merge.lua, which moves it into ``fair`` and deletes it)."""
         return f"{self.pool_tag(pool)}fair"
 
     def stats(self, pool: str) -> str:
@@ -100,33 +111,33 @@ class Keys:
 
     def bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's idle dispatchers, one per token refund
-        (lua/settle.lua) while a dispatcher waits for the bucket (``wait_until_ms`` in the
-        bucket hash, written by lua/pick.lua): tokens concern every tier.  Work that becomes
+        (lua/bucket/settle.lua) while a dispatcher waits for the bucket (``wait_until_ms`` in the
+        bucket hash, written by lua/dispatch/pick.lua): tokens concern every tier.  Work that becomes
         dispatchable -- an enqueue, a task put back, a tenant unparked -- rings its tier's
         ``tier_bell`` instead."""
         return f"{self.pool_tag(pool)}bell"
 
     def tier_bell(self, pool: str, tier: str) -> str:
         """List: wake-up tokens for the dispatchers that serve one tier of a pool, one per
-        enqueue into it (lua/enqueue.lua).  Apart from the pool's ``bell`` so that an arrival
+        enqueue into it (lua/dispatch/enqueue.lua).  Apart from the pool's ``bell`` so that an arrival
         wakes a dispatcher that can pick it: with per-tier workers (deploy/k8s) a batch-only
         dispatcher took a vip arrival's token from the pool bell and the vip one slept until
         its poll timeout (up to 1 s).  A dispatcher waits on the bells of the tiers it serves
         and on the pool's bell, which token refunds ring; a release that puts a task back or
-        unparks its tenant (lua/release.lua) rings the task's tier's bell."""
+        unparks its tenant (lua/dispatch/release.lua) rings the task's tier's bell."""
         return f"{self.pool_tag(pool)}tbell:{tier}"
 
     def reserved_bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's dispatchers whose only free slots are kept for
-        reserved tiers' interactive work: rung (besides ``tier_bell``) by lua/enqueue.lua for such
+        reserved tiers' interactive work: rung (besides ``tier_bell``) by lua/dispatch/enqueue.lua for such
         a task, so they wake for it and leave other arrivals' tokens to dispatchers that can
-        take them (workers/transport.py)."""
+        take them (gateway_tasks/dispatch/transport.py)."""
         return f"{self.pool_tag(pool)}bell:reserved"
 
     def dispatcher_bell(self, pool: str, dispatcher: str) -> str:
         """List: the wake-up of one dispatcher waiting while only its kept slots (for reserved
-        tiers' interactive work) are free: pushed by lua/release.lua when one of its own tasks
-        ends, so it picks other work again at once (workers/transport.py).  Expires by itself."""
+        tiers' interactive work) are free: pushed by lua/dispatch/release.lua when one of its own tasks
+        ends, so it picks other work again at once (gateway_tasks/dispatch/transport.py).  Expires by itself."""
         return f"{self.pool_tag(pool)}bell:{dispatcher}"
 
     def messages(self, pool: str) -> str:
@@ -137,7 +148,7 @@ class Keys:
     def index(self, pool: str, tier: str) -> str:
         """Sorted set (every score 0, ordered by member): one small entry per queued task
         of a tier, '<tenant>|<seq>|<tag>|<est>|<enq_ms>|<weight>'; each tenant's own
-        FIFO is a lexicographic range of it (``gateway_tasks.core.index_entry``)."""
+        FIFO is a lexicographic range of it (``gateway_tasks.dispatch.index_entry``)."""
         return f"{self.pool_tag(pool)}index:{tier}"
 
     def active(self, pool: str, tier: str) -> str:
@@ -180,20 +191,20 @@ class Keys:
 
     def circuit(self, pool: str) -> str:
         """Hash: the pool's circuit breaker (state, failures, open_until_ms, probe_until_ms,
-        opens, closes) -- lua/circuit.lua."""
+        opens, closes) -- lua/upstream/circuit.lua."""
         return f"{self.pool_tag(pool)}circuit"
 
     def moving(self, pool: str) -> str:
         """Hash: delivery tag -> JSON {tier, entry, message, ts_ms} of a reserved-tier task
         withdrawn from this pool (drained / circuit open) and being moved to a backup pool:
-        the journal that puts it back if the mover dies (workers/rescue.py)."""
+        the journal that puts it back if the mover dies (gateway_tasks/upstream/rescue.py)."""
         return f"{self.pool_tag(pool)}moving"
 
     # -- overload: one load level for the deployment (one hash tag, one slot) --
     @property
     def overload_state(self) -> str:
         """Hash: level, version, ts_ms, since_ms, reason, seen:<k> (last time the signal
-        asked for level k), changes -- lua/overload_commit.lua."""
+        asked for level k), changes -- lua/overload/commit.lua."""
         return f"{self.prefix}{{overload}}:state"
 
     @property
@@ -228,16 +239,16 @@ class Keys:
 
     def chunks(self, task_id: str) -> str:
         """Stream (TTL): a streaming task's upstream chunks, then 'done' or 'error', for the
-        API process waiting on them (``gateway_tasks.core.chunks``)."""
+        API process waiting on them (``gateway_tasks.upstream.chunks``)."""
         return f"{self.prefix}chunks:{task_id}"
     def task_ref(self, task_id: str) -> str:
         """String (TTL): where a queued task sits, as ``task_ref_in`` -- the key of producers
-        before the ref moved under its pool's tag (still read: ``core.cancel.read_refs``)."""
+        before the ref moved under its pool's tag (still read: ``lifecycle.cancel.read_refs``)."""
         return f"{self.prefix}task-ref:{task_id}"
 
     def task_ref_in(self, pool: str, task_id: str) -> str:
         """String (TTL): where a task queued on ``pool`` sits, '<pool>|<tier>|<tenant>|<delivery
-        tag>|<index entry>' (core.cancel.TaskRef), written by lua/enqueue.lua as it queues it;
+        tag>|<index entry>' (lifecycle.cancel.TaskRef), written by lua/dispatch/enqueue.lua as it queues it;
         cancel and priority inheritance find the task by it."""
         return f"{self.pool_tag(pool)}ref:{task_id}"
 
@@ -247,7 +258,7 @@ class Keys:
         return f"{self.prefix}cancelled:{task_id}"
 
     def tenant_bucket(self, tenant_id: str) -> str:
-        """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/quota_take.lua)."""
+        """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/tenants/quota_take.lua)."""
         return f"{self.prefix}tenant-bucket:{tenant_id}"
 
     # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
@@ -300,7 +311,7 @@ class Keys:
 
     def quota(self, tenant_id: str, hour: int) -> str:
         """Integer (TTL): tasks one tenant submitted in one clock hour, every path together
-        (cron fires: lua/cron_fire.lua; Python API and REST: lua/quota_take.lua)
+        (cron fires: lua/beat/cron_fire.lua; Python API and REST: lua/tenants/quota_take.lua)
         (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
         return f"{self.prefix}quota:{tenant_id}:{hour}"
 
@@ -317,5 +328,5 @@ class Keys:
     @property
     def cron_forecast(self) -> str:
         """String (TTL): JSON token-demand forecast of the cron schedule per pool and tier,
-        published by the leader beat (``gateway_tasks.core.forecast``)."""
+        published by the leader beat (``gateway_tasks.capacity.forecast``)."""
         return f"{self.prefix}cron:forecast"

@@ -4,7 +4,7 @@ retries also ride out a full Redis.
 * Celery's Redis backend reads a task's meta back before every write (a late write of a
   lost worker must not overwrite a success), then writes and publishes it: two round trips
   per write, and a task whose STARTED state is tracked writes twice.  Here
-  lua/result_store.lua checks and writes in one atomic call (``ResultStoreCall``).
+  lua/core/result_store.lua checks and writes in one atomic call (``ResultStoreCall``).
 * A task may take its STARTED write along with its first round trip (``HeldStarted``):
   Celery's tracer writes STARTED on its own just before the task's body runs, and the
   body's first pipeline is microseconds later -- one round trip less per task.
@@ -27,7 +27,7 @@ from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from gateway_tasks.core.oom import is_out_of_memory
+from gateway_tasks.core.redis_failures import is_out_of_memory
 from gateway_tasks.core.scripts import layout, scripts_for
 
 RESULT_BACKEND = "gateway_tasks.core.result_backend:ResultBackend"
@@ -40,9 +40,9 @@ def backend_url(redis_url: str) -> str:
 
 @dataclass(frozen=True)
 class ResultStoreCall:
-    """lua/result_store.lua: store and publish a result meta unless a success is stored."""
+    """lua/core/result_store.lua: store and publish a result meta unless a success is stored."""
 
-    SCRIPT: ClassVar[str] = "result_store"
+    SCRIPT: ClassVar[str] = "core/result_store"
 
     key: str
     meta: str | bytes      # encoded

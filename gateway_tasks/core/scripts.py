@@ -2,7 +2,7 @@
 
 The scripts are real .lua files shipped in the wheel (package ``gateway_tasks.lua``).
 Each does one operation and starts with a header naming its KEYS and ARGV.  A
-script whose first line is ``-- uses: prelude`` is loaded as ``prelude.lua``
+script whose first line is ``-- uses: core/prelude`` is loaded as ``prelude.lua``
 followed by the script: one text, one SHA (see ``source``).
 
 Callers never build KEYS/ARGV by hand: they pass a *call* (``ScriptCall``), a
@@ -16,7 +16,7 @@ scripts (restart, SCRIPT FLUSH):
   first checks SCRIPT EXISTS and loads what is missing (redis-py's pipeline
   scripts), so the reply is ``call.parse(results[i])`` afterwards;
 * ``command(call)``: the EVALSHA command for a caller that sends it on its own
-  connection (the workers' event loop, ``workers.transport``); the script is
+  connection (the workers' event loop, ``gateway_tasks.dispatch.transport``); the script is
   loaded before the first command.  When that command's reply raises
   ``NoScriptError`` the caller calls ``lost()``: the next ``command`` loads
   the script again.
@@ -59,8 +59,8 @@ import redis
 from redis.commands.core import Script
 
 LUA_PACKAGE = "gateway_tasks.lua"
-PRELUDE = "prelude"
-USES_PRELUDE = "-- uses: prelude"
+PRELUDE = "core/prelude"
+USES_PRELUDE = f"-- uses: {PRELUDE}"
 INCLUDE = re.compile(r"^-- include: ([\w/]+)$", re.M)
 
 Arg = str | bytes | int | float
@@ -89,7 +89,8 @@ def text(value: bytes | str) -> str:
 
 @lru_cache(maxsize=None)
 def file_text(name: str) -> str:
-    """The text of lua/<name>.lua as shipped (``name`` may be a part: ``pick/scoring``)."""
+    """The text of lua/<name>.lua as shipped (``name`` has its folder: ``dispatch/pick``, a part
+    ``dispatch/pick/scoring``)."""
     node = resources.files(LUA_PACKAGE)
     for step in f"{name}.lua".split("/"):
         node = node / step
@@ -122,9 +123,20 @@ def source(name: str) -> str:
 
 
 def available() -> list[str]:
-    """The names of every script (the prelude is not one, nor a script's parts)."""
-    return sorted(p.name[:-4] for p in resources.files(LUA_PACKAGE).iterdir()
-                  if p.name.endswith(".lua") and p.is_file() and p.name != f"{PRELUDE}.lua")
+    """The names of every script: its path under lua/ without .lua (``dispatch/pick``).  Not
+    the prelude, nor a script's parts (the files of the folder named after it: lua/dispatch/pick/)."""
+    found: list[str] = []
+
+    def walk(node: Any, folder: str) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                walk(child, f"{folder}{child.name}/")
+            elif child.name.endswith(".lua"):
+                found.append(folder + child.name[:-4])
+
+    walk(resources.files(LUA_PACKAGE), "")
+    names = set(found)
+    return sorted(n for n in found if n != PRELUDE and n.rpartition("/")[0] not in names)
 
 
 # -- layouts ------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class Tier:
     # refused at submit with Deferred(retry_after_s=defer_retry_after_s); 0 = never deferred
     defer_from_level: int = 0
     defer_retry_after_s: float = 0.0
-    # lanes (gateway_tasks/core/lanes.py): inside the tier, a tenant whose next task is
+    # lanes (gateway_tasks/dispatch/lanes.py): inside the tier, a tenant whose next task is
     # scheduled (a cron run) waits behind interactive work by this many weighted tokens of
     # virtual time at most, then goes in fair order; 0 = no lanes (one fair order for all)
     scheduled_lag_tokens: int = 8192
@@ -113,7 +113,7 @@ class Pool:
     # model of this pool that Overload.fallback_models does not map ("" = none)
     fallback_model: str = ""
     # tasks queued on this pool, all tiers together: when full, an arrival evicts the newest
-    # queued task of a lower tier (lua/evict.lua), else it is refused (QueueFull); 0 = no limit
+    # queued task of a lower tier (lua/dispatch/evict.lua), else it is refused (QueueFull); 0 = no limit
     queue_capacity: int = 100_000
     # pools reserved tiers fail over to when this one is drained by a 429, failing (circuit
     # open) or cannot admit within the tier's max wait: another key, or another provider
@@ -212,8 +212,8 @@ MAX_LEVEL = 4  # load levels L0 (normal) .. L4 (the most degraded)
 
 @dataclass(frozen=True)
 class Overload:
-    """The load-level controller (workers/overload.py) and what each level does
-    (gateway_tasks/core/overload_actions.py)."""
+    """The load-level controller (gateway_tasks/overload/controller.py) and what each level does
+    (gateway_tasks/overload/actions.py)."""
 
     enabled: bool = True
     tick_s: float = 1.0            # one decision per tick for the whole deployment
@@ -280,7 +280,7 @@ class Overload:
 
 @dataclass(frozen=True)
 class Circuit:
-    """The circuit breaker of each pool (lua/circuit.lua, workers/circuit.py)."""
+    """The circuit breaker of each pool (lua/upstream/circuit.lua, gateway_tasks/upstream/circuit.py)."""
 
     failure_threshold: int = 5     # consecutive 5xx / timeouts / connection errors: open
     open_s: float = 2.0            # open this long, then one half-open probe
@@ -351,7 +351,7 @@ class Settings:
     # connecting to a full queue needs ~1 MiB at once (its connections' buffers)
     redis_memory_reserve_mib: float = 4.0
     # a queued task with a deadline_s is promoted inside its tier once less than this is left
-    # (lua/deadline.lua, lua/pick.lua); 0 = no deadline boost
+    # (lua/dispatch/deadline.lua, lua/dispatch/pick.lua); 0 = no deadline boost
     deadline_boost_s: float = 60.0
     overload: Overload = field(default_factory=Overload)
     circuit: Circuit = field(default_factory=Circuit)

@@ -24,11 +24,11 @@ WAIT_MS = "wait_ms"                # pick.lua: queue wait of the dispatched task
 ACTUAL_TOKENS = "actual_tokens"    # settle.lua: tokens the upstream reported (prompt + completion)
 COMPLETED = "completed"            # settle.lua: upstream calls that completed with a usage report
 RETRIES = "retries"                # workers.tasks: transient failures requeued on the retry budget
-DEAD_LETTERED = "dead_lettered"    # workers.dead_letter: malformed messages taken off a queue
+DEAD_LETTERED = "dead_lettered"    # gateway_tasks.dispatch.dead_letters: malformed messages taken off a queue
 UPSTREAM_MS = "upstream_ms"        # workers.tasks: upstream call time of the completed calls, summed (whole ms)
 EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline or queue TTL
-EVICTED = "evicted"                # producer: queued tasks evicted for a higher tier (lua/evict.lua)
-CANCELLED = "cancelled"            # producer: tasks cancelled while queued or running (lua/cancel.lua)
+EVICTED = "evicted"                # producer: queued tasks evicted for a higher tier (lua/dispatch/evict.lua)
+CANCELLED = "cancelled"            # producer: tasks cancelled while queued or running (lua/lifecycle/cancel.lua)
 
 
 def tier_field(counter: str, tier: str) -> str:
@@ -41,14 +41,14 @@ UPSTREAM_429 = "upstream_429"      # drain.lua: 429 responses of the pool's upst
 UPSTREAM_ERRORS = "upstream_errors"  # workers.tasks: 5xx, timeouts and connection errors of the upstream
 CIRCUIT_OPENS = "circuit_opens"    # circuit.lua: the pool's circuit breaker opened
 CIRCUIT_CLOSES = "circuit_closes"  # circuit.lua: a half-open probe succeeded (failback)
-FAILOVERS = "failovers"            # workers.failover: reserved-tier calls served by this pool's backup
-RESCUED = "rescued"                # workers.rescue: queued reserved-tier tasks moved to a backup pool
+FAILOVERS = "failovers"            # gateway_tasks.upstream.failover: reserved-tier calls served by this pool's backup
+RESCUED = "rescued"                # gateway_tasks.upstream.rescue: queued reserved-tier tasks moved to a backup pool
                                    # while this pool was drained or its circuit open
 DEGRADED = "degraded"              # workers.tasks (per tier): completed with a capped max_tokens or a
                                    # substituted model
 STALE_RELEASES = "stale_releases"  # release.lua: a holder finished a task it had lost (lease expired,
                                    # restored and dispatched again): a duplicate execution
-FINISHED_NOT_ACKED = "finished_not_acked"  # workers.leases: an expired lease whose task already had its
+FINISHED_NOT_ACKED = "finished_not_acked"  # gateway_tasks.dispatch.leases: an expired lease whose task already had its
                                    # final result (the holder died between storing it and its ack):
                                    # acked by the sweep, not run again
 

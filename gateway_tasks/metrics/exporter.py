@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway_tasks.core.forecast import Forecast
-from gateway_tasks.core.index_entry import backlog_tokens
+from gateway_tasks.capacity.forecast import Forecast
+from gateway_tasks.dispatch.index_entry import backlog_tokens
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, CIRCUIT_CLOSES, CIRCUIT_OPENS, COMPLETED,

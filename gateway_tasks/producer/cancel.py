@@ -1,6 +1,6 @@
 """Cancelling a task from the producer side (``Gateway.cancel``).
 
-Queued: its index entry and message go together (lua/cancel.lua), so it never reaches
+Queued: its index entry and message go together (lua/lifecycle/cancel.lua), so it never reaches
 the upstream.  Held on its depends_on: its held record is dropped.  Running: revoked,
 and marked so the worker discards its result and no requeue or lease sweep puts it back
 (the worker's own settle gives its tokens back).  A task that never runs gives its
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from celery import states
 
-from gateway_tasks.core.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry, read_refs
+from gateway_tasks.lifecycle.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry, read_refs
 from gateway_tasks.core.errors import TaskCancelled, UnknownTask, UnknownTenant
-from gateway_tasks.core.index_entry import IndexEntry
-from gateway_tasks.core.quota import effective_tpm, tpm_refund
+from gateway_tasks.dispatch.index_entry import IndexEntry
+from gateway_tasks.tenants.quota import effective_tpm, tpm_refund
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.stats import CANCELLED, tier_field
 

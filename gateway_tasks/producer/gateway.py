@@ -19,12 +19,12 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import make_app
-from gateway_tasks.core import depends
+from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.lanes import INTERACTIVE
-from gateway_tasks.core.request import InferenceRequest
+from gateway_tasks.dispatch.lanes import INTERACTIVE
+from gateway_tasks.dispatch.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.tenants import Tenant, TenantRegistry
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.core.packer import connection_kwargs
 from gateway_tasks.core.redis_failures import redis_errors
 from gateway_tasks.producer.cancel import ALREADY_CANCELLED, FINISHED, WAITING, Cancelled, cancel_task
@@ -45,7 +45,7 @@ class TaskHandle:
     prompt_tokens: int
     est_tokens: int
     app: Celery
-    lane: str = INTERACTIVE   # interactive | scheduled (gateway_tasks.core.lanes)
+    lane: str = INTERACTIVE   # interactive | scheduled (gateway_tasks.dispatch.lanes)
 
     @property
     def async_result(self) -> AsyncResult:
@@ -111,21 +111,21 @@ class Gateway:
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
                lane: str | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
-        (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.core.chunks``).
+        (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
         ``lane``: "interactive" (someone waits) or "scheduled" (it tolerates seconds of delay:
         inside its tier it yields to interactive work by the tier's ``scheduled_lag_tokens``,
-        ``gateway_tasks.core.lanes``); None: scheduled for ``source="cron"``, else interactive.
+        ``gateway_tasks.dispatch.lanes``); None: scheduled for ``source="cron"``, else interactive.
         Redis down or full: RedisUnavailable / RedisFull, and nothing is enqueued.
 
-        The tenant's quotas are taken first, atomically (``gateway_tasks.core.quota``):
+        The tenant's quotas are taken first, atomically (``gateway_tasks.tenants.quota``):
         ``QuotaExceeded`` (reason, retry_after_s) when its tier's ``max_tasks_per_hour``
         or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
         elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies.
 
         ``depends_on``: ids of tasks (any tenant's: ids are unguessable) that must finish
         first; the task is held, taking no queue space, until they have, then queued
-        (``gateway_tasks.core.depends``).  An unknown id is ``UnknownTask``; a dependency
+        (``gateway_tasks.lifecycle.depends``).  An unknown id is ``UnknownTask``; a dependency
         that did not succeed fails it with ``DependencyFailed``."""
         with redis_errors("submit", "nothing was enqueued"):
             return Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
@@ -148,7 +148,7 @@ class Gateway:
         return owner.decode() if owner else None
 
     def cancel(self, task_id: str, tenant_id: str | None = None) -> Cancelled:
-        """Cancel a task.  Queued: its index entry and message go together (lua/cancel.lua),
+        """Cancel a task.  Queued: its index entry and message go together (lua/lifecycle/cancel.lua),
         so it never reaches the upstream.  Running: revoked, and marked so the worker
         discards its result and no requeue or lease sweep puts it back.  Its result becomes
         ``TaskCancelled`` (reason 'queued' | 'running').  ``tenant_id``: only that tenant's

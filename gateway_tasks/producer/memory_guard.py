@@ -2,7 +2,7 @@
 
 At ``maxmemory`` with ``noeviction`` Redis refuses every write that may grow memory
 -- the dispatch scripts', the results' -- so a queue filled to the brim could not
-even drain (workers ride such refusals out, ``workers.redis_retry``, but only
+even drain (workers ride such refusals out, ``gateway_tasks.core.redis_retry``, but only
 memory freed elsewhere lets them go on).  Producers therefore refuse new work
 (``RedisFull``) from ``refuse_at_bytes`` on: the lower of
 ``Settings.redis_memory_refuse_ratio`` of maxmemory and maxmemory less

@@ -13,7 +13,7 @@ runs named steps, in order:
     remember      an idempotency key's first submit (a repeat returns the first's handle)
     take_quota    the tenant's hourly count and TPM tokens, both or neither
     enqueue       published on its tier's queue, evicting a lower tier's newest task when the
-                  pool is full (in the same publish: ``gateway_tasks.core.evict.evicting``),
+                  pool is full (in the same publish: ``gateway_tasks.dispatch.evict.evicting``),
                   or held on its dependencies (with priority inheritance)
 
 Each step that takes something registers how to give it back; when a later step fails,
@@ -34,21 +34,22 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import redis
 from celery import states
 
-from gateway_tasks.core import depends
-from gateway_tasks.core.cancel import read_refs
+from gateway_tasks.lifecycle import depends
+from gateway_tasks.lifecycle.cancel import read_refs
 from gateway_tasks.core.celery_app import TASK_NAME
 from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
-from gateway_tasks.core.evict import EVICTED_BY_HIGHER_TIER, Eviction, Victim, evicting, throttle_retry_after_s, tiers_below
-from gateway_tasks.core.health import choose_pool, read_health
+from gateway_tasks.dispatch.evict import EVICTED_BY_HIGHER_TIER, Eviction, Victim, evicting, tiers_below
+from gateway_tasks.dispatch.enqueue import throttle_retry_after_s
+from gateway_tasks.upstream.health import choose_pool, read_health
 from gateway_tasks.core.keys import learned_field
-from gateway_tasks.core.lanes import lane_for
-from gateway_tasks.core.overload_actions import degrade, deferral
-from gateway_tasks.core.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
-from gateway_tasks.core.request import MAX_DEADLINE_S, InferenceRequest
+from gateway_tasks.dispatch.lanes import lane_for
+from gateway_tasks.overload.actions import degrade, deferral
+from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
+from gateway_tasks.dispatch.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Tier
 from gateway_tasks.core.stats import EVICTED, tier_field
-from gateway_tasks.core.tenants import Tenant, TenantRegistry
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.producer.memory_guard import submit_bytes
 
@@ -234,7 +235,7 @@ class Submission:
 
     def _inherit(self, deps: tuple[str, ...]) -> None:
         """Priority inheritance: each dependency queued in a lower tier than this task is
-        dispatched at this task's tier's priority (lua/boost.lua, then lua/pick.lua)."""
+        dispatched at this task's tier's priority (lua/lifecycle/boost.lua, then lua/dispatch/pick.lua)."""
         req = self.req
         rank = self.settings.tier_rank(req.tier)
         for ref in read_refs(self.r, self.keys, self.gw._pool_names, deps).values():

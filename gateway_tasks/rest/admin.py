@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_tasks.core.errors import ApiError, ConfigError, InvalidRequest, UnknownTenant
-from gateway_tasks.core.tenants import MAX_API_KEY_CHARS, Tenant
+from gateway_tasks.tenants.registry import MAX_API_KEY_CHARS, Tenant
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.auth import AdminDep
 

@@ -31,7 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest, UnknownTask
-from gateway_tasks.core.status import deployment_status
+from gateway_tasks.overload.status import deployment_status
 from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import FINISHED, Gateway
 from gateway_tasks.rest.admin import admin_router

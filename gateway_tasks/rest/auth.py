@@ -12,7 +12,7 @@ Deny by default: an ASGI middleware sorts each request by its path --
 A caller without the right credential always gets 401 and learns nothing else
 about its request (not whether the body was valid, nor too large, nor whether a
 task id exists, nor whether the route exists).  Keys are compared by digest in
-constant time (gateway_tasks.core.tenants; the admin key through SHA-256 of both
+constant time (gateway_tasks.tenants.registry; the admin key through SHA-256 of both
 sides).  Routes read the caller with the ``TenantDep`` / ``AdminDep`` dependencies.
 """
 
@@ -31,7 +31,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway_tasks.core.errors import ApiError, UnknownTenant
-from gateway_tasks.core.tenants import Tenant, TenantRegistry
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.rest.errors import api_error_response, redis_error_response
 
 PUBLIC = "public"

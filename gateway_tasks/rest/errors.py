@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway_tasks.core.errors import ApiError, ConfigError, Deferred, GatewayError, InvalidRequest, \
     PromptTooLarge, RedisUnavailable, Rejected, UnknownTask, UnknownTenant
 from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable
-from gateway_tasks.core.tenants import Tenant
+from gateway_tasks.tenants.registry import Tenant
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway_tasks.core.request import MAX_DEADLINE_S
+from gateway_tasks.dispatch.request import MAX_DEADLINE_S
 
 # fields of an OpenAI chat request the gateway handles itself (never forwarded in extra_body)
 _OWN_CHAT_FIELDS = {"model", "messages", "max_tokens", "max_completion_tokens", "stream",

@@ -10,7 +10,7 @@ from celery import states
 from fastapi.concurrency import run_in_threadpool
 
 from gateway_tasks.core.errors import ApiError
-from gateway_tasks.core.tenants import Tenant
+from gateway_tasks.tenants.registry import Tenant
 from gateway_tasks.producer.gateway import Gateway
 
 POLL_FIRST_S = 0.02

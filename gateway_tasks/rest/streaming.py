@@ -2,7 +2,7 @@
 
 The request is queued like any other (tier, fairness, bucket); the worker that
 runs it publishes the upstream's chunks to the task's Redis stream
-(``gateway_tasks.core.chunks``) and this process forwards them as they come,
+(``gateway_tasks.upstream.chunks``) and this process forwards them as they come,
 in OpenAI's format (``data: <chat.completion.chunk>`` lines, then ``data:
 [DONE]``), so the ``openai`` SDK's ``stream=True`` consumes the gateway like
 the upstream.  The bucket is still settled from the upstream's final usage
@@ -29,7 +29,7 @@ from celery import states
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from gateway_tasks.core.chunks import CHUNK, DONE, ERROR, Event, read
+from gateway_tasks.upstream.chunks import CHUNK, DONE, ERROR, Event, read
 from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
 from gateway_tasks.rest.errors import unavailable_message

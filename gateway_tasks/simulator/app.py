@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway_tasks.core.errors import ApiError, ConfigError
-from gateway_tasks.core.request import UPSTREAM_TASK_ID_HEADER
+from gateway_tasks.dispatch.request import UPSTREAM_TASK_ID_HEADER
 from gateway_tasks.simulator.admission import Simulator
 from gateway_tasks.simulator.calls import CallCounter
 from gateway_tasks.simulator.config import SimConfig

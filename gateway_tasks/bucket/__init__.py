@@ -1,0 +1,1 @@
+"""A pool's TPM/RPM bucket, upstream side: settle, sync, drain on 429, take (lua/bucket/)."""

@@ -1,0 +1,1 @@
+"""Capacity planning: the capacity model (pure) and the cron demand forecast as data."""

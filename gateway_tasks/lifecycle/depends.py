@@ -1,0 +1,245 @@
+"""Dependencies between tasks (``depends_on``), Redis side, and their release.
+
+A task submitted with ``depends_on=[ids]`` is held -- not queued, so it takes no
+queue space and no tokens -- until every task it names has finished
+(lua/lifecycle/depend.lua).  Whatever ends a task -- the worker (success, any failure), a
+cancel, an eviction -- calls ``finish``: lua/lifecycle/deps_done.lua marks it done and hands
+over its waiters once, lua/lifecycle/deps_release.lua counts each down, and the last
+dependency to finish sends the held task on its way (``send`` below: the Celery
+message it would have been at submit).  A dependency that did not succeed fails its
+dependents with ``DependencyFailed`` instead.
+
+While a held task of a higher tier waits on a queued one of a lower tier, that
+one is dispatched at the higher tier's priority (``Keys.boost``, consumed by
+lua/dispatch/pick.lua) and charged to its own tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import redis
+from celery import Celery, states
+
+from gateway_tasks.core.celery_app import TASK_NAME
+from gateway_tasks.core.errors import DependencyFailed, GatewayError
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.scripts import layout, scripts_for, text
+
+logger = logging.getLogger(__name__)
+OK, FAILED = "ok", "failed"
+MAX_DEPENDENCIES = 32
+# a finished task's done mark only bridges the moment between its end (its waiters are
+# released) and its result being stored: a dependent submitted later sees the result
+DONE_MARK_TTL_S = 300
+MAX_BOOSTS_PER_TIER = 64   # boosts pick.lua reads per tier and pool (each is one short line)
+
+
+@dataclass(frozen=True)
+class Held:
+    pending: int        # dependencies still running (0: send it now)
+    failed: str         # a finished dependency that did not succeed ('' if none)
+
+
+@dataclass(frozen=True)
+class DependCall:
+    SCRIPT: ClassVar[str] = "lifecycle/depend"
+
+    keys: Keys
+    task_id: str
+    depends_on: tuple[str, ...]
+    send_json: str
+    ttl_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id), dependency=[
+            dict(done=self.keys.done(dep), waiters=self.keys.waiters(dep)) for dep in self.depends_on])
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return layout(self.SCRIPT).args(task_id=self.task_id, send=self.send_json, ttl_ms=self.ttl_ms,
+                                        dependency=[dict(id=dep) for dep in self.depends_on])
+
+    def parse(self, reply: Any) -> Held:
+        return Held(int(reply[0]), text(reply[1]))
+
+
+@dataclass(frozen=True)
+class Done:
+    """What deps_done.lua did: the outcome it marked, the tasks waiting on it (handed over,
+    unless the call only marked: ``done_call``)."""
+
+    outcome: str
+    waiting: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DepsDoneCall:
+    SCRIPT: ClassVar[str] = "lifecycle/deps_done"
+    keys: Keys
+    task_id: str
+    outcome: str
+    ttl_ms: int
+    check_cancelled: bool = False   # a cancel mark on the task makes the outcome 'failed'
+    hand_over: bool = True          # False: only mark, and say who waits (the set stays)
+
+    @property
+    def script_keys(self) -> list[str]:
+        return layout(self.SCRIPT).keys(
+            done=self.keys.done(self.task_id), waiters=self.keys.waiters(self.task_id),
+            cancelled=self.keys.cancelled(self.task_id) if self.check_cancelled else None)
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return layout(self.SCRIPT).args(outcome=self.outcome, ttl_ms=self.ttl_ms,
+                                        hand_over=1 if self.hand_over else 0)
+
+    def parse(self, reply: Any) -> Done:
+        return Done(text(reply[0]), tuple(text(x) for x in reply[1]))
+
+
+def done_call(keys: Keys, task_id: str) -> DepsDoneCall:
+    """deps_done.lua marking a task that succeeded -- failed, if it was cancelled -- in the
+    worker's settle round trip, without handing its waiters over: ``finish(..., done=its
+    reply)`` at the task's end needs no round trip when nobody waits and the end is the
+    outcome marked; a worker that dies in between leaves the waiters for the task's rerun."""
+    return DepsDoneCall(keys, task_id, OK, DONE_MARK_TTL_S * 1000, check_cancelled=True, hand_over=False)
+
+
+@dataclass(frozen=True)
+class Released:
+    send: dict[str, Any]
+    failed: str
+
+
+@dataclass(frozen=True)
+class DepsReleaseCall:
+    SCRIPT: ClassVar[str] = "lifecycle/deps_release"
+
+    keys: Keys
+    dependent: str
+    dependency: str
+    outcome: str
+
+    @property
+    def script_keys(self) -> list[str]:
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.dependent))
+
+    @property
+    def script_args(self) -> list[str]:
+        return layout(self.SCRIPT).args(outcome=self.outcome, dependency=self.dependency)
+
+    def parse(self, reply: Any) -> Released | None:
+        if int(reply[0]) == 0:
+            return None
+        return Released(json.loads(text(reply[1])), text(reply[2]))
+
+
+@dataclass(frozen=True)
+class BoostCall:
+    """lua/lifecycle/boost.lua: dispatch a queued lower-tier task at a higher tier's priority."""
+
+    SCRIPT: ClassVar[str] = "lifecycle/boost"
+
+    keys: Keys
+    pool: str
+    tier: str           # the boosted task's own tier
+    inherits: str       # the tier whose priority it gets
+    entry: str          # its index entry
+
+    @property
+    def script_keys(self) -> list[str]:
+        return layout(self.SCRIPT).keys(fair=self.keys.fair(self.pool))
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return layout(self.SCRIPT).args(tier=self.tier, inherits=self.inherits, entry=self.entry,
+                                        max_boosts=MAX_BOOSTS_PER_TIER)
+
+    def parse(self, reply: Any) -> int:
+        return int(reply)
+
+
+def send_spec(task_id: str, queue: str, body: dict[str, Any], headers: dict[str, Any], argsrepr: str) -> str:
+    """How to send a held task later (JSON: no pickle, no secrets -- what its message holds)."""
+    return json.dumps({"task_id": task_id, "queue": queue, "body": body, "headers": headers,
+                       "argsrepr": argsrepr})
+
+
+def send(app: Celery, spec: dict[str, Any]) -> None:
+    """Send a task as ``Gateway.submit`` would have (one gateway.infer message)."""
+    app.send_task(TASK_NAME, args=[spec["body"]], task_id=spec["task_id"], queue=spec["queue"],
+                  headers=spec["headers"], argsrepr=spec["argsrepr"], kwargsrepr="{}")
+
+
+def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: str, ok: bool,
+           done: Done | None = None) -> int:
+    """A task has finished: release the held tasks that were waiting on it and on nothing
+    else now.  Returns how many were released (sent, or failed for a failed dependency).
+
+    ``done``: the reply of ``done_call``, which marked the task in the worker's settle round
+    trip: when that is the end's outcome and nobody waits, nothing is left to do."""
+    outcome = OK if ok else FAILED
+    if done is not None and done.outcome == outcome and not done.waiting:
+        return 0
+    scripts = scripts_for(client)
+    released = 0
+    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000)).waiting:
+        got = scripts.run(DepsReleaseCall(keys, dependent, task_id, outcome))
+        if got is None:
+            continue
+        released += 1
+        release(app, client, keys, ttl_s, got.send, got.failed)
+    return released
+
+
+def release(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, spec: dict[str, Any],
+            failed: str) -> None:
+    """Send a released task, or fail it when a dependency did not succeed (which ends it:
+    its own dependents are released in turn)."""
+    task_id = spec["task_id"]
+    if failed:
+        app.backend.store_result(task_id, DependencyFailed(
+            f"task {task_id} depends on task {failed}, which did not succeed; it was not run",
+            None, "dependency_failed"), states.FAILURE)
+        finish(app, client, keys, ttl_s, task_id, ok=False)
+        return
+    try:
+        send(app, spec)
+    except GatewayError as exc:        # the queue refused it now: that is its end
+        logger.warning("held task %s could not be queued once released: %s", task_id, exc)
+        app.backend.store_result(task_id, exc, states.FAILURE)
+        finish(app, client, keys, ttl_s, task_id, ok=False)
+
+
+def finished_outcomes(app: Celery, client: redis.Redis, deps: Sequence[str]) -> dict[str, str]:
+    """The dependencies whose result is stored already: id -> OK | FAILED (a running or
+    queued one is absent)."""
+    raws = client.mget([app.backend.get_key_for_task(d) for d in deps]) if deps else []
+    out: dict[str, str] = {}
+    for dep, raw in zip(deps, raws):
+        if raw is None:
+            continue
+        try:
+            status = json.loads(raw).get("status")
+        except (ValueError, AttributeError):
+            continue
+        if status in states.READY_STATES:
+            out[dep] = OK if status == states.SUCCESS else FAILED
+    return out
+
+
+def dependency_ids(value: Any) -> tuple[str, ...]:
+    """depends_on as a tuple of distinct task ids, in order (ValueError saying what is wrong)."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ValueError("depends_on must be a list of task ids")
+    ids = tuple(dict.fromkeys(value))
+    if not all(isinstance(i, str) and i for i in ids):
+        raise ValueError("depends_on must be a list of non-empty task id strings")
+    if len(ids) > MAX_DEPENDENCIES:
+        raise ValueError(f"depends_on names {len(ids)} tasks; at most {MAX_DEPENDENCIES}")
+    return ids

@@ -1,0 +1,183 @@
+"""Calling an OpenAI-compatible upstream with the official `openai` SDK.
+
+The SDK's own retries are off: retrying is the router's job (a 429 drains the
+pool's bucket and requeues at the front of the line; other failures spend the
+tier's retry budget).  A 4xx that is the caller's error (``refusal_of``) is
+raised as ``UpstreamRejected``, never retried."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import openai
+
+from gateway_tasks.dispatch.request import UPSTREAM_TASK_ID_HEADER
+from gateway_tasks.core.errors import ConfigError, UpstreamError, UpstreamRejected
+from gateway_tasks.core.settings import Pool
+
+_clients: dict[tuple[str, str, float], openai.OpenAI] = {}
+_lock = threading.Lock()
+# the HTTP library the installed SDK is built on (httpx2 for openai 3.x, httpx before): the
+# client is built with it and its errors are the ones a stream can raise mid-way
+SDK_HTTP = importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0])
+MAX_CONNECTIONS = 256
+
+
+def client_for(pool: Pool) -> openai.OpenAI:
+    if not pool.api_key:
+        # a worker checks its pools' keys at start (workers/startup.py); a queue added to it
+        # later (`celery control add_consumer`) may name a pool without its key here
+        raise ConfigError(pool.key_problem("this worker"))
+    key = (pool.base_url, pool.api_key, pool.timeout_s)
+    with _lock:
+        found = _clients.get(key)
+        if found is None:
+            found = openai.OpenAI(base_url=pool.base_url, api_key=pool.api_key, max_retries=0,
+                                  timeout=pool.timeout_s,
+                                  http_client=openai.DefaultHttpxClient(
+                                      timeout=pool.timeout_s, limits=SDK_HTTP.Limits(max_connections=MAX_CONNECTIONS)))
+            _clients[key] = found
+        return found
+
+
+PROCESSING_MS_HEADER = "openai-processing-ms"   # OpenAI's (and the simulator's) own time for the request
+
+
+def processing_ms(headers: dict[str, str]) -> float | None:
+    """The upstream's own time for a request, from its ``openai-processing-ms`` header: the
+    part of the call spent at the upstream, the rest being the connection and this process
+    (a worker starved of CPU or of the GIL).  None when the header is absent or not a finite
+    number >= 0 (another provider, a proxy in between)."""
+    raw = headers.get(PROCESSING_MS_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if 0 <= value < math.inf else None
+
+
+# 4xx statuses that are not the caller's error: 429 is the pool's rate limit (drain, requeue);
+# 401 and 403 refuse the pool's own credential, which the caller cannot fix (and whose
+# message may quote part of the key)
+NOT_THE_CALLERS = frozenset({401, 403, 429})
+UNKNOWN_ERROR_TYPE = "upstream_error"   # the type of a refusal whose body is not OpenAI's error
+MAX_UPSTREAM_MESSAGE_CHARS = 1000
+
+
+def refusal_of(exc: openai.APIStatusError) -> UpstreamRejected | None:
+    """The caller's error in an upstream's 4xx (None for a 5xx, 401, 403, 429), with the
+    upstream's status and OpenAI error object (``exc.body`` is the object under "error")."""
+    status = exc.status_code
+    if not 400 <= status < 500 or status in NOT_THE_CALLERS:
+        return None
+    body = exc.body if isinstance(exc.body, dict) else {}
+    text = lambda value: value if isinstance(value, str) else None  # noqa: E731
+    message = text(body.get("message")) or (exc.body if isinstance(exc.body, str) else "") or exc.message
+    message = message[:MAX_UPSTREAM_MESSAGE_CHARS]
+    code = body.get("code")
+    return UpstreamRejected(f"the upstream refused the request ({status}): {message}", None, "", status,
+                            message, text(body.get("type")) or UNKNOWN_ERROR_TYPE, text(body.get("param")),
+                            None if code is None else str(code))
+
+
+def _task_header(task_id: str) -> dict[str, str] | None:
+    return {UPSTREAM_TASK_ID_HEADER: task_id} if task_id else None
+
+
+def _create(pool: Pool, **params: Any) -> Any:
+    """The raw response of one chat.completions call; a 4xx that is the caller's error
+    raises UpstreamRejected, every other failure the SDK's own error."""
+    try:
+        return client_for(pool).chat.completions.with_raw_response.create(**params)
+    except openai.APIStatusError as exc:
+        refused = refusal_of(exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+@dataclass(frozen=True)
+class UpstreamReply:
+    body: dict[str, Any]
+    headers: dict[str, str]
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
+         extra_body: dict[str, Any] | None = None, task_id: str = "") -> UpstreamReply:
+    """One chat completion; raises UpstreamRejected (the caller's 4xx), openai.APIStatusError /
+    APIConnectionError / APITimeoutError.  ``task_id`` travels as the ``X-Gateway-Task-Id``
+    header (every attempt of a task sends the same)."""
+    raw = _create(pool, model=model, messages=messages, max_tokens=max_tokens,
+                  extra_body=extra_body or None, extra_headers=_task_header(task_id))
+    completion = raw.parse()
+    usage = completion.usage
+    return UpstreamReply(body=completion.model_dump(mode="json"), headers=dict(raw.headers),
+                         prompt_tokens=usage.prompt_tokens if usage else 0,
+                         completion_tokens=usage.completion_tokens if usage else 0)
+
+
+# -- issue 12: streaming ---------------------------------------------------------------
+class StreamBroken(UpstreamError):
+    """The upstream's stream failed after chunks were already passed on: the call cannot be
+    retried (the client has part of the answer); the task fails with it."""
+
+
+def chat_stream(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int,
+                extra_body: dict[str, Any] | None, on_chunk: Callable[[dict[str, Any]], None],
+                prompt_tokens: int, task_id: str = "") -> UpstreamReply:
+    """One streamed chat completion: every chunk goes to ``on_chunk`` as it arrives; the
+    reply is the whole completion assembled from them, its usage from the stream's final
+    usage chunk (requested with ``stream_options.include_usage``; counted with tiktoken when
+    an upstream sends none).  Errors before the first chunk are those of ``chat`` (so 429s
+    requeue as usual); after it, StreamBroken.  ``task_id``: as ``chat``'s."""
+    raw = _create(
+        pool, model=model, messages=messages, max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra_body or None,
+        extra_headers=_task_header(task_id))
+    content: list[str] = []
+    first: dict[str, Any] | None = None
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    passed = 0
+    try:
+        for chunk in raw.parse():
+            data = chunk.model_dump(mode="json", exclude_unset=True)
+            first = first or data
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    content.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+            if chunk.usage is not None:
+                usage = chunk.usage.model_dump(mode="json", exclude_none=True)
+            on_chunk(data)
+            passed += 1
+    except (openai.APIError, SDK_HTTP.HTTPError) as exc:
+        if not passed:
+            raise
+        raise StreamBroken(f"the upstream's stream broke after {passed} chunks: {exc}") from None
+    text = "".join(content)
+    if usage is None:
+        from gateway_tasks.core.tokens import count_text_tokens
+        completion = count_text_tokens(text)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                 "total_tokens": prompt_tokens + completion}
+    body = {"id": (first or {}).get("id", ""), "object": "chat.completion",
+            "created": (first or {}).get("created", 0), "model": (first or {}).get("model", model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish}],
+            "usage": usage}
+    return UpstreamReply(body=body, headers=dict(raw.headers),
+                         prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                         completion_tokens=int(usage.get("completion_tokens", 0)))

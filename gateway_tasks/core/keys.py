@@ -11,15 +11,15 @@ from dataclasses import dataclass
 
 QUEUE_PREFIX = "gt."  # every gateway Celery queue is gt.<tier>.<pool>
 
-# The bell: a Redis list of wake-up tokens (``Keys.bell``).
+# The bells: Redis lists of wake-up tokens (``Keys.bell``, ``Keys.tier_bell``, ...).
 #
-# Every enqueue pushes one on its tier's bell (``Keys.tier_bell``, lua/dispatch/enqueue.lua), as
-# does a release that puts a task back or unparks its tenant (lua/dispatch/release.lua); every
-# token refund pushes one on the pool's (lua/bucket/settle.lua) while a dispatcher waits for
-# the pool's bucket (lua/dispatch/pick.lua records until when); an idle dispatcher
-# BLPOPs the bells of the tiers it serves and of their pools (``gateway_tasks.dispatch.transport``).  The list is
-# trimmed to ``BELL_MAX`` tokens: one is enough to wake a dispatcher, and a bell
-# nobody waits on must not grow without bound.
+# Every enqueue pushes one on its tier's bell (lua/dispatch/enqueue.lua), as does a release
+# that puts a task back or unparks its tenant (lua/dispatch/release.lua); every token refund
+# pushes one on the pool's (lua/bucket/settle.lua) while a dispatcher waits for the pool's
+# bucket (lua/dispatch/pick.lua records until when); an idle dispatcher BLPOPs the bells of
+# the tiers it serves and of their pools (``gateway_tasks.dispatch.transport``).  A list is
+# trimmed to ``BELL_MAX`` tokens: one is enough to wake a dispatcher, and a bell nobody
+# waits on must not grow without bound.
 BELL_MAX = 1024  # wake-up tokens kept on the bell list
 
 

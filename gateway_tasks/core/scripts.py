@@ -1,8 +1,9 @@
 """The Lua loader: the one place that reads .lua files, computes SHAs and loads scripts.
 
-The scripts are real .lua files shipped in the wheel (package ``gateway_tasks.lua``).
+The scripts are real .lua files shipped in the wheel (package ``gateway_tasks.lua``), in
+one folder per feature; a script is named by its path there (``dispatch/pick``).
 Each does one operation and starts with a header naming its KEYS and ARGV.  A
-script whose first line is ``-- uses: core/prelude`` is loaded as ``prelude.lua``
+script whose first line is ``-- uses: core/prelude`` is loaded as ``core/prelude.lua``
 followed by the script: one text, one SHA (see ``source``).
 
 Callers never build KEYS/ARGV by hand: they pass a *call* (``ScriptCall``), a
@@ -42,9 +43,10 @@ in front of the script's text (``Layout.lua``), so a script reads ``KEYS[K_bucke
 ``A_<arg>``, ``K_<group>_<field>`` / ``A_<group>_<field>`` (the first record's position),
 ``K_per_<group>`` / ``A_per_<group>`` (positions per record), ``N_<group>`` (its count).
 
-A script may also splice in parts of itself: a body line ``-- include: <dir>/<part>`` is
-replaced by ``lua/<dir>/<part>.lua`` (pick.lua's candidates, scoring, ...), so the parts
-share the script's locals and load as one text with one SHA.
+A script may also splice in parts of itself: a body line ``-- include: <script>/<part>`` is
+replaced by ``lua/<script>/<part>.lua``, a part in the folder named after its script
+(``dispatch/pick/scoring``: pick.lua's candidates, scoring, ...), so the parts share the
+script's locals and load as one text with one SHA.
 """
 
 from __future__ import annotations

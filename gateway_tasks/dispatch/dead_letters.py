@@ -62,10 +62,8 @@ PROPERTY_TYPES: dict[str, tuple[type, ...]] = {
     "correlation_id": _OPT_STR, "reply_to": _OPT_STR,
 }
 
-# The dead-letter records of a pool (``Keys.dead_letters``): written by
-# ``gateway_tasks.dispatch.dead_letters`` for messages no worker can run, read by operators
-# (``gateway dead-letters``) and tests.
-#
+# The dead-letter records of a pool (``Keys.dead_letters``): written by ``DeadLetterer``,
+# read by operators (``gateway dead-letters``: ``dead_letters``) and tests.
 # A record is JSON: ``tag``, ``queue``, ``tenant``, ``tier``, ``task_id`` ('' when
 # the message names none), ``reason``, ``at_ms``, ``message`` (its first
 # ``RAW_KEPT_CHARS`` characters) and ``message_chars``.  The list keeps the

@@ -46,7 +46,7 @@ FEATURES = {
     "capacity": set(),
     "dispatch": {"bucket", "tenants"},
     "lifecycle": {"dispatch"},
-    "upstream": {"bucket", "dispatch"},
+    "upstream": {"bucket", "dispatch", "tenants"},
     "overload": {"dispatch", "upstream"},
 }
 

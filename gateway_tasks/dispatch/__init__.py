@@ -1,1 +1,1 @@
-"""The queue from enqueue to ack: both transport halves, pick, release, leases (lua/dispatch/)."""
+"""The queue from enqueue to ack: both transport halves, pick, release, leases, tail drop (lua/dispatch/)."""

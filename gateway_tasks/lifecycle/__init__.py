@@ -1,1 +1,1 @@
-"""Tasks off the plain queue path: held on dependencies, cancelled, evicted (lua/lifecycle/)."""
+"""Tasks off the plain queue path: held on dependencies, cancelled (lua/lifecycle/)."""

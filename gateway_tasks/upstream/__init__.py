@@ -1,1 +1,1 @@
-"""The upstream pools: the SDK call, streaming, circuit, health, failover, rescue (lua/upstream/)."""
+"""The upstream pools: the SDK call, streaming, circuit, health, failover, rescue, a task's reservation (lua/upstream/)."""

@@ -1,5 +1,6 @@
 """Shared fixtures: a real Redis (127.0.0.1:6379 if up, else an embedded one),
-a fresh key prefix per test so tests never see each other's keys, and, for the
+a fresh key prefix per test so tests never see each other's keys (deleted at
+teardown), and, for the
 tests that ask for it, a 3-node Redis Cluster (started once, on first use).
 
 REDIS_URL picks the server; GATEWAY_TEST_REDIS=embedded ignores 6379 and starts
@@ -50,8 +51,16 @@ def redis_cluster():
 
 
 @pytest.fixture
-def key_prefix():
-    return f"gt-test-{uuid.uuid4().hex[:12]}:"
+def key_prefix(redis_url):
+    """A fresh key prefix; every key under it goes at teardown, whoever wrote it (the
+    test's clients, a worker process, Celery's bindings and results)."""
+    prefix = f"gt-test-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        delete_prefix(client, prefix)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")

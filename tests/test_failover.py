@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+import redis
 
 from gateway_tasks.upstream.health import CLOSED, OPEN, PoolHealth, choose_pool, read_health
 from gateway_tasks.core.keys import Keys
@@ -19,6 +20,21 @@ from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.upstream.circuit import CALL, PROBE, WAIT, PoolCircuit
 from gateway_tasks.bucket.calls import TakeCall
+
+@pytest.fixture(autouse=True)
+def no_keys_left(request, redis_url):
+    """After the test's teardown (this fixture is set up first, so torn down last) no key
+    is left under its prefix: not the worker's, not Celery's."""
+    yield
+    prefix = (request.node.funcargs or {}).get("key_prefix")
+    if prefix:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            left = [k.decode() for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+        finally:
+            client.close()
+        assert left == [], f"{len(left)} keys left under {prefix}: {sorted(left)[:10]}"
+
 
 P = Pool("p", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=60_000, rpm=600)
 B = Pool("b", base_url="http://127.0.0.1:9/v1", api_key="k", models=("m",), tpm=60_000, rpm=600)

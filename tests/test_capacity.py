@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_tasks.cli import capacity as cli
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.capacity.model import (Instance, ceil_instances, instance_rps_from_concurrency, instances_needed,
-                                          plan, raw_instances)
+from gateway_tasks.capacity.model import (Instance, TenantLoad, ceil_instances, instance_qps_from_inference_ms,
+                                          instance_rps_from_concurrency, instances_needed, plan, raw_instances,
+                                          tenant_baseline_qps, tenant_instances, tenant_peak_qps, tenant_plan)
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.capacity.forecast import Forecast, bin_of, validate_window
 from gateway_tasks.core.keys import Keys
@@ -87,6 +88,69 @@ def test_bad_input_is_a_config_error_naming_it(call, fragment):
     assert fragment in str(info.value)
 
 
+# -- the tenant model, pure ------------------------------------------------------------
+@pytest.mark.parametrize("tenants,tasks_per_hour,expected_qps", [
+    (30_000, 3, 25.0), (3600, 1, 1.0), (100, 0, 0.0), (1, 0.5, 0.5 / 3600)])
+def test_tenant_baseline_qps_table(tenants, tasks_per_hour, expected_qps):
+    assert tenant_baseline_qps(tenants, tasks_per_hour) == pytest.approx(expected_qps)
+
+
+@pytest.mark.parametrize("tenants,tasks_per_hour,window_s,multiplier,expected_qps", [
+    (30_000, 3, 1, 2.0, 180_000.0),          # no jitter: every task in the same second
+    (30_000, 3, 300, 2.0, 600.0),            # a 5-minute window
+    (30_000, 3, 600, 1.0, 150.0),
+    (1000, 1, 120, 1.5, 12.5),
+])
+def test_tenant_peak_qps_table(tenants, tasks_per_hour, window_s, multiplier, expected_qps):
+    assert tenant_peak_qps(tenants, tasks_per_hour, window_s, multiplier) == pytest.approx(expected_qps)
+
+
+@pytest.mark.parametrize("peak_qps,inference_ms,safety,expected", [
+    (600, 800, 1.5, 721),                    # 600 / 1.25 x 1.5 = 720.0 -> int + 1
+    (180_000, 800, 1.5, 216_001),            # 216000.0 -> 216001
+    (10, 1000, 1.0, 11),                     # exactly 10.0 -> 11 (int + 1, not ceil)
+    (10, 1050, 1.0, 11),                     # 10.5 -> 11
+    (0, 800, 1.5, 1),                        # no load: one instance
+    (0.1 * 3, 1000, 1.0, 1),                 # 0.30000000000000004 -> 1
+])
+def test_tenant_instances_table(peak_qps, inference_ms, safety, expected):
+    assert tenant_instances(peak_qps, inference_ms, safety) == expected
+
+
+def test_instance_qps_from_inference_ms():
+    assert instance_qps_from_inference_ms(800) == 1.25
+    assert instance_qps_from_inference_ms(2000) == 0.5
+
+
+DOC_EXAMPLE = TenantLoad(tenants=30_000, tasks_per_tenant_per_hour=3, peak_multiplier=2.0, inference_ms=800,
+                         p99_target_ms=3000, safety_factor=1.5, jitter_window_s=300)
+
+
+def test_tenant_plan_of_the_design_documents_example():
+    p = tenant_plan(DOC_EXAMPLE)
+    assert (p.baseline_qps, p.peak_qps_no_jitter, p.peak_qps_jittered) == (25, 180_000, 600)
+    assert (p.instances_no_jitter, p.instances_jittered) == (216_001, 721)
+    assert p.instance_qps == 1.25 and p.inference_within_p99_target
+    assert json.loads(json.dumps(p.as_dict()))["instances_jittered"] == 721
+    slow = tenant_plan(TenantLoad(10, 1, 1, inference_ms=5000, p99_target_ms=3000))
+    assert not slow.inference_within_p99_target
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda: tenant_baseline_qps(0, 3), "tenants=0"),
+    (lambda: tenant_baseline_qps(10, -1), "tasks_per_tenant_per_hour=-1"),
+    (lambda: tenant_peak_qps(10, 3, 0, 2.0), "jitter_window_s=0"),
+    (lambda: tenant_peak_qps(10, 3, 300, float("nan")), "peak_multiplier=nan"),
+    (lambda: tenant_instances(10, 0, 1.5), "inference_ms=0"),
+    (lambda: tenant_instances(10, 800, 0.5), "safety_factor=0.5"),
+    (lambda: tenant_plan(TenantLoad(10, 1, 1, 800, p99_target_ms=0)), "p99_target_ms=0"),
+])
+def test_bad_tenant_model_input_is_a_config_error_naming_it(call, fragment):
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert fragment in str(info.value)
+
+
 def test_rates_of_counter_samples():
     c = cli.Counters
     samples = [(0.0, c(100, 100_000, 50_000)), (1.0, c(110, 110_000, 70_000)),
@@ -105,6 +169,62 @@ def args_for(**kw):
                 instance_rps=None, instance_concurrency=None, latency_s=None, safety_factor=1.5,
                 upstream_tpm=None, measure_s=0.0, json=False)
     return argparse.Namespace(**{**base, **kw})
+
+
+DOC_COMMAND = ["capacity", "--tenants", "30000", "--tasks-per-tenant-per-hour", "3", "--peak-multiplier", "2.0",
+               "--inference-ms", "800", "--p99-target-ms", "3000", "--safety-factor", "1.5",
+               "--jitter-window-s", "300"]
+
+
+def test_capacity_command_prints_the_design_documents_five_figures(capsys):
+    from gateway_tasks.cli.main import main
+
+    assert main(DOC_COMMAND) == 0
+    lines = capsys.readouterr().out.splitlines()
+    figures = {line.split(":")[0]: line.split(":")[1].split() for line in lines[1:6]}
+    assert figures == {
+        "baseline QPS (hourly mean)": ["25", "requests/s"],
+        "peak QPS, no jitter (1 s window)": ["180000", "requests/s"],
+        "peak QPS, 300 s jitter window": ["600", "requests/s"],
+        "instances, no jitter (1 s window)": ["216001", "instances"],
+        "instances, 300 s jitter window": ["721", "instances"],
+    }
+    assert "p99 target 3000 ms: inference 800 ms is within it" in lines[6]
+    assert main(DOC_COMMAND + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [doc[k] for k in ("baseline_qps", "peak_qps_no_jitter", "peak_qps_jittered", "instances_no_jitter",
+                             "instances_jittered")] == [25, 180_000, 600, 216_001, 721]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--tenants", "10", "--tasks-per-tenant-per-hour", "1", "--peak-multiplier", "2", "--inference-ms", "800"],
+     "--p99-target-ms is required"),
+    (["--tenants", "10", "--tasks-per-tenant-per-hour", "1", "--peak-multiplier", "2", "--p99-target-ms", "1"],
+     "--inference-ms is required"),
+    (["--jitter-window-s", "300", "--baseline-qps", "1"], "give --tenants too"),
+    (["--tenants", "10", "--baseline-qps", "1"], "--baseline-qps belong to the QPS model"),
+])
+def test_tenant_model_flags_missing_or_mixed_name_the_flag(argv, fragment, capsys):
+    from gateway_tasks.cli.main import main
+    from gateway_tasks.core.errors import EXIT_CONFIG
+
+    assert main(["capacity", *argv]) == EXIT_CONFIG
+    assert fragment in capsys.readouterr().err
+
+
+def test_tenant_model_takes_the_inference_time_from_a_measurement():
+    tenant_flags = dict(tenants=30_000.0, tasks_per_tenant_per_hour=3.0, peak_multiplier=2.0, inference_ms=None,
+                        p99_target_ms=3000.0, jitter_window_s=None)
+    m = cli.Measured(window_s=30, baseline_qps=8, peak_qps=9, tokens_per_request=500, latency_s=0.8,
+                     workers=1, concurrency=4)
+    args = args_for(**tenant_flags)
+    assert cli.tenant_mode(args)
+    load = cli.tenant_load_from_args(args, m)
+    assert load.inference_ms == pytest.approx(800) and load.jitter_window_s == 300
+    assert tenant_plan(load).instances_jittered == 721
+    assert "(measured mean upstream latency)" in cli.format_tenant_plan(tenant_plan(load), m)
+    given = cli.tenant_load_from_args(args_for(**{**tenant_flags, "inference_ms": 400.0}), m)
+    assert given.inference_ms == 400                                # a flag wins over the measurement
 
 
 def test_measure_reads_the_pool_counters_and_flags_override(r, settings):
@@ -337,3 +457,19 @@ def test_measured_plan_on_a_running_deployment(r, settings, tmp_path, monkeypatc
     p = cli.plan_from_args(args_for(), s, m)
     assert p.instance.requests_per_s == pytest.approx(6 / m.latency_s)
     assert p.peak.instances >= p.baseline.instances >= 1
+
+
+def test_readme_shows_the_tenant_models_command_and_its_output(capsys):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from gateway_tasks.cli.main import main
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = re.search(r"```sh\n(gateway capacity --tenants [^\n]*)\n```\n\n```text\n(.*?)```", readme, re.S)
+    assert found, "the README's tenant model example is missing"
+    argv = shlex.split(found.group(1))[1:]
+    assert argv == DOC_COMMAND
+    assert main(argv) == 0
+    assert capsys.readouterr().out == found.group(2)

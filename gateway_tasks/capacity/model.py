@@ -12,6 +12,14 @@ replicas kept running), the peak load the maximum; the upstream quota needed
 is the peak's tokens per minute times the same factor, compared with the
 pools' TPM.
 
+The tenant model sizes a platform from its tenants instead of a measured QPS:
+
+    baseline QPS = tenants x tasks per tenant per hour / 3600
+    peak QPS     = tenants x tasks per tenant per hour / jitter window (s) x peak multiplier
+    instances    = int(peak QPS / (1000 / inference ms) x safety factor) + 1
+
+computed for no jitter (a 1 s window) and for the given window (300 s by default).
+
 No I/O here: ``gateway capacity`` (gateway_tasks.cli.capacity) feeds it flags
 or the rates it measured in Redis.
 """
@@ -163,3 +171,107 @@ def plan(baseline_qps: float, peak_qps: float, tokens_per_request: float, instan
         baseline=base, peak=peak, upstream_tpm_needed=peak.tokens_per_minute * safety_factor,
         upstream_tpm_available=upstream_tpm,
         peak_over_baseline=(peak_qps / baseline_qps) if baseline_qps > 0 else None)
+
+
+# -- the tenant model: instances from tenants, their tasks and the jitter window ----------
+SECONDS_PER_HOUR = 3600
+NO_JITTER_WINDOW_S = 1.0            # every task fires in the same second
+DEFAULT_JITTER_WINDOW_S = 300.0
+
+
+def tenant_baseline_qps(tenants: float, tasks_per_tenant_per_hour: float) -> float:
+    """The hour's mean requests/s: tenants x tasks per tenant per hour / 3600."""
+    _positive("tenants", tenants)
+    _positive("tasks_per_tenant_per_hour", tasks_per_tenant_per_hour, allow_zero=True)
+    return tenants * tasks_per_tenant_per_hour / SECONDS_PER_HOUR
+
+
+def tenant_peak_qps(tenants: float, tasks_per_tenant_per_hour: float, jitter_window_s: float,
+                    peak_multiplier: float) -> float:
+    """Peak requests/s when the hour's tasks are spread evenly over a jitter window of
+    ``jitter_window_s`` seconds: tenants x tasks / window x peak multiplier."""
+    _positive("tenants", tenants)
+    _positive("tasks_per_tenant_per_hour", tasks_per_tenant_per_hour, allow_zero=True)
+    _positive("jitter_window_s", jitter_window_s)
+    _positive("peak_multiplier", peak_multiplier)
+    return tenants * tasks_per_tenant_per_hour / jitter_window_s * peak_multiplier
+
+
+def instance_qps_from_inference_ms(inference_ms: float) -> float:
+    """Requests/s one instance serves, one inference of ``inference_ms`` at a time."""
+    _positive("inference_ms", inference_ms)
+    return 1000.0 / inference_ms
+
+
+def tenant_instances(peak_qps: float, inference_ms: float, safety_factor: float) -> int:
+    """int(peak QPS / instance QPS x safety factor) + 1: the tenant model's count, one
+    more than the whole part (so an exact 720.0 is 721; float noise below 1e-9 ignored)."""
+    _positive("peak_qps", peak_qps, allow_zero=True)
+    _positive("safety_factor", safety_factor)
+    if safety_factor < 1:
+        raise ConfigError(f"capacity: safety_factor={safety_factor!r} is invalid; expected >= 1")
+    raw = peak_qps / instance_qps_from_inference_ms(inference_ms) * safety_factor
+    return math.floor(raw + _EPS) + 1
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """The tenant model's inputs."""
+
+    tenants: float
+    tasks_per_tenant_per_hour: float
+    peak_multiplier: float
+    inference_ms: float
+    p99_target_ms: float
+    safety_factor: float = DEFAULT_SAFETY_FACTOR
+    jitter_window_s: float = DEFAULT_JITTER_WINDOW_S
+
+
+@dataclass(frozen=True)
+class TenantPlan:
+    """The tenant model's figures, without jitter (a 1 s window) and with the load's window."""
+
+    load: TenantLoad
+    baseline_qps: float
+    peak_qps_no_jitter: float
+    peak_qps_jittered: float
+    instances_no_jitter: int
+    instances_jittered: int
+    instance_qps: float
+
+    @property
+    def inference_within_p99_target(self) -> bool:
+        """Whether one inference alone fits the p99 latency target."""
+        return self.load.inference_ms <= self.load.p99_target_ms
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "inputs": {"tenants": self.load.tenants,
+                       "tasks_per_tenant_per_hour": self.load.tasks_per_tenant_per_hour,
+                       "peak_multiplier": self.load.peak_multiplier,
+                       "inference_ms": self.load.inference_ms, "p99_target_ms": self.load.p99_target_ms,
+                       "safety_factor": self.load.safety_factor,
+                       "jitter_window_s": self.load.jitter_window_s},
+            "instance_qps": self.instance_qps,
+            "baseline_qps": self.baseline_qps,
+            "peak_qps_no_jitter": self.peak_qps_no_jitter,
+            "peak_qps_jittered": self.peak_qps_jittered,
+            "instances_no_jitter": self.instances_no_jitter,
+            "instances_jittered": self.instances_jittered,
+            "inference_within_p99_target": self.inference_within_p99_target,
+        }
+
+
+def tenant_plan(load: TenantLoad) -> TenantPlan:
+    """The tenant model's five figures for ``load``."""
+    _positive("p99_target_ms", load.p99_target_ms)
+    base = tenant_baseline_qps(load.tenants, load.tasks_per_tenant_per_hour)
+    peak_1 = tenant_peak_qps(load.tenants, load.tasks_per_tenant_per_hour, NO_JITTER_WINDOW_S,
+                             load.peak_multiplier)
+    peak_w = tenant_peak_qps(load.tenants, load.tasks_per_tenant_per_hour, load.jitter_window_s,
+                             load.peak_multiplier)
+    return TenantPlan(
+        load=load, baseline_qps=base, peak_qps_no_jitter=peak_1, peak_qps_jittered=peak_w,
+        instances_no_jitter=tenant_instances(peak_1, load.inference_ms, load.safety_factor),
+        instances_jittered=tenant_instances(peak_w, load.inference_ms, load.safety_factor),
+        instance_qps=instance_qps_from_inference_ms(load.inference_ms))

@@ -2,6 +2,8 @@
 
     gateway capacity --baseline-qps 20 --peak-qps 120 --tokens-per-request 900 --instance-tps 5000
     gateway capacity --measure-s 30 [--peak-qps 120]     # rates measured in Redis now
+    gateway capacity --tenants 30000 --tasks-per-tenant-per-hour 3 --peak-multiplier 2 \
+        --inference-ms 800 --p99-target-ms 3000 [--jitter-window-s 300]   # the tenant model
     gateway capacity forecast [--horizon-s 600] [--bucket-s 60] [--json]
 
 The model (gateway_tasks.capacity.model): instances = ceil(max(QPS x tokens per
@@ -12,6 +14,13 @@ QPS = the busiest second, tokens per request = upstream-reported tokens per
 call, and a worker's throughput by Little's law = its thread count (Celery
 ``inspect stats``) / the mean upstream latency.  Flags given explicitly win
 over measured values.
+
+With ``--tenants`` it runs the tenant model instead (gateway_tasks.capacity.model:
+baseline and peak QPS from tenants, tasks per tenant per hour, the jitter window
+and the peak multiplier; instances = int(peak QPS / (1000 / inference ms) x
+safety factor) + 1, without jitter and with the window).  ``--measure-s`` then
+fills ``--inference-ms`` from the measured mean upstream latency when it is not
+given.
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ from typing import Any, Callable
 
 import redis
 
-from gateway_tasks.capacity.model import (DEFAULT_SAFETY_FACTOR, CapacityPlan, Instance, instance_rps_from_concurrency,
-                                          plan)
+from gateway_tasks.capacity.model import (DEFAULT_JITTER_WINDOW_S, DEFAULT_SAFETY_FACTOR, NO_JITTER_WINDOW_S,
+                                          CapacityPlan, Instance, TenantLoad, TenantPlan,
+                                          instance_rps_from_concurrency, plan, tenant_plan)
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.capacity.forecast import Forecast
 from gateway_tasks.core.keys import Keys
@@ -185,21 +195,116 @@ def format_plan(p: CapacityPlan, measured: Measured | None) -> str:
     return "\n".join(lines)
 
 
+# -- the tenant model ------------------------------------------------------------
+QPS_MODE_FLAGS = ("baseline_qps", "peak_qps", "tokens_per_request", "instance_tps", "instance_rps",
+                  "instance_concurrency", "latency_s", "upstream_tpm")
+TENANT_FLAGS = ("tasks_per_tenant_per_hour", "peak_multiplier", "inference_ms", "p99_target_ms",
+                "jitter_window_s")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def tenant_mode(args: argparse.Namespace) -> bool:
+    """Whether the command runs the tenant model (``--tenants`` given); ConfigError when
+    its flags are mixed with the QPS model's."""
+    tenant = [n for n in ("tenants",) + TENANT_FLAGS if getattr(args, n, None) is not None]
+    if not tenant:
+        return False
+    if getattr(args, "tenants", None) is None:
+        raise ConfigError(f"capacity: {', '.join(_flag(n) for n in tenant)} belong to the tenant "
+                          "model: give --tenants too")
+    mixed = [_flag(n) for n in QPS_MODE_FLAGS if getattr(args, n, None) is not None]
+    if mixed:
+        raise ConfigError(f"capacity: {', '.join(mixed)} belong to the QPS model, not the tenant "
+                          "model (--tenants)")
+    return True
+
+
+def tenant_load_from_args(args: argparse.Namespace, measured: Measured | None = None) -> TenantLoad:
+    """The tenant model's inputs from the flags; the inference time from the measured
+    mean upstream latency when ``--inference-ms`` is not given."""
+    def need(name: str, value: float | None) -> float:
+        if value is None:
+            raise ConfigError(f"capacity: {_flag(name)} is required with --tenants")
+        return value
+
+    inference_ms = args.inference_ms
+    if inference_ms is None and measured is not None and measured.latency_s:
+        inference_ms = measured.latency_s * 1000.0
+    if inference_ms is None:
+        raise ConfigError("capacity: --inference-ms is required with --tenants (or measure it: "
+                          "--measure-s 30 on a running deployment with completed calls)")
+    return TenantLoad(
+        tenants=args.tenants,
+        tasks_per_tenant_per_hour=need("tasks_per_tenant_per_hour", args.tasks_per_tenant_per_hour),
+        peak_multiplier=need("peak_multiplier", args.peak_multiplier),
+        inference_ms=inference_ms,
+        p99_target_ms=need("p99_target_ms", args.p99_target_ms),
+        safety_factor=args.safety_factor,
+        jitter_window_s=args.jitter_window_s if args.jitter_window_s is not None else DEFAULT_JITTER_WINDOW_S)
+
+
+def _number(value: float) -> str:
+    """A figure as printed: whole numbers without decimals, others to 2 places."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def format_tenant_plan(p: TenantPlan, measured: Measured | None = None) -> str:
+    ld = p.load
+    window = _number(ld.jitter_window_s)
+    no_jitter = _number(NO_JITTER_WINDOW_S)
+    source = " (measured mean upstream latency)" if measured is not None and measured.latency_s         and ld.inference_ms == measured.latency_s * 1000.0 else ""
+    rows = [
+        ("baseline QPS (hourly mean)", _number(p.baseline_qps), "requests/s"),
+        (f"peak QPS, no jitter ({no_jitter} s window)", _number(p.peak_qps_no_jitter), "requests/s"),
+        (f"peak QPS, {window} s jitter window", _number(p.peak_qps_jittered), "requests/s"),
+        (f"instances, no jitter ({no_jitter} s window)", str(p.instances_no_jitter), "instances"),
+        (f"instances, {window} s jitter window", str(p.instances_jittered), "instances"),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"tenant model: {_number(ld.tenants)} tenants x {_number(ld.tasks_per_tenant_per_hour)} "
+             f"tasks/tenant/hour, peak multiplier {_number(ld.peak_multiplier)}, inference "
+             f"{_number(ld.inference_ms)} ms{source} ({_number(p.instance_qps)} requests/s per instance), "
+             f"safety factor {_number(ld.safety_factor)}"]
+    lines += [f"{name + ':':<{width + 1}} {value:>10} {unit}" for name, value, unit in rows]
+    verdict = "within it" if p.inference_within_p99_target else         "NOT within it: one inference alone exceeds the target"
+    lines.append(f"p99 target {_number(ld.p99_target_ms)} ms: inference {_number(ld.inference_ms)} ms "
+                 f"is {verdict}")
+    return "\n".join(lines)
+
+
 def _client(settings: Settings, who: str) -> redis.Redis:
     return redis.Redis.from_url(settings.require_redis_url(who))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    settings = get_settings()
+    tenants = tenant_mode(args)
+    # the tenant model from flags alone needs no deployment: settings are read only to
+    # measure or to check the pools' quota
+    settings = get_settings() if args.measure_s or not tenants else None
     measured = None
     if args.measure_s:
         if args.measure_s <= 0:
             raise ConfigError(f"capacity: --measure-s={args.measure_s!r} is invalid; expected > 0")
+        assert settings is not None
         client = _client(settings, "`gateway capacity --measure-s`")
         try:
             measured = measure(client, settings, args.measure_s)
         finally:
             client.close()
+    if tenants:
+        tp = tenant_plan(tenant_load_from_args(args, measured))
+        if args.json:
+            doc: dict[str, Any] = tp.as_dict()
+            if measured is not None:
+                doc["measured"] = asdict(measured)
+            print(json.dumps(doc, indent=2))
+        else:
+            print(format_tenant_plan(tp, measured))
+        return 0
+    assert settings is not None
     p = plan_from_args(args, settings, measured)
     if args.json:
         out: dict[str, Any] = p.as_dict()
@@ -272,6 +377,16 @@ def register(subparsers: Any) -> None:
                         help="headroom multiplier (default %(default)s)")
     parser.add_argument("--upstream-tpm", type=float, default=None,
                         help="upstream quota to check against (default: the pools' TPM summed)")
+    tenants = parser.add_argument_group("the tenant model (--tenants)")
+    tenants.add_argument("--tenants", type=float, default=None, help="number of tenants")
+    tenants.add_argument("--tasks-per-tenant-per-hour", type=float, default=None,
+                         help="scheduled tasks per tenant per hour")
+    tenants.add_argument("--peak-multiplier", type=float, default=None, help="peak / mean ratio")
+    tenants.add_argument("--inference-ms", type=float, default=None,
+                         help="mean inference time of one request (ms; measured with --measure-s)")
+    tenants.add_argument("--p99-target-ms", type=float, default=None, help="p99 latency target (ms)")
+    tenants.add_argument("--jitter-window-s", type=float, default=None,
+                         help=f"jitter window the tasks are spread over (s; default {DEFAULT_JITTER_WINDOW_S:g})")
     parser.add_argument("--measure-s", type=float, default=0.0,
                         help="measure rates in the deployment's Redis for this many seconds")
     parser.add_argument("--json", action="store_true", help="print JSON")

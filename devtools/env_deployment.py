@@ -24,12 +24,13 @@ from typing import Sequence
 import httpx
 
 from gateway_tasks.core.errors import StartupError
-from gateway_tasks.core.settings import load_settings
+from gateway_tasks.core.settings import SETTINGS_ENV_VARS, load_settings
 from devtools import processes
 from gateway_tasks.local.ports import free_port
 
-# this process's own configuration, never inherited by a child
-CONFIG_VARS = ("GATEWAY_CONFIG", "GATEWAY_SETTINGS_JSON", "GATEWAY_POOLS_JSON")
+# this process's own configuration (every variable settings are loaded from), never
+# inherited by a child: a child's come from ``env`` alone
+CONFIG_VARS = SETTINGS_ENV_VARS
 FLOWER_AUTH = "admin:env-deployment-flower"
 START_TIMEOUT_S = 90.0
 

@@ -16,18 +16,27 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.errors import ConfigError, StartupError
-from gateway_tasks.core.settings import Settings, settings_to_json
+from gateway_tasks.core.settings import SETTINGS_ENV_VARS, Settings, settings_to_json
+
+
+def without_settings_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables settings are loaded from (SETTINGS_ENV_VARS:
+    GATEWAY_CONFIG, GATEWAY_KEY_PREFIX, REDIS_PASSWORD...), the rest as it is."""
+    dropped = set(SETTINGS_ENV_VARS)
+    return {k: v for k, v in environ.items() if k not in dropped}
 
 
 def child_env(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    """This process's environment without its settings variables, then ``settings`` as
+    GATEWAY_SETTINGS_JSON and its REDIS_URL, then ``extra``: the child loads exactly
+    ``settings``, whatever GATEWAY_*/REDIS_* this process was started with."""
+    env = without_settings_env(os.environ)
     env["GATEWAY_SETTINGS_JSON"] = settings_to_json(settings)
     env["REDIS_URL"] = settings.redis_url
-    env.pop("GATEWAY_CONFIG", None)
     env.update(extra or {})
     return env
 

@@ -1,12 +1,18 @@
-"""bench-overload's report maths on fixed inputs (the run itself is `make bench`)."""
+"""bench-overload's report maths on fixed inputs (the run itself is `make bench`), and the
+environment its children (every bench's and devtools' child) are started with: the bench's
+settings, whatever GATEWAY_*/REDIS_* variables the bench itself was started with."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
+from devtools import processes
 from devtools.bench import overload, overload_report as rep
+from devtools.bench.plain import plain_worker
+from gateway_tasks.core.settings import SETTINGS_ENV_VARS, load_settings, settings_to_json
 
 
 @pytest.mark.parametrize("values, q, expected", [
@@ -80,3 +86,42 @@ def test_quick_and_flags():
         overload.spec_from_args(argparse.Namespace(tpm=0, concurrency=4, quick=False, overload_s=None,
                                                    recovery_s=None))
     assert abs(sum(m.share for m in overload.MIX) - 1.0) < 1e-9
+
+
+# a value for every settings variable, as a shell that exported them would pass on
+LEAKED = {var: "leaked" for var in SETTINGS_ENV_VARS}
+LEAKED.update(GATEWAY_KEY_PREFIX="leaked-prefix:", REDIS_URL="redis://127.0.0.1:1/0", GATEWAY_CONFIG="/nonexistent.toml",
+              GATEWAY_POOLS_JSON="[]", GATEWAY_MAX_PROMPT_TOKENS="7", GATEWAY_RESERVED_WORKER_SLOTS="0",
+              GATEWAY_WORKER_SWITCH_INTERVAL_MS="1", GATEWAY_WORKER_GC_FREEZE="no")
+
+
+def test_a_child_loads_the_parents_settings_not_the_inherited_environment(settings, monkeypatch):
+    for var, value in LEAKED.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("GATEWAY_TEST_POOL_KEY", "sk-kept")          # an api_key_env variable: not a setting
+    env = processes.child_env(settings)
+    assert env["REDIS_URL"] == settings.redis_url
+    assert {v for v in SETTINGS_ENV_VARS if v in env} == {"GATEWAY_SETTINGS_JSON", "REDIS_URL"}
+    assert env["GATEWAY_TEST_POOL_KEY"] == "sk-kept"
+    child = load_settings(env=env)
+    assert json.loads(settings_to_json(child)) == json.loads(settings_to_json(settings))
+    plain = plain_worker(settings.redis_url, "plain-prefix:", concurrency=1, pool="threads").env
+    assert not [v for v in SETTINGS_ENV_VARS if v in plain] and plain["GATEWAY_TEST_POOL_KEY"] == "sk-kept"
+
+
+@pytest.mark.slow
+def test_a_bench_worker_comes_up_under_an_exported_key_prefix(settings, monkeypatch, tmp_path):
+    """bench-overload's worker, started with GATEWAY_KEY_PREFIX exported in the bench's
+    shell: it consumes the bench's prefix, so it answers the bench's ping."""
+    from gateway_tasks.producer.gateway import Gateway
+
+    monkeypatch.setenv("GATEWAY_KEY_PREFIX", "leaked-prefix:")
+    gw = Gateway(settings)
+    worker = processes.worker(settings, concurrency=1, name="bench-overload",
+                              log_path=str(tmp_path / "worker.log")).start()
+    try:
+        assert processes.wait_for_workers(gw.app, 1, timeout_s=60.0) >= 1
+    finally:
+        worker.stop()
+        gw.app.close()
+        gw.r.close()

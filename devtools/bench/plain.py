@@ -94,8 +94,7 @@ def plain_worker(redis_url: str, prefix: str, *, concurrency: int, pool: str,
     """A plain Celery worker with the same flags processes.worker() gives gateway workers."""
     argv = processes.celery_worker_argv("devtools.bench.plain", [PLAIN_QUEUE],
                                         concurrency=concurrency, pool=pool, name="plain")
-    env = dict(os.environ)
-    env.pop("GATEWAY_CONFIG", None)
+    env = processes.without_settings_env(os.environ)
     env.update({URL_ENV: redis_url, PREFIX_ENV: prefix})
     return processes.Child(argv, env, log_path)
 

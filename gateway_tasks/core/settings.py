@@ -594,6 +594,35 @@ def _overload(data: Any) -> Overload:
         raise ConfigError(f"[overload]: {exc}") from None
 
 
+# environment variables that set one setting each, over the file's (see load_settings)
+ENV_SETTINGS: dict[str, tuple[str, Any]] = {
+    "REDIS_URL": ("redis_url", str),
+    "GATEWAY_KEY_PREFIX": ("key_prefix", str),
+    "GATEWAY_POLICY": ("policy", str),
+    "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
+    "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
+    "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),
+    "GATEWAY_WORKER_GC_FREEZE": ("worker_gc_freeze", boolean),
+    "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
+    "GATEWAY_ADMIN_KEY": ("admin_key", str),
+    "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),
+    "REDIS_USERNAME": ("redis_username", str),
+    "REDIS_PASSWORD": ("redis_password", str),
+    "REDIS_TLS_CA_FILE": ("redis_tls_ca_file", str),
+    "REDIS_TLS_CERT_FILE": ("redis_tls_cert_file", str),
+    "REDIS_TLS_KEY_FILE": ("redis_tls_key_file", str),
+    "REDIS_TLS_CERT_REQS": ("redis_tls_cert_reqs", str),
+}
+
+# every variable load_settings reads its settings from: a child process given its
+# parent's settings as GATEWAY_SETTINGS_JSON must inherit none of these, each of which
+# would override a setting (or, GATEWAY_CONFIG, replace the source).  Pools'
+# api_key_env variables are not settings: a child keeps them.
+SETTINGS_ENV_VARS: tuple[str, ...] = ("GATEWAY_CONFIG", "GATEWAY_SETTINGS_JSON", "GATEWAY_POOLS_JSON",
+                                      *ENV_SETTINGS)
+
+
+
 def load_settings(env: Mapping[str, str] | None = None, *, resolve_keys: bool = True,
                   **overrides: Any) -> Settings:
     """Defaults, then the TOML file named by GATEWAY_CONFIG, then env vars, then overrides.
@@ -635,25 +664,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, resolve_keys: bool = 
             kwargs["circuit"] = _build(Circuit, value, "[circuit]") if isinstance(value, Mapping) else value
         else:
             kwargs[key] = value
-    env_map = {
-        "REDIS_URL": ("redis_url", str),
-        "GATEWAY_KEY_PREFIX": ("key_prefix", str),
-        "GATEWAY_POLICY": ("policy", str),
-        "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
-        "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
-        "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),
-        "GATEWAY_WORKER_GC_FREEZE": ("worker_gc_freeze", boolean),
-        "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
-        "GATEWAY_ADMIN_KEY": ("admin_key", str),
-        "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),
-        "REDIS_USERNAME": ("redis_username", str),
-        "REDIS_PASSWORD": ("redis_password", str),
-        "REDIS_TLS_CA_FILE": ("redis_tls_ca_file", str),
-        "REDIS_TLS_CERT_FILE": ("redis_tls_cert_file", str),
-        "REDIS_TLS_KEY_FILE": ("redis_tls_key_file", str),
-        "REDIS_TLS_CERT_REQS": ("redis_tls_cert_reqs", str),
-    }
-    for var, (name, conv) in env_map.items():
+    for var, (name, conv) in ENV_SETTINGS.items():
         if env.get(var):
             try:
                 kwargs[name] = conv(env[var])

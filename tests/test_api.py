@@ -247,7 +247,7 @@ def test_body_limit_counts_streamed_chunks():
     async def echo(scope, receive, send):
         seen.append((await receive())["body"])
 
-    limited = BodySizeLimit(echo, max_bytes=10)
+    limited = BodySizeLimit(echo, max_bytes=10, max_depth=64)
     sent = run_asgi(limited, [b"1234", b"5678", b"901"])   # 11 bytes, no Content-Length
     assert sent[0]["status"] == 413 and seen == []
     assert json.loads(sent[1]["body"])["error"]["type"] == "RequestTooLarge"

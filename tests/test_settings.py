@@ -204,3 +204,11 @@ def test_worker_gc_freeze_is_on_by_default_and_reads_a_yes_or_no(text, expected)
 def test_worker_gc_freeze_must_be_a_bool_in_a_file_too():
     with pytest.raises(ConfigError, match="worker_gc_freeze='yes' is invalid; expected true or false"):
         load_settings(env={"GATEWAY_SETTINGS_JSON": '{"worker_gc_freeze": "yes"}'})
+
+
+def test_max_json_depth_defaults_to_64_and_must_be_a_sane_integer():
+    assert load_settings(env={}).max_json_depth == 64
+    assert load_settings(env={}, max_json_depth=8).max_json_depth == 8
+    for bad in (0, 3, 513, True, 10.5):
+        with pytest.raises(ConfigError, match="max_json_depth"):
+            load_settings(env={}, max_json_depth=bad)

@@ -302,6 +302,8 @@ class Settings:
     pools: tuple[Pool, ...] = field(default_factory=default_pools)
     max_prompt_tokens: int = 128_000
     max_request_bytes: int = 4_194_304  # REST request bodies (a 128k-token prompt is ~512 KB)
+    # nesting levels of a request's JSON (REST bodies, messages and extra_body of every submit)
+    max_json_depth: int = 64
     default_max_tokens: int = 256
     result_ttl_s: int = 86_400
     visibility_timeout_s: int = 3_600
@@ -385,6 +387,9 @@ class Settings:
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
                  self.max_request_bytes, "> 0 bytes")
+        _require(isinstance(self.max_json_depth, int) and not isinstance(self.max_json_depth, bool)
+                 and 4 <= self.max_json_depth <= 512, "settings", "max_json_depth",
+                 self.max_json_depth, "an integer from 4 to 512 levels")
         self._validate_redis()
         for name in ("api_key_secret", "admin_key", "api_key_secret_previous"):
             value = getattr(self, name)

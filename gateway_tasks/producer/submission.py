@@ -4,7 +4,8 @@
 
 runs named steps, in order:
 
-    validate      the arguments that need no Redis (deadline, extra_body, lane)
+    validate      the arguments that need no Redis (deadline, extra_body, lane; messages and
+                  extra_body as JSON: nesting depth, lone surrogates, NaN/Infinity)
     claim         the task id; one round trip: the tenant's record, the task's owner written
                   ahead, the load level
     estimate      messages checked, tokens estimated, the load level's actions (defer,
@@ -37,6 +38,7 @@ from celery import states
 from gateway_tasks.lifecycle import depends
 from gateway_tasks.lifecycle.cancel import read_refs
 from gateway_tasks.core.celery_app import TASK_NAME
+from gateway_tasks.core.json_limits import check_value
 from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
 from gateway_tasks.dispatch.evict import EVICTED_BY_HIGHER_TIER, Eviction, Victim, evicting, tiers_below
 from gateway_tasks.dispatch.enqueue import throttle_retry_after_s
@@ -127,6 +129,9 @@ class Submission:
             clash = set(a.extra_body) & UPSTREAM_PARAMETERS
             if clash:
                 raise InvalidRequest(f"extra_body may not set {sorted(clash)}; use the arguments")
+        # what the worker must encode as UTF-8 JSON (and dataclasses.asdict copy, recursively)
+        check_value(a.messages, "messages", self.settings.max_json_depth)
+        check_value(a.extra_body, "extra_body", self.settings.max_json_depth)
         self.lane = lane_for(a.source, a.lane)
         self.gw.memory.check()
 

@@ -89,7 +89,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     encoding()   # tiktoken's encoder loads now, not inside the first request (~0.4 s)
     install_error_handlers(app)
     # the last added runs first: authenticate, then limit the body, then parse it
-    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes,
+                       max_depth=gateway.settings.max_json_depth)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)

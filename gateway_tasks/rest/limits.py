@@ -1,4 +1,5 @@
-"""Request body size limit (settings.max_request_bytes), enforced before the
+"""Request body size limit (settings.max_request_bytes) and JSON nesting limit
+(settings.max_json_depth), enforced before the
 body is parsed: an ASGI middleware answering 413 RequestTooLarge at once when
 Content-Length is over the limit, else as soon as the bytes received (chunked
 or streamed) pass it.  It sits inside AuthMiddleware, so an unauthenticated
@@ -10,16 +11,19 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway_tasks.core.errors import ApiError
+from gateway_tasks.core.json_limits import json_depth, too_deep_message
 from gateway_tasks.rest.errors import api_error_response
 
 
 class BodySizeLimit:
-    """Reads the whole body (at most max_bytes) before the app does, then hands it
-    on as one message."""
+    """Reads the whole body (at most max_bytes) before the app does, measures its JSON
+    nesting on the bytes (over max_depth: 400, before any parser recurses into it), then
+    hands it on as one message."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int):
         self.app = app
         self.max_bytes = max_bytes
+        self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,7 +47,13 @@ class BodySizeLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        raw = b"".join(chunks)
+        if json_depth(raw, self.max_depth) > self.max_depth:
+            exc = ApiError(400, "InvalidRequest", too_deep_message(self.max_depth),
+                           max_json_depth=self.max_depth)
+            await api_error_response(exc)(scope, receive, send)
+            return
+        body: Message | None = {"type": "http.request", "body": raw, "more_body": False}
 
         async def replay() -> Message:
             nonlocal body

@@ -1,0 +1,153 @@
+"""Malformed requests are refused at admission with a 4xx JSON error, through the REST API
+and through ``Gateway.submit``, and nothing is enqueued: JSON nested deeper than
+max_json_depth (measured on a REST body's bytes before it is parsed), lone surrogates and
+NaN/±Infinity (which the worker could not encode)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway_tasks.core.errors import InvalidRequest
+from gateway_tasks.core.json_limits import check_value, json_depth
+from gateway_tasks.core.keys import Keys
+from gateway_tasks.rest.app import create_app
+
+HELLO = [{"role": "user", "content": "hello there"}]
+ADMIN_KEY = "admin-" + "y" * 26
+
+
+@pytest.fixture
+def gw(make_gateway, settings):
+    return make_gateway(tenants=[("acme", "vip")], settings=replace(settings, admin_key=ADMIN_KEY))
+
+
+@pytest.fixture
+def api(gw):
+    with TestClient(create_app(gw), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture
+def key(gw):
+    return gw.register_tenant("bob", "vip")
+
+
+def _enqueued(gw) -> int:
+    """How many enqueues the pool has seen (lua/dispatch/enqueue.lua INCRs this per task)."""
+    return int(gw.r.get(Keys(gw.settings.key_prefix).seq("default")) or 0)
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def _refused(resp, status: int = 400, type_: str = "InvalidRequest") -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    err = resp.json()["error"]
+    assert err["type"] == type_, err
+    return err
+
+
+# -- nesting depth -------------------------------------------------------------------------
+def test_json_depth_counts_brackets_outside_strings():
+    assert json_depth(b'{"a": [1, {"b": "[[[{{{"}]}', 10) == 3
+    assert json_depth(b'{"a": "\\"[[[["}', 10) == 1
+    assert json_depth(_nested(100).encode(), 64) == 65   # stops once past the limit
+
+
+@pytest.mark.parametrize("levels", [65, 500, 900, 990, 5_000])
+@pytest.mark.parametrize("path,body", [
+    ("/v1/tasks", '{{"messages": "hi", "extra_body": {{"x": {deep}}}}}'),
+    ("/v1/chat/completions", '{{"messages": [{{"role": "user", "content": "hi"}}], "x": {deep}}}'),
+    ("/v1/crons", '{{"task_id": "c1", "schedule": "* * * * *", "messages": "hi", "x": {deep}}}'),
+])
+def test_deep_json_is_a_400_naming_the_limit(api, gw, key, levels, path, body):
+    before = _enqueued(gw)
+    resp = api.post(path, content=body.format(deep=_nested(levels)),
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    err = _refused(resp)
+    assert "max_json_depth" in err["message"] and err["max_json_depth"] == 64
+    assert _enqueued(gw) == before
+
+
+def test_deep_json_in_an_admin_body_is_a_400(api, gw):
+    resp = api.post("/v1/admin/tenants", content='{"tenant_id": "t", "tier": ' + _nested(900) + "}",
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"})
+    assert "max_json_depth" in _refused(resp)["message"]
+
+
+def test_nesting_up_to_the_limit_is_accepted(api, gw, key):
+    deep = _nested(62)     # the body's object, extra_body's object, then 62 levels: 64
+    resp = api.post("/v1/tasks", content='{"messages": "hi", "extra_body": {"x": ' + deep + "}}",
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert resp.status_code == 202, resp.text
+
+
+@pytest.mark.parametrize("levels", [65, 500, 990, 5_000])
+def test_deep_extra_body_is_refused_by_submit(gw, levels):
+    deep: list = []
+    inner = deep
+    for _ in range(levels - 1):
+        inner.append([])
+        inner = inner[0]
+    before = _enqueued(gw)
+    with pytest.raises(InvalidRequest, match="extra_body: .*max_json_depth"):
+        gw.submit("acme", "hi", extra_body={"x": deep})
+    assert _enqueued(gw) == before
+
+
+# -- values the worker could not encode ----------------------------------------------------
+BAD_BODIES = [
+    ('{"messages": [{"role": "user", "content": "hi \\ud800"}]}', "messages[0].content: lone surrogate"),
+    ('{"messages": "hi", "extra_body": {"stop": ["ok", "\\udfff"]}}', "extra_body.stop[1]: lone surrogate"),
+    ('{"messages": "hi", "extra_body": {"\\ud800": 1}}', "lone surrogate in the key"),
+    ('{"messages": "hi", "extra_body": {"temperature": NaN}}', "extra_body.temperature: NaN is not valid JSON"),
+    ('{"messages": "hi", "extra_body": {"top_p": Infinity}}', "extra_body.top_p: Infinity is not valid JSON"),
+    ('{"messages": "hi", "extra_body": {"a": {"b": -Infinity}}}', "extra_body.a.b: -Infinity is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("raw,message", BAD_BODIES)
+def test_unencodable_values_are_a_400_naming_the_field(api, gw, key, raw, message):
+    before = _enqueued(gw)
+    resp = api.post("/v1/tasks", content=raw,
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert message in _refused(resp)["message"]
+    assert _enqueued(gw) == before
+
+
+@pytest.mark.parametrize("raw,message", [
+    ('{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content: lone surrogate"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+     "extra_body.temperature: NaN is not valid JSON"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1": -Infinity}}',
+     "extra_body.logit_bias.1: -Infinity is not valid JSON"),
+])
+def test_the_sync_endpoint_refuses_them_before_submitting(api, gw, key, raw, message):
+    before = _enqueued(gw)
+    resp = api.post("/v1/chat/completions", content=raw,
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert message in _refused(resp)["message"]
+    assert _enqueued(gw) == before
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"messages": "hi \ud800"}, "messages: lone surrogate"),
+    ({"messages": [{"role": "user", "content": "\udc00"}]}, r"messages\[0\].content: lone surrogate"),
+    ({"messages": "hi", "extra_body": {"temperature": float("nan")}}, "extra_body.temperature: NaN"),
+    ({"messages": "hi", "extra_body": {"x": [float("inf")]}}, r"extra_body.x\[0\]: Infinity"),
+    ({"messages": "hi", "extra_body": {"x": {1, 2}}}, "extra_body.x: a set is not JSON"),
+])
+def test_submit_refuses_them_too(gw, kwargs, message):
+    before = _enqueued(gw)
+    with pytest.raises(InvalidRequest, match=message):
+        gw.submit("acme", **kwargs)
+    assert _enqueued(gw) == before
+
+
+def test_check_value_accepts_plain_json():
+    check_value({"a": [1, 2.5, True, None, "é漢😀", {"b": -0.0}]}, "extra_body", 64)

@@ -1,16 +1,20 @@
 """Malformed requests are refused at admission with a 4xx JSON error, through the REST API
 and through ``Gateway.submit``, and nothing is enqueued: JSON nested deeper than
 max_json_depth (measured on a REST body's bytes before it is parsed), lone surrogates and
-NaN/±Infinity (which the worker could not encode)."""
+NaN/±Infinity (which the worker could not encode), and a prompt far over its limit, refused
+without tokenizing all of it."""
 
 from __future__ import annotations
 
+import random
+import string
 from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway_tasks.core.errors import InvalidRequest
+from gateway_tasks.core import tokens
+from gateway_tasks.core.errors import InvalidRequest, PromptTooLarge
 from gateway_tasks.core.json_limits import check_value, json_depth
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.rest.app import create_app
@@ -151,3 +155,49 @@ def test_submit_refuses_them_too(gw, kwargs, message):
 
 def test_check_value_accepts_plain_json():
     check_value({"a": [1, 2.5, True, None, "é漢😀", {"b": -0.0}]}, "extra_body", 64)
+
+
+# -- a prompt far over its limit --------------------------------------------------------
+def _prose(chars: int, seed: int = 1) -> str:
+    rnd = random.Random(seed)
+    alphabet = string.ascii_letters + "     \n.,'!?_0123456789éü漢字"
+    return "".join(rnd.choice(alphabet) for _ in range(chars))
+
+
+def test_counting_in_pieces_is_exact():
+    enc = tokens.encoding()
+    for seed in range(8):
+        text = _prose(60_000 + seed * 7_919, seed)
+        assert tokens.count_text_tokens(text, 10 ** 9) == len(enc.encode(text, disallowed_special=()))
+
+
+@pytest.mark.parametrize("via", ["submit", "rest"])
+def test_a_huge_prompt_is_refused_without_encoding_all_of_it(gw, api, key, monkeypatch, via):
+    enc = tokens.encoding()
+    encoded: list[int] = []
+    real_encode = enc.encode
+
+    def counting_encode(text, **kwargs):
+        encoded.append(len(text))
+        return real_encode(text, **kwargs)
+
+    monkeypatch.setattr(enc, "encode", counting_encode)
+    prompt = ("lorem ipsum dolor sit amet " * 150_000)[:3_900_000]
+    before = _enqueued(gw)
+    if via == "submit":
+        with pytest.raises(PromptTooLarge, match="at least"):
+            gw.submit("acme", prompt, max_tokens=16)
+    else:
+        resp = api.post("/v1/tasks", json={"messages": prompt, "max_tokens": 16},
+                        headers={"Authorization": f"Bearer {key}"})
+        assert "at least" in _refused(resp, 413, "PromptTooLarge")["message"]
+    # 128k tokens of this text are ~700k characters: the rest is never encoded
+    assert 0 < sum(encoded) < 1_000_000
+    assert _enqueued(gw) == before
+
+
+def test_more_bytes_than_the_longest_tokens_hold_is_refused_without_encoding(gw, monkeypatch):
+    enc = tokens.encoding()
+    monkeypatch.setattr(enc, "encode", lambda *a, **k: pytest.fail("encoded"))
+    text = "x" * ((200 + 2) * tokens.longest_token_bytes())
+    assert tokens.count_text_tokens(text, 200) == 201

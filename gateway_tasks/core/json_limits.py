@@ -8,39 +8,25 @@ recursion and raises InvalidRequest naming the first bad field by its path, e.g.
 from __future__ import annotations
 
 import math
+import re
+from itertools import accumulate
 from typing import Any, Mapping
 
 from gateway_tasks.core.errors import InvalidRequest
 
 DEPTH_SETTING = "max_json_depth"
-_OPEN, _CLOSE, _QUOTE, _BACKSLASH = frozenset(b"[{"), frozenset(b"]}"), ord('"'), ord("\\")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')     # a JSON string, its escapes included
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 def json_depth(raw: bytes, limit: int) -> int:
     """The nesting depth of the JSON text ``raw`` (arrays and objects; brackets inside
-    strings do not count), or ``limit + 1`` as soon as it passes ``limit``.  Malformed
-    text is measured all the same; the parser refuses it afterwards."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == _BACKSLASH:
-                escaped = True
-            elif byte == _QUOTE:
-                in_string = False
-        elif byte == _QUOTE:
-            in_string = True
-        elif byte in _OPEN:
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest
-        elif byte in _CLOSE:
-            depth -= 1
-    return deepest
+    strings do not count), at most ``limit + 1`` (deeper is all one).  The strings are
+    cut out and the brackets summed in C, not byte by byte; malformed text is measured all
+    the same (the parser refuses it afterwards)."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return min(limit + 1, max(accumulate(map(_STEP.__getitem__, brackets)), default=0))
 
 
 def too_deep_message(limit: int) -> str:

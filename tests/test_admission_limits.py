@@ -201,3 +201,65 @@ def test_more_bytes_than_the_longest_tokens_hold_is_refused_without_encoding(gw,
     monkeypatch.setattr(enc, "encode", lambda *a, **k: pytest.fail("encoded"))
     text = "x" * ((200 + 2) * tokens.longest_token_bytes())
     assert tokens.count_text_tokens(text, 200) == 201
+
+
+# -- the REST contract ---------------------------------------------------------------------
+def test_cancel_documents_its_202_and_409(api):
+    responses = api.get("/openapi.json").json()["paths"]["/v1/tasks/{task_id}"]["delete"]["responses"]
+    assert {"200", "202", "409"} <= set(responses)
+    assert responses["409"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert "TaskFinished" in responses["409"]["description"]
+
+
+@pytest.mark.parametrize("method,path,allowed", [
+    ("PUT", "/v1/tasks/some-id", {"GET", "DELETE"}),
+    ("PATCH", "/v1/crons", {"GET", "POST"}),
+    ("POST", "/v1/crons/c1", {"GET", "DELETE"}),
+    ("PUT", "/v1/tasks", {"POST"}),
+])
+def test_a_405_allows_every_method_of_the_path(api, key, method, path, allowed):
+    resp = api.request(method, path, headers={"Authorization": f"Bearer {key}"})
+    _refused(resp, 405, "MethodNotAllowed")
+    assert set(resp.headers["Allow"].split(", ")) == allowed
+
+
+def test_the_schema_bounds_max_tokens_as_submit_does(api, gw, key):
+    maximum = gw.settings.max_prompt_tokens - tokens.MIN_PROMPT_TOKENS
+    schemas = api.get("/openapi.json").json()["components"]["schemas"]
+    for model, field in (("TaskRequest", "max_tokens"), ("ChatCompletionRequest", "max_tokens"),
+                         ("ChatCompletionRequest", "max_completion_tokens")):
+        [integer] = [v for v in schemas[model]["properties"][field]["anyOf"] if v.get("type") == "integer"]
+        assert integer["maximum"] == maximum and integer["exclusiveMinimum"] == 0
+    # the smallest prompt is MIN_PROMPT_TOKENS: one over the maximum fits no prompt
+    assert tokens.count_prompt_tokens([{"role": "user", "content": "a"}]) == tokens.MIN_PROMPT_TOKENS
+    before = _enqueued(gw)
+    for path, body in (("/v1/tasks", {"messages": "a", "max_tokens": maximum + 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                                 "max_completion_tokens": maximum + 1})):
+        resp = api.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+        _refused(resp, 413, "PromptTooLarge")
+    assert _enqueued(gw) == before
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/chat/completions"])
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": " \n\t"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "  "}],
+])
+def test_blank_message_content_is_refused_by_both_endpoints(api, gw, key, path, messages):
+    before = _enqueued(gw)
+    resp = api.post(path, json={"messages": messages}, headers={"Authorization": f"Bearer {key}"})
+    assert "blank" in _refused(resp, 400, "ValidationError")["message"]
+    assert _enqueued(gw) == before
+
+
+def test_the_schema_says_content_is_not_blank(api):
+    schemas = api.get("/openapi.json").json()["components"]["schemas"]
+    assert schemas["ChatMessage"]["properties"]["content"]["pattern"] == r"\S"
+
+
+@pytest.mark.parametrize("messages", ["  ", [{"role": "system", "content": "x"}, {"role": "user", "content": ""}]])
+def test_submit_refuses_blank_content_too(gw, messages):
+    with pytest.raises(InvalidRequest, match="blank"):
+        gw.submit("acme", messages)

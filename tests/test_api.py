@@ -159,7 +159,9 @@ def test_malformed_json_is_400(client, gateway, vip_key, path, raw):
 
 @pytest.mark.parametrize("payload,status,type_", [
     ({"messages": HELLO, "model": "no-such-model"}, 400, "InvalidRequest"),
-    ({"messages": [{"role": "user", "content": "   "}]}, 400, "InvalidRequest"),
+    ({"messages": [{"role": "user", "content": "   "}]}, 400, "ValidationError"),
+    ({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": " "}]}, 400,
+     "ValidationError"),
     ({"messages": HELLO, "extra_body": {"stream": True}}, 400, "InvalidRequest"),
     ({"messages": HELLO, "max_tokens": 500_000}, 413, "PromptTooLarge"),
 ])

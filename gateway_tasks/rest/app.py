@@ -94,7 +94,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)
-    install_openapi(app)
+    install_openapi(app, gateway.settings)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
     def submit_task(body: TaskRequest, request: Request, response: Response,
@@ -114,7 +114,11 @@ def create_app(gateway: Gateway) -> FastAPI:
     def get_task(task_id: str, tenant: TenantDep) -> dict[str, Any]:
         return task_view(gateway, tenant, task_id)
 
-    @app.delete("/v1/tasks/{task_id}", name="cancel_task")
+    @app.delete("/v1/tasks/{task_id}", name="cancel_task", responses={
+        200: {"description": "queued: removed, it never runs (or it was cancelled before)"},
+        202: {"description": "running: revoked; a call already in flight finishes and its result "
+                             "is discarded", "content": {"application/json": {"schema": {"type": "object"}}}},
+        409: {"description": "the task already finished (TaskFinished): nothing to cancel"}})
     def cancel_task(task_id: str, tenant: TenantDep) -> JSONResponse:
         try:
             done = gateway.cancel(task_id, tenant.tenant_id)

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from gateway_tasks.core.errors import ApiError, ConfigError, Deferred, GatewayError, InvalidRequest, \
     PromptTooLarge, RedisUnavailable, Rejected, UnknownTask, UnknownTenant
@@ -131,11 +132,36 @@ def install_error_handlers(app: FastAPI) -> None:
         """Starlette's own errors (unknown route 404, wrong method 405, an unparsable body
         400) in the same error body as every other answer."""
         type_ = _HTTP_ERROR_TYPES.get(exc.status_code, "HTTPError")
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
         return JSONResponse(error_body(type_, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
 
     for client_error in CLIENT_ERRORS:      # redis-py's and kombu's: 503
         app.add_exception_handler(client_error, _client_error)
+
+
+def allowed_methods(request: Request) -> str:
+    """The Allow header of a 405: the methods of every route on the request's path (Starlette
+    names only the first route's)."""
+    methods: set[str] = set()
+    for route in _leaf_routes(request.app.router.routes):
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
+def _leaf_routes(routes: Any) -> Any:
+    """The app's routes, an included router's (FastAPI keeps it whole, as ``original_router``,
+    its routes' paths prefixed already) in its place."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _leaf_routes(included.routes)
+        else:
+            yield route
 
 
 async def _client_error(request: Request, exc: Exception) -> JSONResponse:

@@ -17,7 +17,16 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str = Field(description="the message text")
+    # not blank: at least one character that is not white space, as submit checks it (a
+    # validator, not a pattern: a lone surrogate reaches submit, which names it)
+    content: str = Field(json_schema_extra={"pattern": r"\S"}, description="the message text, not blank")
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the message content is blank")
+        return value
 
 
 def _prompt_to_messages(value: Any) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.tokens import MIN_PROMPT_TOKENS
 from gateway_tasks.rest.auth import PUBLIC, TENANT, access_of
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
@@ -91,6 +93,9 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
                 # a route's own description of an error status keeps its words, gets the body
                 given = responses.setdefault(code, _error_response(code, path))
                 given.setdefault("content", {"application/json": {"schema": ERROR_REF}})
+            for code, given in responses.items():   # a route's own error statuses: the body too
+                if code[:1] in ("4", "5"):
+                    given.setdefault("content", {"application/json": {"schema": ERROR_REF}})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
@@ -98,13 +103,32 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def install_openapi(app: FastAPI) -> None:
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def bound_max_tokens(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Every body's max_tokens gets the maximum submit enforces: max_prompt_tokens less the
+    smallest prompt (MIN_PROMPT_TOKENS); above it every request is refused (PromptTooLarge)."""
+    maximum = settings.max_prompt_tokens - MIN_PROMPT_TOKENS
+    for model in schema.get("components", {}).get("schemas", {}).values():
+        for name in MAX_TOKENS_FIELDS:
+            prop = model.get("properties", {}).get(name)
+            if prop is None:
+                continue
+            for variant in prop.get("anyOf", [prop]):
+                if variant.get("type") == "integer":
+                    variant["maximum"] = maximum
+    return schema
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Serve the rewritten schema at /openapi.json (built once, on first use)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = rewrite(get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes))
+            app.openapi_schema = bound_max_tokens(rewrite(get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes)),
+                settings)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

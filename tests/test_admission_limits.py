@@ -115,13 +115,19 @@ BAD_BODIES = [
 ]
 
 
+def _refused_raw(api, gw, key, path: str, raw: str) -> str:
+    """POST a raw JSON body; its refusal's message, once checked that nothing was enqueued."""
+    before = _enqueued(gw)
+    resp = api.post(path, content=raw,
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    message = _refused(resp)["message"]
+    assert _enqueued(gw) == before
+    return message
+
+
 @pytest.mark.parametrize("raw,message", BAD_BODIES)
 def test_unencodable_values_are_a_400_naming_the_field(api, gw, key, raw, message):
-    before = _enqueued(gw)
-    resp = api.post("/v1/tasks", content=raw,
-                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    assert message in _refused(resp)["message"]
-    assert _enqueued(gw) == before
+    assert message in _refused_raw(api, gw, key, "/v1/tasks", raw)
 
 
 @pytest.mark.parametrize("raw,message", [
@@ -132,11 +138,7 @@ def test_unencodable_values_are_a_400_naming_the_field(api, gw, key, raw, messag
      "extra_body.logit_bias.1: -Infinity is not valid JSON"),
 ])
 def test_the_sync_endpoint_refuses_them_before_submitting(api, gw, key, raw, message):
-    before = _enqueued(gw)
-    resp = api.post("/v1/chat/completions", content=raw,
-                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    assert message in _refused(resp)["message"]
-    assert _enqueued(gw) == before
+    assert message in _refused_raw(api, gw, key, "/v1/chat/completions", raw)
 
 
 @pytest.mark.parametrize("kwargs,message", [

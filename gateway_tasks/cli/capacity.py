@@ -296,24 +296,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
             client.close()
     if tenants:
         tp = tenant_plan(tenant_load_from_args(args, measured))
-        if args.json:
-            doc: dict[str, Any] = tp.as_dict()
-            if measured is not None:
-                doc["measured"] = asdict(measured)
-            print(json.dumps(doc, indent=2))
-        else:
-            print(format_tenant_plan(tp, measured))
+        _print_plan(tp.as_dict(), format_tenant_plan(tp, measured), measured, as_json=args.json)
         return 0
     assert settings is not None
     p = plan_from_args(args, settings, measured)
-    if args.json:
-        out: dict[str, Any] = p.as_dict()
-        if measured is not None:
-            out["measured"] = asdict(measured)
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_plan(p, measured))
+    _print_plan(p.as_dict(), format_plan(p, measured), measured, as_json=args.json)
     return 0
+
+
+def _print_plan(doc: dict[str, Any], text: str, measured: Any, *, as_json: bool) -> None:
+    """A plan as JSON (with what was measured, if anything) or as its text."""
+    if as_json:
+        if measured is not None:
+            doc = {**doc, "measured": asdict(measured)}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(text)
 
 
 # -- forecast --------------------------------------------------------------------

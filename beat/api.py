@@ -5,7 +5,9 @@
                   {"messages": [{"role": "user", "content": "Summarise yesterday"}]})
 
 Unknown tenant -> ``UnknownTenant``; malformed cron, task id or payload ->
-``CronError`` saying what is wrong.
+``CronError`` saying what is wrong; a payload a submit would refuse -> that submit's
+error (``InvalidRequest``, ``PromptTooLarge``, ``RedisFull``); over the tier's cron count
+or hourly fires -> ``CronLimitExceeded`` with the numbers (``beat.admission``).
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ def cron_row(entry: CronEntry) -> dict[str, Any]:
 
 
 def register_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id: str,
-                  cron_expr: str, payload: dict[str, Any], now_ms: int | None = None) -> dict[str, Any]:
-    """Create or update a tenant's cron; returns its listing row."""
-    return cron_row(CronStore(client, settings).add(tenant_id, task_id, cron_expr, payload,
-                                                    now=now_ms))
+                  cron_expr: str, payload: dict[str, Any], now_ms: int | None = None,
+                  gateway: Any = None) -> dict[str, Any]:
+    """Create or update a tenant's cron; returns its listing row.  Admitted like a submit
+    of its payload, within the tier's cron limits (``beat.admission``); ``gateway``: the
+    producer to admit it through (default: one built on ``client``)."""
+    return cron_row(CronStore(client, settings, gateway).add(tenant_id, task_id, cron_expr, payload,
+                                                             now=now_ms))
 
 
 def list_crons(settings: Settings, client: redis.Redis,

@@ -74,7 +74,7 @@ class CronRow:
     """The fields of a due entry's hash that planning reads (None: missing)."""
 
     FIELDS: ClassVar[tuple[str, ...]] = ("tenant_id", "task_id", "cron", "period_s",
-                                         "jitter_offset_s", "next_nominal_ms", "tier")
+                                         "jitter_offset_s", "next_nominal_ms", "tier", "run_secret")
 
     tenant_id: str | None
     task_id: str | None
@@ -83,6 +83,7 @@ class CronRow:
     jitter_offset_s: str | None
     next_nominal_ms: str | None
     tier: str | None
+    run_secret: str | None = None
 
     @classmethod
     def from_reply(cls, values: list[bytes | None]) -> "CronRow":
@@ -466,6 +467,8 @@ class CronEngine:
         eid, nominal, entry = run.entry_id, run.nominal_ms, run.entry
         task_id, error, status, retry_at = None, None, CRON_FIRE_ERROR, None
         try:
+            if not entry.run_secret:
+                entry.run_secret = self.store.run_secret(eid)
             task_id = task_id_of(self.fire(entry, nominal))
         except Deferred as exc:
             # overload: the tier's new work is deferred at this load level -- refused by
@@ -561,4 +564,4 @@ class CronEngine:
             window_s=0, period_s=int(row.period_s),  # type: ignore[arg-type]
             jitter_offset_s=int(row.jitter_offset_s),  # type: ignore[arg-type]
             next_nominal_ms=int(row.next_nominal_ms),  # type: ignore[arg-type]
-            next_fire_ms=score)
+            next_fire_ms=score, run_secret=row.run_secret or "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -28,6 +29,12 @@ INT_FIELDS = ("window_s", "period_s", "jitter_offset_s", "next_nominal_ms", "nex
 
 def entry_id(tenant_id: str, task_id: str) -> str:
     return f"{tenant_id}:{task_id}"
+
+
+def new_run_secret() -> str:
+    """A cron's run secret (128 random bits): what its runs' ids are derived from
+    (``beat.fire.run_key``), kept for the cron's life, never shown."""
+    return secrets.token_hex(16)
 
 
 def validate_ids(tenant_id: str, task_id: str) -> None:
@@ -97,6 +104,7 @@ class CronEntry:
     fired_count: int = 0
     skipped_count: int = 0
     retry_at_ms: int = 0     # when a deferred run is tried again (beat.engine); 0: none pending
+    run_secret: str = field(default="", repr=False, compare=False)   # beat.fire.run_key; "" until stored
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -113,6 +121,7 @@ class CronEntry:
             "jitter_offset_s": str(self.jitter_offset_s),
             "next_nominal_ms": str(self.next_nominal_ms), "next_fire_ms": str(self.next_fire_ms),
             "created_ms": str(self.created_ms), "updated_ms": str(self.updated_ms),
+            **({"run_secret": self.run_secret} if self.run_secret else {}),
         }
 
     def payload_json(self) -> str:

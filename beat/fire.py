@@ -7,6 +7,8 @@ tenant's hourly quota).  Tests and the benchmark pass their own.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from typing import Any, Callable
 
@@ -17,9 +19,15 @@ from beat.entry import CronEntry
 FireFn = Callable[[CronEntry, int], Any]
 
 
-def run_key(entry_id: str, nominal_ms: int) -> str:
-    """The idempotency key a cron run is submitted with (one per entry and nominal time)."""
-    return f"cron:{entry_id}:{nominal_ms}"
+def run_key(entry_id: str, nominal_ms: int, run_secret: str) -> str:
+    """The idempotency key a cron run is submitted with: one per entry and nominal time,
+    the same on every beat replica (the secret is stored with the entry), so a run fired
+    twice -- a deferred run tried again, two leaders for a moment -- enqueues once.  Its
+    task id (uuid5 of tenant and this key, ``Submission.claim``) is unknowable without the
+    entry's secret: nobody can compute another tenant's run ids in advance, and a cron
+    deleted and registered again (new secret) never meets its predecessor's task ids."""
+    mac = hmac.new(run_secret.encode(), f"{entry_id}|{nominal_ms}".encode(), hashlib.sha256)
+    return f"cron:{mac.hexdigest()}"
 
 
 def task_id_of(result: Any) -> str | None:
@@ -53,7 +61,7 @@ def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> Fir
         payload = entry.payload
         return gateway.submit(entry.tenant_id, payload["messages"], model=payload.get("model"),
                               max_tokens=payload.get("max_tokens"), source="cron",
-                              idempotency_key=run_key(entry.entry_id, nominal_ms),
+                              idempotency_key=run_key(entry.entry_id, nominal_ms, entry.run_secret),
                               count_quota=False)   # cron_fire.lua counted it in the same counter
 
     return fire

@@ -139,6 +139,23 @@ def cron_period_s(cron: str) -> int:
     return max(1, smallest // 1000)
 
 
+HOUR_MS = 3_600_000
+
+
+@lru_cache(maxsize=4096)
+def fires_per_hour(cron: str) -> int:
+    """The most nominal times of ``cron`` in one clock hour (UTC).  Every hour the
+    expression fires in holds the same minutes (the minute field), so that is the count
+    in the first such hour; the hours between count 0.  @hourly and coarser: 1."""
+    itr = croniter(cron, _dt(PERIOD_REFERENCE_MS - 1000))
+    first = _ms(itr.get_next(datetime))
+    hour_end = (first // HOUR_MS + 1) * HOUR_MS
+    count = 1
+    while _ms(itr.get_next(datetime)) < hour_end:
+        count += 1
+    return count
+
+
 def actual_ms(nominal_ms: int, offset_s: int) -> int:
     """When the entry really fires for a nominal time."""
     return nominal_ms + offset_s * 1000

@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import redis
 
 from gateway_tasks.core.errors import ConfigError, CronError, UnknownTenant
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.settings import Settings
-from gateway_tasks.tenants.registry import TenantRegistry
+from gateway_tasks.core.settings import Settings, Tier
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 
-from beat.entry import TIMEZONE, CronEntry, entry_id, validate_ids, validate_payload
+from beat.admission import check_cron_set
+from beat.entry import TIMEZONE, CronEntry, entry_id, new_run_secret, validate_ids, validate_payload
 from beat.jitter import jitter_offset_s
 from beat.schedule import actual_ms, cron_period_s, first_nominal_ms, validate_cron
+
+if TYPE_CHECKING:
+    from gateway_tasks.producer.gateway import Gateway
 
 LIST_CHUNK = 1000
 
@@ -53,9 +57,10 @@ class Due(NamedTuple):
 
 
 class CronStore:
-    def __init__(self, client: redis.Redis, settings: Settings):
+    def __init__(self, client: redis.Redis, settings: Settings, gateway: "Gateway | None" = None):
         self.r = client
         self.settings = settings
+        self._gateway = gateway
         self.keys = Keys(settings.key_prefix)
         self.tenants = TenantRegistry(client, settings)
 
@@ -83,43 +88,72 @@ class CronStore:
             created_ms=at_ms if created_ms is None else created_ms, updated_ms=at_ms,
             settled_nominal_ms=settled_ms)
 
-    def _tenant_tier(self, tenant_id: str) -> str:
-        return self.tenants.get(tenant_id).tier        # UnknownTenant if not registered
-
     # -- writing -------------------------------------------------------------
     def add(self, tenant_id: str, task_id: str, cron_expr: str, payload: Any,
             timezone: str = TIMEZONE, now: int | None = None) -> CronEntry:
         """Register or update (upsert) one cron.  An update keeps the entry's
-        history and never re-fires a nominal time already fired or skipped."""
+        history and never re-fires a nominal time already fired or skipped.
+
+        Admitted first (``beat.admission``): the payload exactly as a submit of it would
+        be (``Gateway.admit``), the tenant's cron set against its tier's cron count and
+        hourly fires -- checked in the same transaction that writes the entry, so two
+        registrations at once cannot both pass on the same room."""
         validate_ids(tenant_id, task_id)
-        validate_cron(cron_expr)
-        validate_payload(payload)
-        tier = self._tenant_tier(tenant_id)
+        cron = validate_cron(cron_expr)
+        clean = validate_payload(payload)
+        tenant = self.tenants.get(tenant_id)        # UnknownTenant if not registered
+        tier_cfg = self._tier_cfg(tenant)
+        self.gateway().admit(tenant, clean["messages"], model=clean.get("model"),
+                             max_tokens=clean.get("max_tokens"))
         at_ms = now_ms() if now is None else now
         eid = entry_id(tenant_id, task_id)
-        key = self.keys.cron(eid)
+        key, own = self.keys.cron(eid), self.keys.cron_tenant(tenant_id)
         with self.r.pipeline() as pipe:
             while True:
                 try:
-                    pipe.watch(key)
-                    settled, created = pipe.hmget(key, "settled_nominal_ms", "created_ms")
-                    entry = self.build(tenant_id, task_id, cron_expr, payload, tier, at_ms,
+                    pipe.watch(key, own)
+                    others = sorted(m.decode() for m in pipe.smembers(own) if m.decode() != eid)
+                    if others:
+                        pipe.watch(*(self.keys.cron(o) for o in others))
+                    crons = {o.partition(":")[2]: c.decode() for o, c in
+                             zip(others, (pipe.hget(self.keys.cron(o), "cron") for o in others)) if c}
+                    check_cron_set(tier_cfg, tenant_id, {**crons, task_id: cron})
+                    settled, created, secret = pipe.hmget(key, "settled_nominal_ms", "created_ms",
+                                                          "run_secret")
+                    entry = self.build(tenant_id, task_id, cron_expr, payload, tenant.tier, at_ms,
                                        settled_ms=int(settled) if settled else None,
                                        created_ms=int(created) if created else None,
                                        timezone=timezone)
+                    entry.run_secret = secret.decode() if secret else new_run_secret()
                     pipe.multi()
                     pipe.hset(key, mapping=entry.definition_fields())
                     pipe.set(self.keys.cron_payload(eid), entry.payload_json())
                     pipe.zadd(self.keys.cron_due, {eid: entry.next_fire_ms})
-                    pipe.sadd(self.keys.cron_tenant(tenant_id), eid)
+                    pipe.sadd(own, eid)
                     pipe.execute()
+                    self.gateway().memory.charge(len(entry.payload_json()))
                     return entry
                 except redis.WatchError:
                     continue
 
+    def _tier_cfg(self, tenant: Tenant) -> Tier:
+        try:
+            return self.settings.tier(tenant.tier)
+        except ConfigError as exc:
+            raise CronError(f"tenant {tenant.tenant_id!r}: {exc}") from None
+
+    def gateway(self) -> "Gateway":
+        """The producer a registration is admitted through (built on first use)."""
+        if self._gateway is None:
+            from gateway_tasks.producer.gateway import Gateway   # lazy: listing needs no Celery app
+            self._gateway = Gateway(self.settings, client=self.r)
+        return self._gateway
+
     def add_many(self, specs: Iterable[CronSpec], now: int | None = None,
                  chunk: int = 2000) -> int:
-        """Bulk registration (new entries; no upsert history check), pipelined."""
+        """Bulk load for operators and benches (new entries; no upsert history check),
+        pipelined: shape-checked only, without ``add``'s admission (payload, tier limits) --
+        no tenant reaches it (REST, ``gateway cron add`` and ``beat.api`` use ``add``)."""
         at_ms = now_ms() if now is None else now
         tiers: dict[str, str] = {}
         count = 0
@@ -139,6 +173,7 @@ class CronStore:
             with self.r.pipeline(transaction=False) as pipe:
                 for s in batch:
                     e = self.build(s.tenant_id, s.task_id, s.cron, s.payload, tiers[s.tenant_id], at_ms)
+                    e.run_secret = new_run_secret()
                     pipe.hset(self.keys.cron(e.entry_id), mapping=e.definition_fields())
                     pipe.set(self.keys.cron_payload(e.entry_id), e.payload_json())
                     pipe.zadd(self.keys.cron_due, {e.entry_id: e.next_fire_ms})
@@ -171,6 +206,27 @@ class CronStore:
                 pipe.zrem(self.keys.cron_retry, *pending)
             deleted, removed, *_ = pipe.execute()
         return bool(deleted or removed)
+
+    def run_secret(self, eid: str) -> str:
+        """An entry's run secret, stored now if it has none (an entry registered before
+        entries had one).  A deleted entry gets a random one, stored nowhere."""
+        key = self.keys.cron(eid)
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    if not pipe.exists(key):
+                        return new_run_secret()
+                    secret = pipe.hget(key, "run_secret")
+                    if secret:
+                        return secret.decode()
+                    fresh = new_run_secret()
+                    pipe.multi()
+                    pipe.hset(key, "run_secret", fresh)
+                    pipe.execute()
+                    return fresh
+                except redis.WatchError:
+                    continue
 
     # -- reading -------------------------------------------------------------
     def get(self, tenant_id: str, task_id: str) -> CronEntry | None:

@@ -99,13 +99,17 @@ def test_chunks_process_every_due_entry(r, settings, tenants):
 
 
 def test_quota_refuses_the_n_plus_first_run_in_the_hour_and_schedule_advances(r, settings):
+    # registered within the tier's quota (batch: 10 an hour), which the operator then lowers
+    # to 3: registration cannot refuse what is already registered, the fire's count does
+    registered = settings.with_(tiers=tuple(replace(t, jitter_window_s=0) if t.name == "batch" else t
+                                            for t in settings.tiers))
+    TenantRegistry(r, registered).register("free1", "free")
+    for i in range(5):
+        CronStore(r, registered).add("free1", f"c{i}", "0 * * * *", PAYLOAD, now=B - 10_000)
     tiers = tuple(replace(t, max_tasks_per_hour=3, jitter_window_s=0) if t.name == "batch" else t
                   for t in settings.tiers)
     settings = settings.with_(tiers=tiers)
-    TenantRegistry(r, settings).register("free1", "free")
     store = CronStore(r, settings)
-    for i in range(5):
-        store.add("free1", f"c{i}", "0 * * * *", PAYLOAD, now=B - 10_000)
     fire = Recorder()
     eng = make_engine(r, settings, fire)
     report = eng.tick(now_ms=B)
@@ -394,8 +398,14 @@ def test_corrupt_entry_is_quarantined_not_blocking_others(r, settings, tenants):
     assert store.get("ent", "bad").last_status == "error"
 
 
-def test_run_key_is_the_submit_idempotency_key():
-    assert run_key("acme:digest", 1234) == "cron:acme:digest:1234"
+def test_run_key_is_keyed_by_the_entry_secret():
+    """The same (entry, nominal, secret) gives the same key on every replica; without the
+    entry's secret neither the key nor the task id derived from it can be computed."""
+    key = run_key("acme:digest", 1234, "a" * 32)
+    assert key == run_key("acme:digest", 1234, "a" * 32) and key.startswith("cron:")
+    assert "acme" not in key and "1234" not in key
+    assert len({key, run_key("acme:digest", 1234, "b" * 32), run_key("acme:digest", 1235, "a" * 32),
+                run_key("acme:other", 1234, "a" * 32)}) == 4
 
 
 def test_score_disagreeing_with_the_hash_is_resynced(r, settings, tenants):

@@ -194,8 +194,8 @@ def test_task_id_of_a_run_is_the_one_beat_submits_with(r, settings):
     gw = Gateway(settings)
     try:
         gw.register_tenant("t1", "batch")
-        h = gw.submit("t1", "hello", source="cron", idempotency_key=run_key("t1:digest-0", 1234))
-        assert storm.task_id_of("t1", "t1:digest-0", 1234) == h.id
+        h = gw.submit("t1", "hello", source="cron", idempotency_key=run_key("t1:digest-0", 1234, "s3cr3t"))
+        assert storm.task_id_of("t1", "t1:digest-0", 1234, "s3cr3t") == h.id
     finally:
         gw.app.close()
 

@@ -251,9 +251,9 @@ def tier_worker_slots(total: int) -> dict[str, int]:
     return {"vip": vip, "normal": normal, "batch": max(1, total - vip - normal)}
 
 
-def task_id_of(tenant: str, entry_id: str, nominal_ms: int) -> str:
+def task_id_of(tenant: str, entry_id: str, nominal_ms: int, run_secret: str) -> str:
     """The task id beat's submit gets for one run (producer idempotency, beat.fire.run_key)."""
-    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}:{run_key(entry_id, nominal_ms)}"))
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}:{run_key(entry_id, nominal_ms, run_secret)}"))
 
 
 class Probe(threading.Thread):
@@ -342,9 +342,12 @@ def run_mode(run: StormMode, spec: StormSpec, base: Settings, client: redis.Redi
                           {"messages": [{"role": "user", "content": prompt(t, k)}], "model": MODEL,
                            "max_tokens": spec.max_tokens})
                  for t, _ in tenants for k in range(CRONS_PER_TENANT)]
-        CronStore(client, settings).add_many(specs)
+        store = CronStore(client, settings)
+        store.add_many(specs)
+        secrets = {e.entry_id: e.run_secret for e in store.list()}
         tier_of = dict(tenants)
-        expected = {task_id_of(s.tenant_id, f"{s.tenant_id}:{s.task_id}", boundary_ms): s for s in specs}
+        expected = {task_id_of(s.tenant_id, f"{s.tenant_id}:{s.task_id}", boundary_ms,
+                               secrets[f"{s.tenant_id}:{s.task_id}"]): s for s in specs}
         sim.reset_stats()
         if run.tiered:
             layout = tier_worker_slots(spec.workers * spec.concurrency)

@@ -59,6 +59,9 @@ class Tier:
     # scheduled (a cron run) waits behind interactive work by this many weighted tokens of
     # virtual time at most, then goes in fair order; 0 = no lanes (one fair order for all)
     scheduled_lag_tokens: int = 8192
+    # tenant crons (beat): how many one tenant may register; their fires per clock hour
+    # together are also held to max_tasks_per_hour at registration (beat.admission)
+    max_crons_per_tenant: int = 20
 
     def validate(self) -> None:
         where = f"tier {self.name!r}"
@@ -94,6 +97,9 @@ class Tier:
                  and 0 <= self.scheduled_lag_tokens <= MAX_SCHEDULED_LAG_TOKENS, where, "scheduled_lag_tokens",
                  self.scheduled_lag_tokens, f"a whole number of tokens in [0, {MAX_SCHEDULED_LAG_TOKENS:_}] "
                  f"(0 = no scheduled lane)")
+        _require(isinstance(self.max_crons_per_tenant, int) and not isinstance(self.max_crons_per_tenant, bool)
+                 and self.max_crons_per_tenant >= 0, where, "max_crons_per_tenant", self.max_crons_per_tenant,
+                 "a whole number >= 0 (0 = the tier's tenants may register no cron)")
 
 
 @dataclass(frozen=True)
@@ -188,15 +194,15 @@ def default_tiers() -> tuple[Tier, ...]:
         Tier("vip", base_weight=100, aging_alpha_per_ms=0.05, share=70, jitter_window_s=0,
              max_wait_ms=2_000, max_concurrency_per_tenant=50, max_tasks_per_hour=500,
              retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2, queue_ttl_s=15.0,
-             max_retries=5, aliases=("enterprise",)),
+             max_retries=5, aliases=("enterprise",), max_crons_per_tenant=100),
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
              max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=60,
              retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",),
-             defer_from_level=4, defer_retry_after_s=300),
+             defer_from_level=4, defer_retry_after_s=300, max_crons_per_tenant=20),
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
              max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10,
              retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",),
-             defer_from_level=3, defer_retry_after_s=600),
+             defer_from_level=3, defer_retry_after_s=600, max_crons_per_tenant=5),
     )
 
 

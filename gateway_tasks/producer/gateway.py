@@ -103,6 +103,16 @@ class Gateway:
         return estimate_request(self, tenant_id, messages, model, max_tokens,
                                 tenant or self.tenants.get(tenant_id), level, reason)
 
+    def admit(self, tenant: Tenant, messages: Any, *, model: str | None = None,
+              max_tokens: int | None = None) -> InferenceRequest:
+        """What a submit checks before it takes anything -- its JSON limits, the Redis memory
+        guard, the messages, a served model, max_tokens and the token estimate -- taking and
+        enqueueing nothing, at load level L0 (registering work for later is not deferred).
+        A cron's payload is admitted through it at registration; each run is a submit."""
+        with redis_errors("admit", "nothing was registered"):
+            Submission(self, Asked(tenant.tenant_id, messages, model, max_tokens)).validate()
+            return estimate_request(self, tenant.tenant_id, messages, model, max_tokens, tenant, 0, "")
+
     def submit(self, tenant_id: str, messages: Sequence[dict[str, Any]] | str, *,
                model: str | None = None, max_tokens: int | None = None,
                deadline_s: float | None = None, source: str = "api",

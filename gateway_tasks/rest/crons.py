@@ -91,7 +91,13 @@ def _not_found(task_id: str) -> ApiError:
 @router.post("/v1/crons", name="put_cron", response_model=CronRow, status_code=201,
              responses={200: {"model": CronRow, "description": "an existing cron was updated"},
                         201: {"description": "the cron was created"},
-                        400: {"description": "malformed expression, task id or payload"}})
+                        400: {"description": "malformed expression, task id or payload, a payload "
+                                              "a submit would refuse (unknown model, max_tokens), "
+                                              "or over the tier's cron count or hourly fires "
+                                              "(CronLimitExceeded: limit, allowed, requested)"},
+                        413: {"description": "the prompt plus max_tokens is over max_prompt_tokens "
+                                             "or the pool's capacity"},
+                        503: {"description": "Redis is unavailable or full: nothing was registered"}})
 def put_cron(body: CronRequest, request: Request, response: Response,
              tenant: TenantDep) -> dict[str, Any]:
     """Register a cron for the calling tenant, or update its cron of the same task_id
@@ -99,7 +105,7 @@ def put_cron(body: CronRequest, request: Request, response: Response,
     gateway = request.app.state.gateway
     existed = get_cron(gateway.settings, gateway.r, tenant.tenant_id, body.task_id) is not None
     row = register_cron(gateway.settings, gateway.r, tenant.tenant_id, body.task_id, body.cron,
-                        body.payload())
+                        body.payload(), gateway=gateway)
     response.status_code = 200 if existed else 201
     response.headers["Location"] = request.url_for("get_cron", task_id=body.task_id).path
     return row

@@ -119,19 +119,21 @@ def owner_of(gw: Gateway, task_id: str) -> tuple[str | None, int]:
 
 def test_every_submit_path_records_the_owner_with_the_result_ttl(gw):
     ttl = gw.settings.result_ttl_s
+    acme, freebie = gw.tenants.get("acme").owner_tag, gw.tenants.get("freebie").owner_tag
+    assert acme.startswith("acme/") and freebie.startswith("freebie/")    # the tenant's generation
     plain = gw.submit("acme", "hi", max_tokens=5)
     owner, left = owner_of(gw, plain.id)
-    assert owner == "acme" and 0 < left <= ttl
+    assert owner == acme and 0 < left <= ttl
     first = gw.submit("freebie", "hi", max_tokens=5, idempotency_key="k")
     again = gw.submit("freebie", "hi", max_tokens=5, idempotency_key="k")
-    assert again.id == first.id and owner_of(gw, first.id)[0] == "freebie"
+    assert again.id == first.id and owner_of(gw, first.id)[0] == freebie
     entry = CronEntry("acme", "nightly", "* * * * *", {"messages": [{"role": "user", "content": "hi"}],
                                                       "max_tokens": 5},
                       "vip", window_s=0, period_s=60, jitter_offset_s=0, next_nominal_ms=60_000,
                       next_fire_ms=60_000)
     cron_id = task_id_of(gateway_fire(gw.settings, app=gw.app, client=gw.r)(entry, 60_000))
     owner, left = owner_of(gw, cron_id)
-    assert owner == "acme" and 0 < left <= ttl
+    assert owner == acme and 0 < left <= ttl
     assert owner_of(gw, "never-submitted") == (None, -2)
 
 

@@ -50,8 +50,8 @@ class Cancelled:
 
 
 def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None) -> Cancelled:
-    owner = gw.owner(task_id)
-    if owner is None or (tenant_id is not None and owner != tenant_id):
+    known = gw.owner(task_id) is not None if tenant_id is None else gw.owns(tenant_id, task_id)
+    if not known:
         raise UnknownTask(f"no task {task_id!r}" + (f" for tenant {tenant_id!r}" if tenant_id else ""))
     if gw.r.exists(gw.keys.cancelled(task_id)):
         return Cancelled(task_id, ALREADY_CANCELLED, states.FAILURE)

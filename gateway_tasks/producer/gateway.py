@@ -71,6 +71,7 @@ class Gateway:
         self.keys = Keys(self.settings.key_prefix)
         self._pool_names = tuple(p.name for p in self.settings.pools)
         self.tenants = TenantRegistry(self.r, self.settings)
+        self.owner_tags: dict[str, str] = {}   # tenant id -> its generation's owner tag, as last read
         self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,
                                   reserve_bytes=int(self.settings.redis_memory_reserve_mib * MIB))
 
@@ -153,9 +154,20 @@ class Gateway:
         return AsyncResult(task_id, app=self.app)
 
     def owner(self, task_id: str) -> str | None:
-        """The tenant that submitted a task (None: unknown id, or its record expired)."""
+        """The tenant generation that submitted a task, as its owner tag ('<id>/<gen>',
+        ``Tenant.owner_tag``; None: unknown id, or its record expired)."""
         owner = self.r.get(self.keys.task_owner(task_id))
         return owner.decode() if owner else None
+
+    def owns(self, tenant_id: str, task_id: str) -> bool:
+        """Whether the tenant registered now under ``tenant_id`` submitted the task (an
+        earlier generation of the id owns nothing of today's)."""
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.task_owner(task_id))
+            pipe.hgetall(self.keys.tenant(tenant_id))
+            owner, record = pipe.execute()
+        return bool(owner and record) and \
+            owner.decode() == TenantRegistry.from_record(tenant_id, record).owner_tag
 
     def cancel(self, task_id: str, tenant_id: str | None = None) -> Cancelled:
         """Cancel a task.  Queued: its index entry and message go together (lua/lifecycle/cancel.lua),

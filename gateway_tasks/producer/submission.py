@@ -137,23 +137,43 @@ class Submission:
 
     def claim(self) -> tuple[dict[Any, Any], int, str]:
         """The task's id, and in one round trip the tenant's record, the task's owner written
-        ahead (undone if a later step fails) and the load level."""
+        ahead (undone if a later step fails) and the load level.
+
+        The owner is the tenant's generation (``Tenant.owner_tag``), written as this gateway
+        last saw it and corrected once when the record says otherwise.  An idempotency key's
+        id that an earlier generation of the tenant owns is not this generation's: the
+        submit takes the id of the key under its own generation instead."""
         a = self.asked
         self.task_id = str(uuid.uuid4())
         if a.idempotency_key is not None:
-            self.task_id = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{a.tenant_id}:{a.idempotency_key}"))
-        record, owned, level = {}, False, [None, None]
+            self.task_id = self._keyed_id(a.tenant_id)
+        record, owned, stored, level = {}, False, None, [None, None]
         if isinstance(a.tenant_id, str):
+            guess = self.gw.owner_tags.get(a.tenant_id, a.tenant_id)
+            owner_key = self.keys.task_owner(self.task_id)
             with self.r.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self.keys.tenant(a.tenant_id))
-                pipe.set(self.keys.task_owner(self.task_id), a.tenant_id, ex=self.settings.result_ttl_s, nx=True)
+                pipe.set(owner_key, guess, ex=self.settings.result_ttl_s, nx=True)
+                pipe.get(owner_key)
                 pipe.hmget(self.keys.overload_state, "level", "reason")
-                record, owned, level = pipe.execute()
+                record, owned, stored, level = pipe.execute()
+            if record:
+                tag = TenantRegistry.from_record(a.tenant_id, record).owner_tag
+                self.gw.owner_tags[a.tenant_id] = tag
+                if owned and tag != guess:
+                    self.r.set(owner_key, tag, xx=True, keepttl=True)
+                elif not owned and stored is not None and stored.decode() != tag:
+                    self.task_id = self._keyed_id(tag)      # an earlier generation's id
+                    owned = self.r.set(self.keys.task_owner(self.task_id), tag,
+                                       ex=self.settings.result_ttl_s, nx=True)
         if owned:
             owner_key = self.keys.task_owner(self.task_id)
             self._undos.append(lambda: self.r.delete(owner_key))
         level_now, reason = self.gw._level_of(level)
         return record, level_now, reason
+
+    def _keyed_id(self, owner: str) -> str:
+        return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}:{self.asked.idempotency_key}"))
 
     def estimate(self, record: dict[Any, Any], level: int, reason: str) -> None:
         a = self.asked

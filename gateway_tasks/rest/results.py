@@ -4,6 +4,7 @@ its owner, its error, and waiting for it to finish."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
 from celery import states
@@ -15,6 +16,20 @@ from gateway_tasks.producer.gateway import Gateway
 
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.5
+
+
+def _done_ms(meta: dict[str, Any]) -> float:
+    """When a stored result was written (ms since the epoch; 0 when it says nothing)."""
+    done = meta.get("date_done")
+    if isinstance(done, str):
+        try:
+            when = datetime.fromisoformat(done)
+        except ValueError:
+            return 0.0
+        return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp() * 1000
+    if isinstance(done, datetime):
+        return (done if done.tzinfo else done.replace(tzinfo=timezone.utc)).timestamp() * 1000
+    return 0.0
 
 
 def _owner_of(meta: dict[str, Any]) -> str | None:
@@ -61,13 +76,19 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
     """The public view of one of the tenant's tasks; ApiError 404 for an id it never
     submitted, another tenant's included (the same answer, so task ids do not leak).
 
-    The owner is the record every submit writes (Keys.task_owner); a stored result
-    that outlived that record is owned by the tenant id stored with it.  A queued
-    task of the tenant has no stored state yet: PENDING.
+    The owner is the record every submit writes (Keys.task_owner: the tenant's
+    generation, ``Tenant.owner_tag``); a stored result that outlived that record is owned
+    by the tenant id stored with it, if it was stored after the tenant's generation began
+    (an id registered again never reads what the deleted one left).  A queued task of the
+    tenant has no stored state yet: PENDING.
     """
     owner = gateway.r.get(gateway.keys.task_owner(task_id))
     meta = gateway.app.backend.get_task_meta(task_id)
-    if (owner.decode() if owner else _owner_of(meta)) != tenant.tenant_id:
+    if owner:
+        mine = owner.decode() == tenant.owner_tag
+    else:
+        mine = _owner_of(meta) == tenant.tenant_id and _done_ms(meta) >= tenant.since_ms
+    if not mine:
         raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant")
     status = str(meta.get("status") or states.PENDING)
     view: dict[str, Any] = {"task_id": task_id, "status": status}

@@ -15,10 +15,19 @@ in the current scheme.  To rotate the secret, set the new one as
 (``GATEWAY_API_KEY_SECRET_PREVIOUS``): keys hashed with the old secret still
 authenticate and are rehashed with the new one on first use.  Without it, a new
 secret invalidates every key hashed with the old one.
+
+A tenant id is a name; what a tenant owns belongs to one *generation* of it.  The first
+registration of an id (none stored) draws a random ``gen`` and notes ``since_ms``;
+updates keep both; deleting the tenant drops them, so the id registered again is a new
+generation.  Owned objects record the generation with the id (``Tenant.owner_tag``,
+'<id>/<gen>': a task's ``Keys.task_owner``), so a new generation answers an old
+generation's task ids exactly like unknown ones.  Registrations from before generations
+have none (``gen`` ""): their tag is the bare id until the id is deleted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -79,6 +88,23 @@ class Tenant:
     created_ms: int = 0
     weight: float = 1.0   # share of its tier against the tier's other tenants (fair queuing)
     tpm: int = 0          # its own TPM quota (0: its tier's tenant_tpm)
+    gen: str = ""         # the generation of this id (random, drawn at its first registration)
+    since_ms: int = 0     # when that generation was registered
+
+    @property
+    def owner_tag(self) -> str:
+        """What this generation's owned objects record as their owner."""
+        return owner_tag(self.tenant_id, self.gen)
+
+
+def owner_tag(tenant_id: str, gen: str) -> str:
+    """'<tenant id>/<gen>' ('/' is in no tenant id); the bare id for a tenant without a generation."""
+    return f"{tenant_id}/{gen}" if gen else tenant_id
+
+
+def tenant_of_tag(tag: str) -> str:
+    """The tenant id an owner tag names."""
+    return tag.partition("/")[0]
 
 
 class TenantRegistry:
@@ -111,13 +137,18 @@ class TenantRegistry:
             if stale:
                 pipe.hdel(self.keys.api_keys, *stale)
             pipe.hdel(key, LEGACY_HASH_FIELD)
+            fresh = not self.r.exists(key)    # a registration from before generations keeps none
+            if fresh:
+                pipe.hsetnx(key, "gen", secrets.token_hex(8))
+                pipe.hsetnx(key, "since_ms", tenant.created_ms)
             pipe.hset(key, mapping={"tier": tier_name, HASH_FIELD: digest,
                                     "created_ms": tenant.created_ms, "weight": tenant.weight,
                                     "tpm": tenant.tpm})
             pipe.hset(self.keys.api_keys, digest, tenant_id)
             pipe.sadd(self.keys.tenants, tenant_id)
-            pipe.execute()
-        return tenant, api_key
+            pipe.hmget(key, "gen", "since_ms")
+            gen, since = pipe.execute()[-1]
+        return dataclasses.replace(tenant, gen=(gen or b"").decode(), since_ms=int(since or 0)), api_key
 
     def _hash(self, api_key: str) -> str:
         return hash_api_key(api_key, self.settings.api_key_secret)
@@ -135,7 +166,8 @@ class TenantRegistry:
         d = {k.decode(): v.decode() for k, v in raw.items()}
         stored = _normalised(d.get(HASH_FIELD) or d.get(LEGACY_HASH_FIELD, ""))
         return Tenant(tenant_id, d["tier"], stored, int(d.get("created_ms", 0)),
-                      float(d.get("weight", 1.0)), int(d.get("tpm", 0)))
+                      float(d.get("weight", 1.0)), int(d.get("tpm", 0)), d.get("gen", ""),
+                      int(d.get("since_ms", 0)))
 
     def authenticate(self, api_key: str) -> Tenant:
         """The tenant of an API key, else UnknownTenant("invalid API key").
@@ -180,9 +212,12 @@ class TenantRegistry:
             pipe.hset(key, HASH_FIELD, digest)
             pipe.hdel(key, LEGACY_HASH_FIELD)
             pipe.execute()
-        return Tenant(tenant.tenant_id, tenant.tier, digest, tenant.created_ms, tenant.weight)
+        return dataclasses.replace(tenant, api_key_hash=digest)
 
     def delete(self, tenant_id: str) -> bool:
+        """Drop the registration: its key stops working, and its generation ends (the id
+        registered again is a new one).  What it owned is removed by the callers that know
+        it (``beat.api.delete_tenant``: crons and tasks)."""
         tenant = self.get(tenant_id)
         fields = _index_fields(tenant.api_key_hash)
         with self.r.pipeline() as pipe:

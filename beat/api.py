@@ -75,3 +75,17 @@ def delete_cron(settings: Settings, client: redis.Redis, tenant_id: str, task_id
             return False
         raise CronError(f"tenant {tenant_id!r} has no cron {task_id!r}")
     return True
+
+
+def delete_tenant(settings: Settings, client: redis.Redis, tenant_id: str,
+                  gateway: Any = None) -> dict[str, Any]:
+    """Delete a tenant and what it owns: its registration (its key stops working, its
+    generation ends: the id registered again owns nothing of this one's), its crons, and
+    its unfinished tasks, cancelled with the reason (``Gateway.delete_tenant``).
+    UnknownTenant if it is not registered."""
+    from gateway_tasks.producer.gateway import Gateway   # lazy, as in beat.store
+    gw = gateway if gateway is not None else Gateway(settings, client=client)
+    gw.tenants.get(tenant_id)                            # UnknownTenant before anything changes
+    crons = CronStore(client, settings, gw).delete_tenant(tenant_id)
+    cancelled = gw.delete_tenant(tenant_id)
+    return {"deleted": tenant_id, "crons_deleted": crons, "tasks_cancelled": cancelled}

@@ -228,6 +228,10 @@ class CronStore:
                 except redis.WatchError:
                     continue
 
+    def delete_tenant(self, tenant_id: str) -> int:
+        """Remove every cron of a tenant (its tenant is being deleted); how many."""
+        return sum(self.delete(tenant_id, eid.partition(":")[2]) for eid in self.entry_ids(tenant_id))
+
     # -- reading -------------------------------------------------------------
     def get(self, tenant_id: str, task_id: str) -> CronEntry | None:
         validate_ids(tenant_id, task_id)

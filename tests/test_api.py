@@ -459,7 +459,7 @@ def test_tenant_and_api_cli(r, settings, monkeypatch, capsys):
     registry = TenantRegistry(r, settings)
     assert registry.authenticate(generated).tenant_id == "bob"
     assert [t["tenant_id"] for t in run("tenant", "list")] == ["acme", "bob"]
-    assert run("tenant", "delete", "bob") == {"deleted": "bob"}
+    assert run("tenant", "delete", "bob") == {"deleted": "bob", "crons_deleted": 0, "tasks_cancelled": 0}
     assert [t["tenant_id"] for t in run("tenant", "list")] == ["acme"]
 
     args = parser.parse_args(["api", "--host", "0.0.0.0", "--port", "9000"])

@@ -260,7 +260,8 @@ def test_admin_registers_lists_and_deletes_tenants(client, gateway, r, key_prefi
                 {"tenant_id": "x", "tier": "vip", "api_key": "short"}, {"tier": "vip"}):
         resp = client.post("/v1/admin/tenants", headers=admin, json=bad)
         assert resp.status_code == 400, (bad, resp.text)
-    assert client.delete("/v1/admin/tenants/acme", headers=admin).json() == {"deleted": "acme"}
+    assert client.delete("/v1/admin/tenants/acme", headers=admin).json() == {
+        "deleted": "acme", "crons_deleted": 0, "tasks_cancelled": 1}    # its task above, still queued
     assert client.post("/v1/tasks", json={"messages": HELLO}, headers=auth(key)).status_code == 401
     assert client.delete("/v1/admin/tenants/acme", headers=admin).status_code == 404
     assert key.encode() not in all_stored_bytes(r, key_prefix)

@@ -18,6 +18,8 @@ import redis
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 
+from beat.api import delete_tenant
+
 
 def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
     settings = settings or get_settings()
@@ -48,8 +50,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    registry_from_env().delete(args.tenant)
-    _print({"deleted": args.tenant})
+    registry = registry_from_env()
+    _print(delete_tenant(registry.settings, registry.r, args.tenant))
     return 0
 
 
@@ -75,6 +77,7 @@ def register(subparsers: Any) -> None:
     lst = sub.add_parser("list", help="list tenants (JSON)")
     lst.set_defaults(func=_list)
 
-    delete = sub.add_parser("delete", help="delete a tenant; its API key stops working")
+    delete = sub.add_parser("delete", help="delete a tenant: its API key stops working, its crons "
+                                           "go and its unfinished tasks are cancelled")
     delete.add_argument("tenant", metavar="TENANT")
     delete.set_defaults(func=_delete)

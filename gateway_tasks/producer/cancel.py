@@ -49,7 +49,7 @@ class Cancelled:
         return self.was != FINISHED
 
 
-def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None) -> Cancelled:
+def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None, why: str = "") -> Cancelled:
     known = gw.owner(task_id) is not None if tenant_id is None else gw.owns(tenant_id, task_id)
     if not known:
         raise UnknownTask(f"no task {task_id!r}" + (f" for tenant {tenant_id!r}" if tenant_id else ""))
@@ -60,7 +60,8 @@ def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None) -> Ca
         return Cancelled(task_id, FINISHED, status)
     if _drop_held(gw, task_id):     # held on its depends_on: never queued
         gw.r.set(gw.keys.cancelled(task_id), WAITING, ex=gw.settings.result_ttl_s)
-        _store_cancelled(gw, task_id, WAITING, "cancelled while it waited on its depends_on; it was never queued")
+        _store_cancelled(gw, task_id, WAITING, "cancelled while it waited on its depends_on; it was never queued"
+                         + why)
         return Cancelled(task_id, WAITING, states.FAILURE)
     ref = read_refs(gw.r, gw.keys, gw._pool_names, [task_id]).get(task_id)
     was, entry = GONE, ""
@@ -82,7 +83,7 @@ def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None) -> Ca
         _give_back_queued(gw, ref, entry)
     if was == RUNNING:
         gw.app.control.revoke(task_id)
-    _store_cancelled(gw, task_id, was, MESSAGES[was])
+    _store_cancelled(gw, task_id, was, MESSAGES[was] + why)
     return Cancelled(task_id, was, states.FAILURE)
 
 

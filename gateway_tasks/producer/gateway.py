@@ -26,6 +26,7 @@ from gateway_tasks.dispatch.request import InferenceRequest
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.errors import UnknownTask
 from gateway_tasks.core.redis_failures import redis_errors
 from gateway_tasks.producer.cancel import ALREADY_CANCELLED, FINISHED, WAITING, Cancelled, cancel_task
 from gateway_tasks.producer.memory_guard import MIB, MemoryGuard
@@ -176,6 +177,47 @@ class Gateway:
         ``TaskCancelled`` (reason 'queued' | 'running').  ``tenant_id``: only that tenant's
         task (anyone else's id is ``UnknownTask``, as if it did not exist)."""
         return cancel_task(self, task_id, tenant_id)
+
+    def delete_tenant(self, tenant_id: str) -> int:
+        """Delete a tenant and cancel its unfinished tasks; returns how many were cancelled.
+
+        The registration goes first (its key stops working, its generation ends), then its
+        tasks are found by their owner records -- a SCAN of ``Keys.task_owner``, an
+        operator's occasional cost of O(keys) -- and each one queued, held or running is
+        cancelled (``cancel``) with the reason.  The owner records stay until they expire:
+        they name the old generation, so the id registered again sees none of them.  Its
+        crons are beat's: ``beat.api.delete_tenant`` deletes them too."""
+        tag = self.tenants.get(tenant_id).owner_tag       # UnknownTenant if not registered
+        self.tenants.delete(tenant_id)
+        self.owner_tags.pop(tenant_id, None)
+        cancelled = 0
+        for task_id in self._owned_by(tag):
+            try:
+                done = cancel_task(self, task_id, why=f" (its tenant {tenant_id!r} was deleted)")
+            except UnknownTask:
+                continue
+            cancelled += done.cancelled and done.was != ALREADY_CANCELLED
+        return cancelled
+
+    def _owned_by(self, tag: str) -> list[str]:
+        pattern = self.keys.task_owner("*")
+        head = len(self.keys.task_owner(""))
+        found: list[str] = []
+        batch: list[bytes] = []
+
+        def flush() -> None:
+            for key, owner in zip(batch, self.r.mget(batch)):
+                if owner is not None and owner.decode() == tag:
+                    found.append(key.decode()[head:])
+            batch.clear()
+
+        for key in self.r.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                flush()
+        if batch:
+            flush()
+        return found
 
     def _finished(self, task_id: str) -> None:
         """A task ended here (cancelled, evicted): release what waits on it."""

@@ -4,7 +4,8 @@
                                                key); the API key is in this answer only
     GET    /v1/admin/tenants               the tenants (never a key or a key hash)
     GET    /v1/admin/tenants/{tenant_id}   one tenant, 404 if unknown
-    DELETE /v1/admin/tenants/{tenant_id}   delete it: its key stops working at once
+    DELETE /v1/admin/tenants/{tenant_id}   delete it: its key stops working at once, its crons
+                                           go, its unfinished tasks are cancelled
     GET    /v1/admin/settings              the deployment's settings without any secret
 """
 
@@ -21,6 +22,8 @@ from gateway_tasks.core.errors import ApiError, ConfigError, InvalidRequest, Unk
 from gateway_tasks.tenants.registry import MAX_API_KEY_CHARS, Tenant
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.auth import AdminDep
+
+from beat.api import delete_tenant as delete_tenant_and_owned
 
 
 class TenantRegistration(BaseModel):
@@ -70,10 +73,10 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.delete("/tenants/{tenant_id}", name="admin_delete_tenant")
     async def delete_tenant(tenant_id: str, _admin: AdminDep) -> dict[str, Any]:
         try:
-            await run_in_threadpool(tenants.delete, tenant_id)
+            return await run_in_threadpool(delete_tenant_and_owned, gateway.settings, gateway.r, tenant_id,
+                                           gateway=gateway)
         except UnknownTenant:
             raise _not_found(tenant_id) from None
-        return {"deleted": tenant_id}
 
     @router.get("/settings", name="admin_settings")
     def settings(_admin: AdminDep) -> dict[str, Any]:

@@ -74,7 +74,8 @@ class CronRow:
     """The fields of a due entry's hash that planning reads (None: missing)."""
 
     FIELDS: ClassVar[tuple[str, ...]] = ("tenant_id", "task_id", "cron", "period_s",
-                                         "jitter_offset_s", "next_nominal_ms", "tier", "run_secret")
+                                         "jitter_offset_s", "next_nominal_ms", "tier", "run_secret",
+                                         "tenant_gen")
 
     tenant_id: str | None
     task_id: str | None
@@ -84,6 +85,7 @@ class CronRow:
     next_nominal_ms: str | None
     tier: str | None
     run_secret: str | None = None
+    tenant_gen: str | None = None
 
     @classmethod
     def from_reply(cls, values: list[bytes | None]) -> "CronRow":
@@ -387,7 +389,7 @@ class CronEngine:
         superseded: list[str] = []   # entries still there whose retry is dropped
         for i, ((eid, nominal), row) in enumerate(zip(parsed, rows)):
             payload, next_fire = raw[3 * i + 1], raw[3 * i + 2]
-            tier = current_tier.get(row.tenant_id or "")
+            tier = self._tier_of(current_tier, row)
             run = None
             if (row.tenant_id is not None and row.cron is not None and payload is not None
                     and next_fire is not None and now_ms < int(next_fire) and tier is not None):
@@ -422,13 +424,27 @@ class CronEngine:
             return [CronRow.from_reply(raw) for raw in pipe.execute()]
 
     def _current_tiers(self, rows: list[CronRow]) -> dict[str, str | None]:
-        """Tenant id -> its tier now (None: no longer registered)."""
+        """Tenant id -> its tier now (None: no longer registered).  A row's tenant whose
+        generation is not the one that registered the row (deleted, registered again) is
+        no longer registered for it: keyed '<tenant>/<row's gen>' -> None."""
         tenant_ids = sorted({row.tenant_id for row in rows if row.tenant_id})
         with self.r.pipeline(transaction=False) as pipe:
             for tenant in tenant_ids:
-                pipe.hget(self.keys.tenant(tenant), "tier")
-            return {t: (v.decode() if v is not None else None)
-                    for t, v in zip(tenant_ids, pipe.execute())}
+                pipe.hmget(self.keys.tenant(tenant), "tier", "gen")
+            now = {t: (tier.decode() if tier is not None else None, (gen or b"").decode())
+                   for t, (tier, gen) in zip(tenant_ids, pipe.execute())}
+        out: dict[str, str | None] = {t: tier for t, (tier, _) in now.items()}
+        for row in rows:
+            if row.tenant_id in now and row.tenant_gen and now[row.tenant_id][1] \
+                    and row.tenant_gen != now[row.tenant_id][1]:
+                out[f"{row.tenant_id}/{row.tenant_gen}"] = None
+        return out
+
+    @staticmethod
+    def _tier_of(current_tier: dict[str, str | None], row: CronRow) -> str | None:
+        if row.tenant_gen and f"{row.tenant_id}/{row.tenant_gen}" in current_tier:
+            return None
+        return current_tier.get(row.tenant_id or "")
 
     def _fire_all(self, runs: list[Run], report: TickReport, start: float,
                   keep_leading: Callable[[], bool] | None) -> list[Fired]:
@@ -527,7 +543,7 @@ class CronEngine:
                                                     new_score_ms=actual_ms(pending, stored_offset)))
 
         action = FIRE if plan.action == FIRE else CRON_MISFIRE
-        tier_name = current_tier.get(tenant)
+        tier_name = self._tier_of(current_tier, row)
         max_per_hour = 0
         next_offset = stored_offset
         if tier_name is None:

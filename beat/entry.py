@@ -105,11 +105,17 @@ class CronEntry:
     skipped_count: int = 0
     retry_at_ms: int = 0     # when a deferred run is tried again (beat.engine); 0: none pending
     run_secret: str = field(default="", repr=False, compare=False)   # beat.fire.run_key; "" until stored
+    tenant_gen: str = field(default="", compare=False)   # the tenant generation that registered it
     extra: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def entry_id(self) -> str:
         return entry_id(self.tenant_id, self.task_id)
+
+    def of_generation(self, gen: str) -> bool:
+        """Whether the tenant generation ``gen`` registered it (entries from before
+        generations, or of a tenant without one, belong to whichever holds the id)."""
+        return not self.tenant_gen or not gen or self.tenant_gen == gen
 
     def definition_fields(self) -> dict[str, str]:
         """The hash fields (re)written on registration; last_* fields are left alone
@@ -122,6 +128,7 @@ class CronEntry:
             "next_nominal_ms": str(self.next_nominal_ms), "next_fire_ms": str(self.next_fire_ms),
             "created_ms": str(self.created_ms), "updated_ms": str(self.updated_ms),
             **({"run_secret": self.run_secret} if self.run_secret else {}),
+            **({"tenant_gen": self.tenant_gen} if self.tenant_gen else {}),
         }
 
     def payload_json(self) -> str:

@@ -115,16 +115,20 @@ class CronStore:
                     others = sorted(m.decode() for m in pipe.smembers(own) if m.decode() != eid)
                     if others:
                         pipe.watch(*(self.keys.cron(o) for o in others))
-                    crons = {o.partition(":")[2]: c.decode() for o, c in
-                             zip(others, (pipe.hget(self.keys.cron(o), "cron") for o in others)) if c}
+                    rows = [pipe.hmget(self.keys.cron(o), "cron", "tenant_gen") for o in others]
+                    crons = {o.partition(":")[2]: c.decode() for o, (c, g) in zip(others, rows)
+                             if c and (not g or not tenant.gen or g.decode() == tenant.gen)}
                     check_cron_set(tier_cfg, tenant_id, {**crons, task_id: cron})
-                    settled, created, secret = pipe.hmget(key, "settled_nominal_ms", "created_ms",
-                                                          "run_secret")
+                    settled, created, secret, gen = pipe.hmget(key, "settled_nominal_ms", "created_ms",
+                                                               "run_secret", "tenant_gen")
+                    if gen and tenant.gen and gen.decode() != tenant.gen:
+                        settled = created = secret = None     # an earlier generation's: a new cron
                     entry = self.build(tenant_id, task_id, cron_expr, payload, tenant.tier, at_ms,
                                        settled_ms=int(settled) if settled else None,
                                        created_ms=int(created) if created else None,
                                        timezone=timezone)
                     entry.run_secret = secret.decode() if secret else new_run_secret()
+                    entry.tenant_gen = tenant.gen
                     pipe.multi()
                     pipe.hset(key, mapping=entry.definition_fields())
                     pipe.set(self.keys.cron_payload(eid), entry.payload_json())
@@ -156,6 +160,7 @@ class CronStore:
         no tenant reaches it (REST, ``gateway cron add`` and ``beat.api`` use ``add``)."""
         at_ms = now_ms() if now is None else now
         tiers: dict[str, str] = {}
+        gens: dict[str, str] = {}
         count = 0
         batch: list[CronSpec] = []
 
@@ -164,16 +169,16 @@ class CronStore:
             if missing:
                 with self.r.pipeline(transaction=False) as pipe:
                     for t in missing:
-                        pipe.hget(self.keys.tenant(t), "tier")
-                    for t, tier in zip(missing, pipe.execute()):
+                        pipe.hmget(self.keys.tenant(t), "tier", "gen")
+                    for t, (tier, gen) in zip(missing, pipe.execute()):
                         if tier is None:
                             raise UnknownTenant(f"unknown tenant {t!r}; register it first "
                                                 "(gateway tenant add TENANT --tier TIER)")
-                        tiers[t] = tier.decode()
+                        tiers[t], gens[t] = tier.decode(), (gen or b"").decode()
             with self.r.pipeline(transaction=False) as pipe:
                 for s in batch:
                     e = self.build(s.tenant_id, s.task_id, s.cron, s.payload, tiers[s.tenant_id], at_ms)
-                    e.run_secret = new_run_secret()
+                    e.run_secret, e.tenant_gen = new_run_secret(), gens[s.tenant_id]
                     pipe.hset(self.keys.cron(e.entry_id), mapping=e.definition_fields())
                     pipe.set(self.keys.cron_payload(e.entry_id), e.payload_json())
                     pipe.zadd(self.keys.cron_due, {e.entry_id: e.next_fire_ms})
@@ -234,8 +239,10 @@ class CronStore:
 
     # -- reading -------------------------------------------------------------
     def get(self, tenant_id: str, task_id: str) -> CronEntry | None:
+        """One cron of the tenant's current generation (None: none of that id)."""
         validate_ids(tenant_id, task_id)
-        return self.load([entry_id(tenant_id, task_id)])[0]
+        entry = self.load([entry_id(tenant_id, task_id)])[0]
+        return entry if entry is not None and entry.of_generation(self._gen(tenant_id)) else None
 
     def load(self, entry_ids: Sequence[str]) -> list[CronEntry | None]:
         out: list[CronEntry | None] = []
@@ -255,9 +262,16 @@ class CronStore:
         return sorted(m.decode() for m in self.r.zrange(self.keys.cron_due, 0, -1))
 
     def list(self, tenant_id: str | None = None) -> list[CronEntry]:
-        """Every entry (or one tenant's), sorted by tenant then task id."""
+        """Every entry (or one tenant's: its generation's only), sorted by tenant then task id."""
         entries = [e for e in self.load(self.entry_ids(tenant_id)) if e is not None]
+        if tenant_id is not None:
+            gen = self._gen(tenant_id)
+            entries = [e for e in entries if e.of_generation(gen)]
         return sorted(entries, key=lambda e: (e.tenant_id, e.task_id))
+
+    def _gen(self, tenant_id: str) -> str:
+        gen = self.r.hget(self.keys.tenant(tenant_id), "gen")
+        return gen.decode() if gen else ""
 
     def due(self, now: int, limit: int) -> list[Due]:
         """Up to ``limit`` entries with fire time <= now, earliest first."""

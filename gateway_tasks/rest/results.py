@@ -87,7 +87,7 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
     if owner:
         mine = owner.decode() == tenant.owner_tag
     else:
-        mine = _owner_of(meta) == tenant.tenant_id and _done_ms(meta) >= tenant.since_ms
+        mine = _owner_of(meta) == tenant.tenant_id and _done_ms(meta) > tenant.since_ms
     if not mine:
         raise ApiError(404, "NotFound", f"no task {task_id!r} for this tenant")
     status = str(meta.get("status") or states.PENDING)

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from celery.exceptions import BackendGetMetaError
 from fastapi.testclient import TestClient
 
 from gateway_tasks.cli.main import run_command
@@ -345,3 +346,34 @@ def test_a_stream_that_loses_redis_ends_with_one_error_event():
     [event] = asyncio.run(collect())
     assert event.startswith("data: ") and '"type":"ServiceUnavailable"' in event
     assert "the gateway's Redis is unreachable; retry later" in event and "6399" not in event
+
+
+def test_a_stream_whose_result_backend_gives_up_or_whose_cleanup_fails_still_ends_cleanly():
+    """The other reads a stream makes: the result backend's (which raises BackendGetMetaError
+    once its retries are spent) ends in the same ServiceUnavailable event; a Redis failure
+    while deleting a finished stream's chunks does not cut the stream after [DONE]."""
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
+
+    class Quiet:
+        def xread(self, *args, **kwargs):
+            return []
+
+    class Backend:
+        def get_task_meta(self, task_id):
+            raise BackendGetMetaError("failed to get meta", task_id=task_id) from refused
+
+    class Done:
+        def xread(self, *args, **kwargs):
+            return [[b"gt-stream:chunks:t1", [(b"1-0", {b"kind": b"done", b"data": b"{}"})]]]
+
+        def delete(self, *keys):
+            raise refused
+
+    async def collect(fake) -> list[str]:
+        return [e async for e in events(fake, "t1", False, first_timeout_s=5, idle_timeout_s=5)]
+
+    down = SimpleNamespace(r=Quiet(), keys=Keys("gt-stream:"), app=SimpleNamespace(backend=Backend()))
+    [event] = asyncio.run(collect(down))
+    assert '"type":"ServiceUnavailable"' in event and "6399" not in event
+    done = SimpleNamespace(r=Done(), keys=Keys("gt-stream:"))
+    assert asyncio.run(collect(done)) == ["data: [DONE]\n\n"]

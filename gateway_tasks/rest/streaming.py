@@ -22,10 +22,12 @@ upstream's own error object: ``data: {"error": {"message", "type", "param", "cod
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, AsyncIterator
 
 from celery import states
+from celery.exceptions import BackendGetMetaError
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -34,6 +36,8 @@ from gateway_tasks.core.redis_failures import CLIENT_ERRORS, as_unavailable
 from gateway_tasks.producer.gateway import Gateway, TaskHandle
 from gateway_tasks.rest.errors import unavailable_message
 from gateway_tasks.rest.results import error_of
+
+log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -133,11 +137,22 @@ async def events(gateway: Gateway, task_id: str, include_usage: bool, first_time
                                      str(event.data.get("message", "")), task_id)
                     finished = True
                     return
-    except CLIENT_ERRORS as exc:   # the status line is sent: the failure is the last event
-        yield _error("ServiceUnavailable", unavailable_message(as_unavailable(exc)), task_id)
+    except (*CLIENT_ERRORS, OSError, BackendGetMetaError) as exc:
+        # the status line is sent: the failure is the last event (the result backend's
+        # reads give up, after their retries, with BackendGetMetaError)
+        cause = exc.__cause__ if isinstance(exc, BackendGetMetaError) and exc.__cause__ else exc
+        yield _error("ServiceUnavailable", unavailable_message(as_unavailable(cause)), task_id)
+    except Exception:   # noqa: BLE001 -- whatever it is, the stream still ends with an event
+        log.exception("stream of task %s failed", task_id)
+        yield _error("InternalError", f"the gateway failed while streaming task {task_id}; "
+                                      f"its result may still be read (GET /v1/tasks/{task_id})", task_id)
     finally:
-        if finished:       # read to the end: the stream is no longer needed
-            await run_in_threadpool(gateway.r.delete, gateway.keys.chunks(task_id))
+        if finished:       # read to the end: the stream is no longer needed (it expires anyway)
+            try:
+                await run_in_threadpool(gateway.r.delete, gateway.keys.chunks(task_id))
+            except (*CLIENT_ERRORS, OSError):
+                log.warning("stream of task %s: its chunks were not deleted (Redis unavailable); "
+                            "they expire with their TTL", task_id)
 
 
 def streaming_response(gateway: Gateway, handle: TaskHandle, include_usage: bool,

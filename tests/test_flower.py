@@ -72,9 +72,9 @@ def test_flower_pages_and_inspect_never_show_an_api_key(settings, r, tmp_path):
             for h in handles:
                 h.get(timeout=30)
             with httpx.Client(auth=(user, password)) as client:
-                # no auth, no Flower: pages and API alike (only /metrics and /healthcheck stay
-                # open, for Prometheus and probes; they are scraped for secrets below too)
-                for path in ("/", "/workers", "/tasks", "/broker", "/api/workers", "/api/tasks"):
+                # no auth, no Flower: pages, API, /metrics and /healthcheck alike
+                for path in ("/", "/workers", "/tasks", "/broker", "/api/workers", "/api/tasks",
+                             "/metrics", "/healthcheck"):
                     assert httpx.get(base + path, timeout=5).status_code == 401, path
                 tasks = poll(client, f"{base}/api/tasks", lambda body: all(h.id in body for h in handles))
                 h = handles[0]

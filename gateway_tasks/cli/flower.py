@@ -99,7 +99,26 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_run)
 
 
-# no result backend: Flower's /api/task/result would otherwise show tenants' completions
-flower_app, __getattr__ = lazy_app(
-    lambda: make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled"),
-    "gateway flower")
+def protect_open_routes() -> None:
+    """Flower serves ``/metrics`` (task names and counts, worker host names) and
+    ``/healthcheck`` without asking for its auth (their handlers lack tornado's
+    ``authenticated``); give them the same credentials check as every other page.  A
+    Prometheus scrape passes them as ``basic_auth``; the Kubernetes readiness probe checks
+    the TCP port (deploy/k8s/base/flower.yaml: a probe cannot send a Secret's value)."""
+    from tornado.web import authenticated
+    from flower.views import monitor
+
+    for handler in (monitor.Metrics, monitor.Healthcheck):
+        if not getattr(handler.get, "gateway_protected", False):
+            protected = authenticated(handler.get)
+            protected.gateway_protected = True      # type: ignore[attr-defined]
+            handler.get = protected
+
+
+def _flower_app() -> Any:
+    protect_open_routes()     # this app is loaded by the Flower process (celery -A ... flower)
+    # no result backend: Flower's /api/task/result would otherwise show tenants' completions
+    return make_app(get_settings(), name="gateway-flower", transport="redis", result_backend="disabled")
+
+
+flower_app, __getattr__ = lazy_app(_flower_app, "gateway flower")

@@ -108,6 +108,9 @@ class CronStore:
         at_ms = now_ms() if now is None else now
         eid = entry_id(tenant_id, task_id)
         key, own = self.keys.cron(eid), self.keys.cron_tenant(tenant_id)
+        earlier = self.r.hget(key, "tenant_gen")
+        if earlier and tenant.gen and earlier.decode() != tenant.gen:
+            self.delete(tenant_id, task_id)   # an earlier generation's cron of this id: its history too
         with self.r.pipeline() as pipe:
             while True:
                 try:

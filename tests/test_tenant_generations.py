@@ -78,7 +78,9 @@ def test_crons_of_an_earlier_generation_are_not_listed_counted_or_fired(gw, r, s
     gw.tenants.delete("tiny")
     gw.register_tenant("tiny", "batch")
     assert store.list("tiny") == [] and store.get("tiny", "c0") is None
+    r.hset(gw.keys.cron("tiny:c0"), "last_task_id", "old-task")     # the old c0's history
     store.add("tiny", "c0", "0 * * * *", {"messages": CRON["messages"]}, now=now)   # the cap: 1 of 5
+    assert store.get("tiny", "c0").last_task_id is None
     for i in range(1, 5):
         store.add("tiny", f"n{i}", "0 * * * *", {"messages": CRON["messages"]}, now=now)
     assert [e.task_id for e in store.list("tiny")] == ["c0", "n1", "n2", "n3", "n4"]

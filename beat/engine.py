@@ -331,6 +331,9 @@ class CronEngine:
                 planned.append(step)
             results = pipe.execute()
 
+        for row in rows:      # a generation that ended: its crons go (skipped above, not fired)
+            if row.tenant_gen and f"{row.tenant_id}/{row.tenant_gen}" in current_tier:
+                self.store.delete(row.tenant_id, row.task_id)  # type: ignore[arg-type]
         runs: list[Run] = []
         for step, position in zip(planned, positions):
             outcome = step.call.parse(results[position])
@@ -424,9 +427,9 @@ class CronEngine:
             return [CronRow.from_reply(raw) for raw in pipe.execute()]
 
     def _current_tiers(self, rows: list[CronRow]) -> dict[str, str | None]:
-        """Tenant id -> its tier now (None: no longer registered).  A row's tenant whose
-        generation is not the one that registered the row (deleted, registered again) is
-        no longer registered for it: keyed '<tenant>/<row's gen>' -> None."""
+        """Tenant id -> its tier now (None: no longer registered).  A row registered by a
+        tenant generation that ended (the tenant deleted, perhaps registered again) is
+        keyed '<tenant>/<row's gen>' -> None: skipped, then deleted (``_process``)."""
         tenant_ids = sorted({row.tenant_id for row in rows if row.tenant_id})
         with self.r.pipeline(transaction=False) as pipe:
             for tenant in tenant_ids:
@@ -435,9 +438,10 @@ class CronEngine:
                    for t, (tier, gen) in zip(tenant_ids, pipe.execute())}
         out: dict[str, str | None] = {t: tier for t, (tier, _) in now.items()}
         for row in rows:
-            if row.tenant_id in now and row.tenant_gen and now[row.tenant_id][1] \
-                    and row.tenant_gen != now[row.tenant_id][1]:
-                out[f"{row.tenant_id}/{row.tenant_gen}"] = None
+            if row.tenant_id in now and row.tenant_gen:
+                tier, gen = now[row.tenant_id]
+                if tier is None or (gen and row.tenant_gen != gen):
+                    out[f"{row.tenant_id}/{row.tenant_gen}"] = None
         return out
 
     @staticmethod

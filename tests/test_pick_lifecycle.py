@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.dispatch.deadline import DeadlineCall
-from gateway_tasks.lifecycle.depends import BoostCall
+from gateway_tasks.lifecycle.inherit import BoostCall
 from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for

@@ -15,7 +15,8 @@ import pytest
 
 from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
 from gateway_tasks.dispatch.deadline import DeadlineCall
-from gateway_tasks.lifecycle.depends import BoostCall, DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.lifecycle.inherit import BoostCall
 from gateway_tasks.dispatch.enqueue import EnqueueCall
 from gateway_tasks.dispatch.evict import EvictCall
 from gateway_tasks.dispatch.fair_merge import FairMerge
@@ -35,6 +36,7 @@ from gateway_tasks.upstream.rescue import WithdrawCall
 from gateway_tasks.dispatch.router import PickPlan
 
 CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadline", "gateway_tasks.lifecycle.depends",
+                "gateway_tasks.lifecycle.inherit",
                 "gateway_tasks.dispatch.enqueue", "gateway_tasks.dispatch.evict", "gateway_tasks.dispatch.fair_merge",
                 "gateway_tasks.tenants.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
                 "gateway_tasks.bucket.calls", "gateway_tasks.upstream.circuit", "gateway_tasks.upstream.failover",

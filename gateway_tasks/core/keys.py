@@ -264,7 +264,8 @@ class Keys:
     # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
     def held(self, task_id: str) -> str:
         """Hash (TTL): a task held until its dependencies finish -- pending (how many are
-        still running), send (how to send it, JSON), failed (a dependency that did not succeed)."""
+        still running), send (how to send it, JSON), failed (a dependency that did not succeed),
+        tier (the tier it waits at: its effective tier), deps (the ids it waits on, one a line)."""
         return f"{self.prefix}{{deps}}:held:{task_id}"
 
     def waiters(self, task_id: str) -> str:
@@ -275,6 +276,22 @@ class Keys:
         """String (short TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end);
         bridges the moment until its result is stored (a later dependent reads the result)."""
         return f"{self.prefix}{{deps}}:done:{task_id}"
+
+    def lift(self, task_id: str) -> str:
+        """Hash (TTL): priority inheritance of one task -- origin task id -> the tier it lends:
+        each live higher-tier task that waits on this one, directly or down a chain of held
+        tasks, or that it was submitted on behalf of (gateway_tasks.lifecycle.inherit)."""
+        return f"{self.prefix}{{deps}}:lift:{task_id}"
+
+    def lifted(self, task_id: str) -> str:
+        """Set (TTL): the tasks this task lends its tier to (its ``lift`` entries, taken back
+        when it ends)."""
+        return f"{self.prefix}{{deps}}:lifted:{task_id}"
+
+    def shared(self, task_id: str) -> str:
+        """String (TTL): the tenant a task was submitted on behalf of (its ``on_behalf_of``
+        task's owner), which may then name it in ``depends_on`` besides its own owner."""
+        return f"{self.prefix}{{deps}}:shared:{task_id}"
 
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""

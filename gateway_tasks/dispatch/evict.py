@@ -7,7 +7,8 @@ producer evicts the newest queued task of the lowest tier below the arrival's
 result as ``Evicted`` (a throttle reason and retry_after_s), and enqueues the
 arrival.  Nothing below it queued -- a batch arrival, or a pool full of VIP work --
 and the arrival fails fast with ``QueueFull`` (reason 'pool_full'): batch never
-takes VIP space.
+takes VIP space.  A task a higher tier's task waits on (priority inheritance,
+``gateway_tasks.lifecycle.inherit``) is never the victim while that task lives.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class EvictCall:
     @property
     def script_keys(self) -> list[str]:
         k, p = self.keys, self.pool
-        return layout(self.SCRIPT).keys(messages=k.messages(p), parked=k.parked(p), tier=[
+        return layout(self.SCRIPT).keys(messages=k.messages(p), parked=k.parked(p), fair=k.fair(p), tier=[
             dict(index=k.index(p, tier), active=k.active(p, tier)) for tier in self.candidates])
 
     @property

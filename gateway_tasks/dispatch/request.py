@@ -55,6 +55,9 @@ class InferenceRequest:
     # requested_max_tokens, requested_model, requested_pool, failover reason; {} = nothing
     degradation: dict[str, Any] = field(default_factory=dict)
     lane: str = INTERACTIVE   # gateway_tasks.dispatch.lanes: scheduled work queues behind interactive
+    # the tier the load level judges it at when above its own: it was submitted on behalf of
+    # that tier's task (gateway_tasks.lifecycle.inherit); '' = its own tier
+    effective_tier: str = ""
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -113,12 +116,14 @@ class InferenceRequest:
         tpm = body.get("tenant_tpm", 0)
         _check(isinstance(tpm, int) and not isinstance(tpm, bool) and tpm >= 0, "tenant_tpm", tpm,
                "a non-negative integer")
+        effective = body.get("effective_tier", "")
+        _check(isinstance(effective, str), "effective_tier", effective, "a tier name or ''")
         return cls(tenant_id=body["tenant_id"], tier=body["tier"], pool=body["pool"],
                    model=body["model"], messages=list(messages), max_tokens=body["max_tokens"],
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,
                    source=source, extra_body=dict(extra), stream=stream, tenant_weight=float(weight),
-                   tenant_tpm=tpm, degradation=dict(degradation), lane=lane)
+                   tenant_tpm=tpm, degradation=dict(degradation), lane=lane, effective_tier=effective)
 
 
 def _check(ok: bool, name: str, value: Any, expected: str) -> None:

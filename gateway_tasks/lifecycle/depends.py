@@ -9,9 +9,9 @@ dependency to finish sends the held task on its way (``send`` below: the Celery
 message it would have been at submit).  A dependency that did not succeed fails its
 dependents with ``DependencyFailed`` instead.
 
-While a held task of a higher tier waits on a queued one of a lower tier, that
-one is dispatched at the higher tier's priority (``Keys.boost``, consumed by
-lua/dispatch/pick.lua) and charged to its own tenant.
+While a held task of a higher tier waits on a lower tier's, the tasks down its chain are
+dispatched at the higher tier's priority, charged to their own tenant, and never evicted
+(``gateway_tasks.lifecycle.inherit``); when a task ends, what it lent is taken back.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Any, ClassVar, Sequence
 import redis
 from celery import Celery, states
 
-from gateway_tasks.core.celery_app import TASK_NAME
+from gateway_tasks.core.celery_app import TASK_NAME, settings_of
 from gateway_tasks.core.errors import DependencyFailed, GatewayError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import layout, scripts_for, text
+from gateway_tasks.lifecycle import inherit
 
 logger = logging.getLogger(__name__)
 OK, FAILED = "ok", "failed"
@@ -35,7 +36,6 @@ MAX_DEPENDENCIES = 32
 # a finished task's done mark only bridges the moment between its end (its waiters are
 # released) and its result being stored: a dependent submitted later sees the result
 DONE_MARK_TTL_S = 300
-MAX_BOOSTS_PER_TIER = 64   # boosts pick.lua reads per tier and pool (each is one short line)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class DependCall:
     depends_on: tuple[str, ...]
     send_json: str
     ttl_ms: int
+    tier: str = ""      # the tier the task waits at (its effective tier), lent down its chain
 
     @property
     def script_keys(self) -> list[str]:
@@ -62,7 +63,7 @@ class DependCall:
     @property
     def script_args(self) -> list[str | int]:
         return layout(self.SCRIPT).args(task_id=self.task_id, send=self.send_json, ttl_ms=self.ttl_ms,
-                                        dependency=[dict(id=dep) for dep in self.depends_on])
+                                        tier=self.tier, dependency=[dict(id=dep) for dep in self.depends_on])
 
     def parse(self, reply: Any) -> Held:
         return Held(int(reply[0]), text(reply[1]))
@@ -71,10 +72,12 @@ class DependCall:
 @dataclass(frozen=True)
 class Done:
     """What deps_done.lua did: the outcome it marked, the tasks waiting on it (handed over,
-    unless the call only marked: ``done_call``)."""
+    unless the call only marked: ``done_call``), how many tasks it lends its tier to
+    (``gateway_tasks.lifecycle.inherit``: taken back at its end)."""
 
     outcome: str
     waiting: tuple[str, ...]
+    lent: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class DepsDoneCall:
     def script_keys(self) -> list[str]:
         return layout(self.SCRIPT).keys(
             done=self.keys.done(self.task_id), waiters=self.keys.waiters(self.task_id),
-            cancelled=self.keys.cancelled(self.task_id) if self.check_cancelled else None)
+            lifted=self.keys.lifted(self.task_id), lift=self.keys.lift(self.task_id), cancelled=self.keys.cancelled(self.task_id) if self.check_cancelled else None)
 
     @property
     def script_args(self) -> list[str | int]:
@@ -99,7 +102,7 @@ class DepsDoneCall:
                                         hand_over=1 if self.hand_over else 0)
 
     def parse(self, reply: Any) -> Done:
-        return Done(text(reply[0]), tuple(text(x) for x in reply[1]))
+        return Done(text(reply[0]), tuple(text(x) for x in reply[1]), int(reply[2]))
 
 
 def done_call(keys: Keys, task_id: str) -> DepsDoneCall:
@@ -139,31 +142,6 @@ class DepsReleaseCall:
         return Released(json.loads(text(reply[1])), text(reply[2]))
 
 
-@dataclass(frozen=True)
-class BoostCall:
-    """lua/lifecycle/boost.lua: dispatch a queued lower-tier task at a higher tier's priority."""
-
-    SCRIPT: ClassVar[str] = "lifecycle/boost"
-
-    keys: Keys
-    pool: str
-    tier: str           # the boosted task's own tier
-    inherits: str       # the tier whose priority it gets
-    entry: str          # its index entry
-
-    @property
-    def script_keys(self) -> list[str]:
-        return layout(self.SCRIPT).keys(fair=self.keys.fair(self.pool))
-
-    @property
-    def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(tier=self.tier, inherits=self.inherits, entry=self.entry,
-                                        max_boosts=MAX_BOOSTS_PER_TIER)
-
-    def parse(self, reply: Any) -> int:
-        return int(reply)
-
-
 def send_spec(task_id: str, queue: str, body: dict[str, Any], headers: dict[str, Any], argsrepr: str) -> str:
     """How to send a held task later (JSON: no pickle, no secrets -- what its message holds)."""
     return json.dumps({"task_id": task_id, "queue": queue, "body": body, "headers": headers,
@@ -182,13 +160,18 @@ def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: st
     else now.  Returns how many were released (sent, or failed for a failed dependency).
 
     ``done``: the reply of ``done_call``, which marked the task in the worker's settle round
-    trip: when that is the end's outcome and nobody waits, nothing is left to do."""
+    trip: when that is the end's outcome, nobody waits and it lends nothing, nothing is left
+    to do."""
     outcome = OK if ok else FAILED
-    if done is not None and done.outcome == outcome and not done.waiting:
+    if done is not None and done.outcome == outcome and not done.waiting and not done.lent:
         return 0
     scripts = scripts_for(client)
     released = 0
-    for dependent in scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000)).waiting:
+    marked = scripts.run(DepsDoneCall(keys, task_id, outcome, DONE_MARK_TTL_S * 1000))
+    if marked.lent:
+        settings = settings_of(app)
+        inherit.withdraw(client, keys, settings, [p.name for p in settings.pools], task_id)
+    for dependent in marked.waiting:
         got = scripts.run(DepsReleaseCall(keys, dependent, task_id, outcome))
         if got is None:
             continue
@@ -214,6 +197,9 @@ def release(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, spec: dict
         logger.warning("held task %s could not be queued once released: %s", task_id, exc)
         app.backend.store_result(task_id, exc, states.FAILURE)
         finish(app, client, keys, ttl_s, task_id, ok=False)
+        return
+    settings = settings_of(app)     # queued now: at the tier lent to it, if one is
+    inherit.boost_released(client, keys, settings, [p.name for p in settings.pools], task_id)
 
 
 def finished_outcomes(app: Celery, client: redis.Redis, deps: Sequence[str]) -> dict[str, str]:

@@ -121,7 +121,7 @@ class Gateway:
                idempotency_key: str | None = None,
                extra_body: dict[str, Any] | None = None, stream: bool = False,
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
-               lane: str | None = None) -> TaskHandle:
+               lane: str | None = None, on_behalf_of: str | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -135,14 +135,23 @@ class Gateway:
         or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
         elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies.
 
-        ``depends_on``: ids of tasks (any tenant's: ids are unguessable) that must finish
-        first; the task is held, taking no queue space, until they have, then queued
-        (``gateway_tasks.lifecycle.depends``).  An unknown id is ``UnknownTask``; a dependency
-        that did not succeed fails it with ``DependencyFailed``."""
+        ``depends_on``: ids of the tenant's own tasks (or of tasks submitted on behalf of one
+        of its tasks) that must finish first; the task is held, taking no queue space, until
+        they have, then queued (``gateway_tasks.lifecycle.depends``).  Any other id -- unknown,
+        or another tenant's -- is ``UnknownTask``; the task itself or a cycle is
+        ``InvalidRequest``; a dependency that did not succeed fails it with ``DependencyFailed``.
+        A held task lends its tier down its whole chain of dependencies while it waits
+        (``gateway_tasks.lifecycle.inherit``).
+
+        ``on_behalf_of``: the id of a live task (any tenant's) this work is for: it is admitted
+        and judged by the load level at that task's tier when that is higher than its own,
+        dispatched at that tier's priority and never evicted while that task lives, and that
+        task's tenant may name it in ``depends_on``; quotas stay its own tenant's.  A task
+        that is unknown or has ended is ``UnknownTask``."""
         with redis_errors("submit", "nothing was enqueued"):
             return Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                           idempotency_key, extra_body, stream, count_quota, depends_on,
-                                          lane)).run()
+                                          lane, on_behalf_of)).run()
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)

@@ -8,14 +8,17 @@ runs named steps, in order:
                   extra_body as JSON: nesting depth, lone surrogates, NaN/Infinity)
     claim         the task id; one round trip: the tenant's record, the task's owner written
                   ahead, the load level
+    behalf        on_behalf_of: the live task this work is for, its tier and owner
     estimate      messages checked, tokens estimated, the load level's actions (defer,
-                  degrade), the pool (a reserved tier's failover) -- ``estimate_request``
-    dependencies  depends_on checked (known ids)
+                  degrade) at the effective tier (its own, or the higher one it works on
+                  behalf of), the pool (a reserved tier's failover) -- ``estimate_request``
+    dependencies  depends_on checked: the tenant's own tasks (or shared with it), not itself
     remember      an idempotency key's first submit (a repeat returns the first's handle)
     take_quota    the tenant's hourly count and TPM tokens, both or neither
     enqueue       published on its tier's queue, evicting a lower tier's newest task when the
                   pool is full (in the same publish: ``gateway_tasks.dispatch.evict.evicting``),
-                  or held on its dependencies (with priority inheritance)
+                  or held on its dependencies (with transitive priority inheritance:
+                  ``gateway_tasks.lifecycle.inherit``; a cycle through it is refused)
 
 Each step that takes something registers how to give it back; when a later step fails,
 ``run`` undoes exactly the steps that ran, newest first, in one place (``_undo``).
@@ -35,8 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import redis
 from celery import states
 
-from gateway_tasks.lifecycle import depends
-from gateway_tasks.lifecycle.cancel import read_refs
+from gateway_tasks.lifecycle import depends, inherit
 from gateway_tasks.core.celery_app import TASK_NAME
 from gateway_tasks.core.json_limits import check_value
 from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
@@ -51,7 +53,7 @@ from gateway_tasks.dispatch.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Tier
 from gateway_tasks.core.stats import EVICTED, tier_field
-from gateway_tasks.tenants.registry import Tenant, TenantRegistry
+from gateway_tasks.tenants.registry import Tenant, TenantRegistry, tenant_of_tag
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.producer.memory_guard import submit_bytes
 
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
 UPSTREAM_PARAMETERS = {"model", "messages", "max_tokens", "stream", "stream_options"}   # not in extra_body
+MAX_TASK_ID_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,16 @@ class Asked:
     count_quota: bool = True
     depends_on: Sequence[str] | None = None
     lane: str | None = None
+    on_behalf_of: str | None = None
+
+
+@dataclass(frozen=True)
+class Behalf:
+    """The live task a submit works on behalf of: its id, the tier it lends, its owner."""
+
+    task_id: str
+    tier: str
+    owner: str
 
 
 class Submission:
@@ -89,12 +102,15 @@ class Submission:
         self.lane = ""
         self.req: InferenceRequest | None = None
         self.deps: tuple[str, ...] = ()
+        self.behalf: Behalf | None = None
+        self.effective = ""      # the tier it is admitted and judged at (its own or a lent one)
         self._undos: list[Callable[[], Any]] = []
 
     def run(self) -> "TaskHandle":
         try:
             self.validate()
             record, level, reason = self.claim()
+            self.behalf_of()
             self.estimate(record, level, reason)
             self.dependencies()
             if not self.remember():
@@ -132,6 +148,10 @@ class Submission:
         # what the worker must encode as UTF-8 JSON (and dataclasses.asdict copy, recursively)
         check_value(a.messages, "messages", self.settings.max_json_depth)
         check_value(a.extra_body, "extra_body", self.settings.max_json_depth)
+        if a.on_behalf_of is not None and (not isinstance(a.on_behalf_of, str) or not a.on_behalf_of
+                                           or len(a.on_behalf_of) > MAX_TASK_ID_CHARS):
+            raise InvalidRequest(f"on_behalf_of must be a task id (a non-empty string of at most "
+                                 f"{MAX_TASK_ID_CHARS} characters)")
         self.lane = lane_for(a.source, a.lane)
         self.gw.memory.check()
 
@@ -175,14 +195,52 @@ class Submission:
     def _keyed_id(self, owner: str) -> str:
         return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}:{self.asked.idempotency_key}"))
 
+    def behalf_of(self) -> None:
+        """on_behalf_of: the task named must be live (submitted, not ended); it lends its tier
+        (its tenant's, or the one it waits at or is lent) -- UnknownTask otherwise.  Its owner
+        (a tenant generation's tag) is whom the new task is shared with."""
+        origin = self.asked.on_behalf_of
+        if origin is None:
+            return
+        if origin == self.task_id:
+            raise InvalidRequest("on_behalf_of names this task itself")
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.task_owner(origin))
+            pipe.exists(self.keys.done(origin), self.gw.app.backend.get_key_for_task(origin))
+            pipe.hget(self.keys.held(origin), "tier")
+            pipe.hvals(self.keys.lift(origin))
+            owner, ended, held_tier, lent = pipe.execute()
+        if owner is None or ended:
+            raise UnknownTask(f"on_behalf_of names no live task: {origin!r} (unknown, or it has ended)")
+        owner_tier = self.r.hget(self.keys.tenant(tenant_of_tag(owner.decode())), "tier")
+        tiers = [t.decode() for t in (owner_tier, held_tier, *lent) if t]
+        if not tiers:
+            raise UnknownTask(f"on_behalf_of names no live task: {origin!r} (unknown, or it has ended)")
+        top = min(tiers, key=lambda t: self._rank(t))
+        self.behalf = Behalf(origin, self.settings.tier(top).name, owner.decode())
+
+    def _rank(self, tier: str) -> int:
+        try:
+            return self.settings.tier_rank(tier)
+        except Exception:   # a tier no longer configured ranks last
+            return len(self.settings.tiers)
+
     def estimate(self, record: dict[Any, Any], level: int, reason: str) -> None:
         a = self.asked
+        tenant = TenantRegistry.from_record(a.tenant_id, record)
+        own = self.settings.tier(tenant.tier).name
+        lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
+        self.effective = lent or own
         req = estimate_request(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
-                               TenantRegistry.from_record(a.tenant_id, record), level, reason)
+                               tenant, level, reason, judged_at=lent)
         self.req = replace(req, deadline_s=a.deadline_s, source=a.source, extra_body=a.extra_body or {},
-                           stream=bool(a.stream), lane=self.lane)
+                           stream=bool(a.stream), lane=self.lane, effective_tier=lent)
 
     def dependencies(self) -> None:
+        """depends_on names the tenant's own tasks (this generation's: its owner tag), or tasks
+        submitted on behalf of one of them (``Keys.shared``): any other id answers like an
+        unknown one (same error, same reads); the task itself (an idempotency key's id) is
+        refused."""
         depends_on = self.asked.depends_on
         if depends_on is None:
             return
@@ -190,11 +248,17 @@ class Submission:
             deps = depends.dependency_ids(depends_on)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        if self.task_id in deps:
+            raise InvalidRequest(f"depends_on names this task itself ({self.task_id}, the id of its "
+                                 f"idempotency key): a task cannot wait on itself")
+        a = self.asked
+        tenant = self.gw.owner_tags.get(a.tenant_id, a.tenant_id).encode()   # read by claim
         with self.r.pipeline(transaction=False) as pipe:
             for dep in deps:
-                pipe.exists(self.keys.task_owner(dep))
-            known = pipe.execute()
-        unknown = [d for d, ok in zip(deps, known) if not ok]
+                pipe.get(self.keys.task_owner(dep))
+                pipe.get(self.keys.shared(dep))
+            got = pipe.execute()
+        unknown = [d for i, d in enumerate(deps) if tenant not in (got[2 * i], got[2 * i + 1])]
         if unknown:
             raise UnknownTask(f"depends_on names unknown tasks: {unknown}")
         self.deps = deps
@@ -223,11 +287,15 @@ class Submission:
         self._undos.append(lambda: scripts_for(self.r).run(QuotaRefundCall(take, counted=count)))
 
     def enqueue(self) -> None:
-        """Held on its dependencies while any runs, else published on its tier's queue."""
+        """Held on its dependencies while any runs, else published on its tier's queue (a task
+        on behalf of a higher tier's: lent that tier first, so it is boosted once queued, and
+        it may evict below that tier)."""
+        if self.behalf is not None:
+            self._lend_from_behalf()
         if self.deps and self._hold():
             return
         req = self.req
-        below = tiers_below(self.settings, req.tier)
+        below = tiers_below(self.settings, self.effective or req.tier)
         eviction = Eviction(tuple(t.name for t in below), tuple(t.scheduled_lag_tokens for t in below))
         try:
             with evicting(eviction):
@@ -237,6 +305,18 @@ class Submission:
         finally:   # evicted for it, whether it was enqueued or not
             for victim in eviction.victims:
                 fail_evicted(self.gw, victim, req)
+        if self.behalf is not None:
+            inherit.boost_released(self.r, self.keys, self.settings, self.gw._pool_names, self.task_id)
+
+    def _lend_from_behalf(self) -> None:
+        """The task it works for lends it its tier (taken back when that task ends) and shares it
+        with that task's tenant (which may name it in depends_on)."""
+        b, ttl_s = self.behalf, self.settings.result_ttl_s
+        inherit.lend_to(self.r, self.keys, b.task_id, self.effective, self.task_id, ttl_s)
+        self.r.set(self.keys.shared(self.task_id), b.owner, ex=ttl_s)
+        lift, lifted, shared, task_id = (self.keys.lift(self.task_id), self.keys.lifted(b.task_id),
+                                         self.keys.shared(self.task_id), self.task_id)
+        self._undos.append(lambda: (self.r.delete(lift, shared), self.r.srem(lifted, task_id)))
 
     def _hold(self) -> bool:
         """Hold the task on its dependencies; False when none is running any more (send it now)."""
@@ -251,21 +331,40 @@ class Submission:
         spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
                                  req.argsrepr())
         held = scripts_for(self.r).run(depends.DependCall(self.keys, self.task_id, running, spec,
-                                                          self.settings.result_ttl_s * 1000))
+                                                          self.settings.result_ttl_s * 1000, req.tier))
         if held.pending == 0 and held.failed:
             raise _dependency_failed(held.failed)
-        if held.pending > 0:
-            self._inherit(running)
-        return held.pending > 0
+        if held.pending == 0:
+            return False
+        self._undos.append(lambda: self._unhold(running))
+        self._inherit(running)
+        return True
+
+    def _unhold(self, deps: tuple[str, ...]) -> None:
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.delete(self.keys.held(self.task_id))
+            for dep in deps:
+                pipe.srem(self.keys.waiters(dep), self.task_id)
+            pipe.execute()
 
     def _inherit(self, deps: tuple[str, ...]) -> None:
-        """Priority inheritance: each dependency queued in a lower tier than this task is
-        dispatched at this task's tier's priority (lua/lifecycle/boost.lua, then lua/dispatch/pick.lua)."""
-        req = self.req
-        rank = self.settings.tier_rank(req.tier)
-        for ref in read_refs(self.r, self.keys, self.gw._pool_names, deps).values():
-            if ref.entry and self.settings.tier_rank(ref.tier) > rank:
-                scripts_for(self.r).run(depends.BoostCall(self.keys, ref.pool, ref.tier, req.tier, ref.entry))
+        """Transitive priority inheritance: every task down its chain of a lower tier than its
+        own is lent its tier while it waits (``gateway_tasks.lifecycle.inherit``), and the task
+        it works on behalf of lends its tier down the same chain while that task lives: the
+        queued ones are dispatched at that priority, the held ones once released.  A chain
+        that leads back to it is a cycle: refused."""
+        pools, ttl_s = self.gw._pool_names, self.settings.result_ttl_s
+        chain = inherit.walk(self.r, self.keys, pools, self.task_id, deps)
+        if chain.cycle:
+            raise InvalidRequest(f"depends_on makes a cycle: task {self.task_id} would wait on itself "
+                                 f"through {list(deps)}")
+        lenders = [(self.task_id, self.req.tier)]
+        if self.behalf is not None:
+            lenders.append((self.behalf.task_id, self.behalf.tier))
+        for origin, tier in lenders:
+            lent = inherit.lend(self.r, self.keys, self.settings, pools, origin, tier, chain.nodes, ttl_s)
+            self._undos.append(lambda o=origin, t=lent: inherit.take_back(self.r, self.keys, self.settings,
+                                                                          pools, o, t))
 
 
 def _dependency_failed(task_id: str) -> DependencyFailed:
@@ -288,12 +387,15 @@ def fail_evicted(gw: "Gateway", victim: Victim, by: InferenceRequest) -> None:
 
 # -- estimate: validation, tokens, the load level's actions, routing -----------------------
 def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
-                     tenant: Tenant, level: int, reason: str) -> InferenceRequest:
+                     tenant: Tenant, level: int, reason: str, judged_at: str = "") -> InferenceRequest:
     """A request validated, its pool and token estimate computed (enqueues nothing): the
     load level's actions applied (a tier deferred at ``level`` raises ``Deferred``) and a
-    reserved tier routed to a backup while its pool is unavailable."""
+    reserved tier routed to a backup while its pool is unavailable.  ``judged_at``: the tier
+    whose load-level actions apply when it is not the tenant's own (work on behalf of a
+    higher tier's task: ``Submission.behalf_of``); routing and quotas stay the tenant's."""
     settings = gw.settings
     tier = settings.tier(tenant.tier)
+    judged = settings.tier(judged_at) if judged_at else tier
     msgs = validate_messages(messages)
     if max_tokens is None:
         max_tokens = settings.default_max_tokens
@@ -304,7 +406,7 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
     except Exception as exc:  # ConfigError -> the caller's mistake here
         raise InvalidRequest(str(exc)) from None
     model = model or pool.model
-    pool, model, max_tokens, changes = _overload(gw, tier, pool, model, max_tokens, level, reason)
+    pool, model, max_tokens, changes = _overload(gw, judged, pool, model, max_tokens, level, reason)
     # counted only as far as the larger prompt that could fit: beyond, it is refused
     budget = max(0, min(settings.max_prompt_tokens, math.floor(pool.token_capacity)) - max_tokens)
     prompt_tokens = count_prompt_tokens(msgs, stop_above=budget)

@@ -103,7 +103,7 @@ def create_app(gateway: Gateway) -> FastAPI:
             tenant.tenant_id, [m.model_dump() for m in body.messages], model=body.model,
             max_tokens=body.max_tokens, deadline_s=body.deadline_s, source="api",
             idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on,
-            lane=body.lane)
+            lane=body.lane, on_behalf_of=body.on_behalf_of)
         status_url = _status_url(request, handle.id)
         response.headers["Location"] = status_url
         return {"task_id": handle.id, "tier": handle.tier, "lane": handle.lane, "queue": handle.queue,

@@ -58,7 +58,14 @@ class TaskRequest(BaseModel):
         default=None, description="other upstream parameters (temperature, top_p, ...)")
     depends_on: list[str] | None = Field(
         default=None, max_length=32,
-        description="task ids that must finish first; the task is held until they have")
+        description="ids of the tenant's own tasks (or of tasks submitted on behalf of one of "
+                    "its tasks) that must finish first; the task is held until they have")
+    on_behalf_of: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="id of a live task (any tenant's) this work is for: admitted and judged by "
+                    "the load level at that task's tier when higher, dispatched at its priority "
+                    "and never evicted while it lives; that task's tenant may name it in "
+                    "depends_on; quotas stay this tenant's")
     lane: Literal["interactive", "scheduled"] | None = Field(
         default=None,
         description="interactive (default: someone waits) or scheduled (background work that "

@@ -6,7 +6,11 @@
 -- the arrival.  Cost: one reverse range read per tenant with queued work in the tier
 -- scanned (O(tenants x log n)); it runs only when the pool is full.
 --
+-- A task a higher tier's task waits on (priority inheritance: its line in the pool's fair
+-- hash, 'b:<tier>', lua/lifecycle/boost.lua) is never evicted: the newest task that is not.
+--
 -- KEYS[1] messages: hash (tag -> message)   KEYS[2] parked: tenants (tenant -> tier)
+-- KEYS[3] fair: the pool's fair hash (its 'b:<tier>' boost lines)
 -- KEYS[..] per tier (T): index active
 --   each candidate tier's index (sorted set of entries) and active tenants (zset), lowest first
 -- ARGV[1] T
@@ -21,9 +25,27 @@
 -- interactive one read too, so the newest task goes whatever its lane.  A tenant whose
 -- last interactive task went waits in line in the scheduled lane (lua/core/prelude.lua).
 
+-- the newest entry in [low, high] of an index that is not protected (nil: none)
+local function newest(index_key, high, low, protected, step)
+  local offset = 0
+  while true do
+    local got = redis.call('ZREVRANGEBYLEX', index_key, high, low, 'LIMIT', offset, step)
+    for _, e in ipairs(got) do
+      if not protected[e] then return e end
+    end
+    if #got < step then return nil end
+    offset = offset + step
+  end
+end
+
 for t = 1, N_tier do
   local k, a = K_per_tier * (t - 1), A_per_tier * (t - 1)
   local tier, index_key, active_key = ARGV[a + A_tier_name], KEYS[k + K_tier_index], KEYS[k + K_tier_active]
+  local protected, step = {}, 1
+  for line in string.gmatch(redis.call('HGET', KEYS[K_fair], 'b:' .. tier) or '', '[^\n]+') do
+    local _, _, entry = string.find(line, '^[^>]+>(.+)$')
+    if entry then protected[entry], step = true, 8 end
+  end
   local tenants = redis.call('ZRANGE', active_key, 0, -1)
   local parked = redis.call('HGETALL', KEYS[K_parked])
   for i = 1, #parked, 2 do
@@ -37,13 +59,11 @@ for t = 1, N_tier do
     end
   end
   for _, tenant in ipairs(tenants) do
-    local last = redis.call('ZREVRANGEBYLEX', index_key, '[' .. tenant .. '|\255', '[' .. tenant .. '|',
-                            'LIMIT', 0, 1)[1]
+    local last = newest(index_key, '[' .. tenant .. '|\255', '[' .. tenant .. '|', protected, step)
     if last then
       consider(last, tenant)
       if gt_scheduled(last, tenant) then
-        local interactive = redis.call('ZREVRANGEBYLEX', index_key, '(' .. tenant .. '|s', '[' .. tenant .. '|',
-                                       'LIMIT', 0, 1)[1]
+        local interactive = newest(index_key, '(' .. tenant .. '|s', '[' .. tenant .. '|', protected, step)
         if interactive then consider(interactive, tenant) end
       end
     end

@@ -3,17 +3,21 @@
 -- Once the mark is set no task joins the waiters (lua/lifecycle/depend.lua reads the mark first).
 --
 -- KEYS[1] done: the task's done mark (string)   KEYS[2] waiters: its waiters (set of task ids)
--- KEYS[3] cancelled?: the task's cancel mark: when set, the outcome is 'failed' whatever
+-- KEYS[3] lifted: the tasks it lends its tier to (set; gateway_tasks/lifecycle/inherit.py takes
+--         them back at its end)
+-- KEYS[4] lift: the tiers lent to it (hash; it needs them no more)
+-- KEYS[5] cancelled?: the task's cancel mark: when set, the outcome is 'failed' whatever
 --         outcome says (a task cancelled while its upstream call ran keeps no result)
 -- ARGV[1] outcome: 'ok' (succeeded) | 'failed'   ARGV[2] ttl_ms: the mark's TTL
 -- ARGV[3] hand_over: '1': hand the waiters over (the set goes) | '0': only say who waits (the
 --         worker's settle round trip: a worker that dies before its task's end leaves them in place)
 --
--- Returns {outcome marked, {ids of the tasks waiting on it}}.
+-- Returns {outcome marked, {ids of the tasks waiting on it}, how many tasks it lends its tier to}.
 
 local outcome = ARGV[A_outcome]
 if KEYS[K_cancelled] and redis.call('EXISTS', KEYS[K_cancelled]) == 1 then outcome = 'failed' end
 redis.call('SET', KEYS[K_done], outcome, 'PX', ARGV[A_ttl_ms])
+redis.call('DEL', KEYS[K_lift])
 local waiting = redis.call('SMEMBERS', KEYS[K_waiters])
 if ARGV[A_hand_over] == '1' then redis.call('DEL', KEYS[K_waiters]) end
-return {outcome, waiting}
+return {outcome, waiting, redis.call('SCARD', KEYS[K_lifted])}

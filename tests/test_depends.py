@@ -12,7 +12,7 @@ from gateway_tasks.lifecycle import depends
 from gateway_tasks.dispatch.broker import queued_messages
 from gateway_tasks.core.errors import DependencyFailed, InvalidRequest, UnknownTask
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.core.settings import Overload, Pool
+from gateway_tasks.core.settings import Pool
 from devtools import processes
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "devtools.bench.fairness",   # bench-fairness
     "devtools.bench.dispatch",   # bench-dispatch
     "devtools.bench.lifecycle",  # bench-lifecycle
+    "devtools.bench.inherit",    # bench-inherit
     "devtools.bench.overload",   # bench-overload
     "devtools.bench.beat",       # cron-bench
     "devtools.chaos.command",    # chaos

@@ -202,3 +202,18 @@ def test_a_vip_task_two_hops_above_a_flooded_batch_task_finishes_ahead_of_the_fl
           f"{still_queued} of 300 flood tasks still queued when V completed")
     assert done_a["timing"]["dispatched_ms"] < max(h["timing"]["dispatched_ms"] for h in ahead)
     assert still_queued > 150
+
+
+def test_bench_inherit_reports_the_spread_against_its_target():
+    from devtools.bench.inherit import TARGET_CHAIN_MS, format_report, spread
+    from devtools.cli import build_parser
+
+    runs = [{"chain_ms": c, "control_ms": 12_000, "ratio": c / 12_000, "flood_queued_at_v": 250} for c in (160, 250, 240)]
+    result = {"spec": {"runs": 3, "flood": 300, "tpm": 60_000}, "chain_ms": spread([r["chain_ms"] for r in runs]),
+              "control_ms": spread([r["control_ms"] for r in runs]), "ratio": spread([r["ratio"] for r in runs]),
+              "flood_queued_at_v": spread([r["flood_queued_at_v"] for r in runs]),
+              "target_chain_ms": TARGET_CHAIN_MS, "all_targets_pass": True}
+    text = format_report(result)
+    assert "160 / 240 / 250 ms" in text and "PASS" in text and "12000 / 12000 / 12000 ms" in text
+    args = build_parser().parse_args(["bench-inherit", "--runs", "2", "--check"])
+    assert args.runs == 2 and args.check

@@ -12,7 +12,7 @@ def test_bench_lifecycle_measures_every_script(r):
     result = run_bench(r, calls=20)
     try:
         for name in ("enqueue_us", "quota_take_us", "cancel_us_backlog_10", "cancel_us_backlog_10000",
-                     "evict_us_tenants_10", "evict_us_tenants_1000", "depend_us", "deps_done_us",
+                     "evict_us_tenants_10", "evict_us_tenants_1000", "evict_us_protected_64", "depend_us", "deps_done_us",
                      "deps_release_us"):
             assert result[name] > 0, name
             assert name in format_report(result)

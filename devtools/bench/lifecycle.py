@@ -7,7 +7,8 @@ with the enqueue they sit beside:
 * cancel.lua (a queued task, by its recorded entry) at a small and a large backlog
   of its tenant (its cost must not grow with it);
 * evict.lua with few and many batch tenants queued (it reads each one's newest
-  entry: O(tenants x log n), run only when a pool is full);
+  entry: O(tenants x log n), run only when a pool is full), and with 64 boosted tasks it
+  must not evict (priority inheritance) on top of the index;
 * depend.lua + deps_done.lua + deps_release.lua, one dependency;
 * the round trips one Gateway.submit makes, without and with every lifecycle path.
 
@@ -25,6 +26,7 @@ import redis
 
 from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
 from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.lifecycle.inherit import BoostCall
 from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.dispatch.evict import EvictCall
 from gateway_tasks.core.keys import Keys
@@ -87,6 +89,16 @@ def run_bench(client: redis.Redis, calls: int) -> dict[str, Any]:
         out[f"evict_us_tenants_{tenants}"] = evalsha_us(client, lambda i: scripts.run(
             EvictCall(keys, "default", ("batch",))), n)
         client.delete(keys.index("default", "batch"), keys.active("default", "batch"), keys.messages("default"))
+    # evict.lua with 64 boosted (protected) tasks -- the newest of 10 tenants among them -- at
+    # the top of the index: each candidate read skips them
+    protected = [put(f"pr-{i % 10}") for i in range(10 * 3)] + [put(f"pr-{i % 10}") for i in range(64)]
+    for _, entry in protected[-64:]:
+        scripts.run(BoostCall(keys, "default", "batch", "vip", entry))
+    n = min(calls, 10 * 3)
+    out["evict_us_protected_64"] = evalsha_us(client, lambda i: scripts.run(
+        EvictCall(keys, "default", ("batch",))), n)
+    client.delete(keys.index("default", "batch"), keys.active("default", "batch"), keys.messages("default"),
+                  keys.fair("default"))
     ids = [uuid.uuid4().hex for _ in range(calls)]
     out["depend_us"] = evalsha_us(client, lambda i: scripts.run(
         DependCall(keys, f"child{i}", (ids[i],), "{}", 60_000)), calls)

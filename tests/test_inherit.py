@@ -139,6 +139,8 @@ def test_on_behalf_of_is_judged_at_the_higher_tier_and_charged_to_its_own_tenant
     req = json.loads(base64.b64decode(message["body"]))[0][0]
     assert req["effective_tier"] == "vip" and req["max_tokens"] == 5000 and req["degradation"] == {}
     assert sub.tier == "batch" and boosts(gw) == {sub.id: "vip"}   # dispatched at vip priority
+    gw.app.backend.store_result(parent.id, None, "STARTED")   # running: still live
+    gw.submit("bulk", "another, while it runs", max_tokens=5, on_behalf_of=parent.id)
     gw.cancel(parent.id)                               # the parent ended: plain batch work again
     assert boosts(gw) == {}
     with pytest.raises(UnknownTask, match="no live task"):

@@ -208,15 +208,24 @@ def finished_outcomes(app: Celery, client: redis.Redis, deps: Sequence[str]) -> 
     raws = client.mget([app.backend.get_key_for_task(d) for d in deps]) if deps else []
     out: dict[str, str] = {}
     for dep, raw in zip(deps, raws):
-        if raw is None:
-            continue
-        try:
-            status = json.loads(raw).get("status")
-        except (ValueError, AttributeError):
-            continue
-        if status in states.READY_STATES:
-            out[dep] = OK if status == states.SUCCESS else FAILED
+        outcome = stored_outcome(raw)
+        if outcome:
+            out[dep] = outcome
     return out
+
+
+def stored_outcome(raw: bytes | None) -> str:
+    """OK | FAILED from a task's stored result, '' while it has none or is not finished
+    (a running task's result says STARTED)."""
+    if raw is None:
+        return ""
+    try:
+        status = json.loads(raw).get("status")
+    except (ValueError, AttributeError):
+        return ""
+    if status not in states.READY_STATES:
+        return ""
+    return OK if status == states.SUCCESS else FAILED
 
 
 def dependency_ids(value: Any) -> tuple[str, ...]:

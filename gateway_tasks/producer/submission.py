@@ -206,11 +206,12 @@ class Submission:
             raise InvalidRequest("on_behalf_of names this task itself")
         with self.r.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.task_owner(origin))
-            pipe.exists(self.keys.done(origin), self.gw.app.backend.get_key_for_task(origin))
+            pipe.exists(self.keys.done(origin))
+            pipe.get(self.gw.app.backend.get_key_for_task(origin))
             pipe.hget(self.keys.held(origin), "tier")
             pipe.hvals(self.keys.lift(origin))
-            owner, ended, held_tier, lent = pipe.execute()
-        if owner is None or ended:
+            owner, done, result, held_tier, lent = pipe.execute()
+        if owner is None or done or depends.stored_outcome(result):
             raise UnknownTask(f"on_behalf_of names no live task: {origin!r} (unknown, or it has ended)")
         owner_tier = self.r.hget(self.keys.tenant(tenant_of_tag(owner.decode())), "tier")
         tiers = [t.decode() for t in (owner_tier, held_tier, *lent) if t]

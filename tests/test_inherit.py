@@ -100,7 +100,7 @@ def test_depends_on_names_only_the_tenants_own_tasks(gw):
                   depends_on=[gw.submit("acme", "y", max_tokens=5, idempotency_key="k1").id])
     before = int(gw.r.get(gw.keys.quota("acme", hour_of(redis_now_ms(gw.r)))) or 0)
     own = str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, "acme:k2"))
-    gw.r.set(gw.keys.task_owner(own), "acme")          # its id, known before its first submit
+    gw.r.set(gw.keys.task_owner(own), gw.tenants.get("acme").owner_tag)   # its id, known before its submit
     with pytest.raises(InvalidRequest, match="itself"):
         gw.submit("acme", "x", max_tokens=5, idempotency_key="k2", depends_on=[own])
     assert int(gw.r.get(gw.keys.quota("acme", hour_of(redis_now_ms(gw.r)))) or 0) == before

@@ -260,3 +260,11 @@ def test_overload_settings_round_trip_through_toml_and_json(tmp_path):
     s = load_settings(env={"GATEWAY_CONFIG": str(path)})
     assert s.overload.hold_s == 12 and s.circuit.open_s == 1.5
     assert load_settings(env={"GATEWAY_SETTINGS_JSON": settings_to_json(s)}) == s
+
+
+def test_the_documents_fallback_map_is_the_default():
+    o = Overload()
+    assert dict(o.fallback_models) == {"claude-sonnet-4-6": "claude-haiku-4-5-20251001",
+                                       "gpt-4o": "gpt-4o-mini", "deepseek-r1": "deepseek-v3"}
+    assert [o.fallback_for(m) for m in ("claude-sonnet-4-6", "deepseek-r1", "gpt-4o-mini")] == \
+        ["claude-haiku-4-5-20251001", "deepseek-v3", ""]

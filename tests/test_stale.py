@@ -1,6 +1,8 @@
-"""Stale-drop: VIP work is stale after 15 s by default (queue_ttl_s per tier); a task
+"""Stale-drop: interactive work (VIP and normal) is stale after 15 s by default
+(queue_ttl_s per tier; batch has none: batch work of any age is still useful); a task
 dispatched past its tier's queue TTL fails as Expired without calling the upstream,
-gives its tokens back and is counted (gateway_expired_tasks)."""
+takes nothing from the pool's bucket, gives its tenant's TPM tokens back and is
+counted (gateway_expired_tasks)."""
 
 from __future__ import annotations
 
@@ -18,29 +20,39 @@ from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import Gateway
 
 
+TENANT_TPM = 60
+
+
 def test_seed_queue_ttls(settings):
-    assert [settings.tier(t).queue_ttl_s for t in ("vip", "normal", "batch")] == [15.0, 0.0, 0.0]
+    assert [settings.tier(t).queue_ttl_s for t in ("vip", "normal", "batch")] == [15.0, 15.0, 0.0]
 
 
 @pytest.mark.slow
 def test_a_stale_task_expires_without_calling_the_upstream(settings, r, tmp_path):
     with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
-        tiers = tuple(replace(t, queue_ttl_s=0.3) if t.name == "vip" else t for t in settings.tiers)
+        tiers = tuple(replace(t, queue_ttl_s=0.3) if t.name == "normal" else t for t in settings.tiers)
         s = settings.with_(pools=(pool,), tiers=tiers)
         gw = Gateway(s, client=r)
-        gw.register_tenant("acme", "vip")
+        # its own TPM quota refills 1 token/s: what the expired task gives back shows
+        gw.register_tenant("acme", "normal", tpm=TENANT_TPM)
         stale = gw.submit("acme", "waits too long", max_tokens=5)
+        taken = TENANT_TPM - float(r.hget(Keys(s.key_prefix).tenant_bucket("acme"), "tokens"))
         time.sleep(0.6)                                 # no worker yet
         worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
         try:
             processes.wait_for_workers(gw.app, 1)
             with pytest.raises(Expired, match="queue TTL of 0.3 s") as info:
                 stale.get(timeout=30)
+            tenant_tokens = float(r.hget(Keys(s.key_prefix).tenant_bucket("acme"), "tokens"))
+            bucket_debited = float(r.hget(Keys(s.key_prefix).bucket("default"), "debited_tokens") or 0)
             fresh = gw.submit("acme", "on time", max_tokens=5).get(timeout=30)
             upstream = sim.stats()["requests_ok"]
         finally:
             worker.stop()
     assert isinstance(info.value, DeadlineExceeded) and info.value.reason == "queue_ttl"
-    assert fresh["tier"] == "vip" and upstream == 1
-    assert int(r.hget(Keys(s.key_prefix).stats("default"), tier_field(EXPIRED, "vip"))) == 1
+    assert fresh["tier"] == "normal" and upstream == 1
+    assert int(r.hget(Keys(s.key_prefix).stats("default"), tier_field(EXPIRED, "normal"))) == 1
+    # its quota back: the tenant's TPM bucket full again (it held `taken` tokens less, and
+    # refills 1 token/s), the pool's bucket never debited for it
+    assert taken > 5 and tenant_tokens == TENANT_TPM and bucket_debited == 0

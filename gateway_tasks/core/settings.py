@@ -195,10 +195,13 @@ def default_tiers() -> tuple[Tier, ...]:
              max_wait_ms=2_000, max_concurrency_per_tenant=50, max_tasks_per_hour=500,
              retry_budget_ratio=0.2, can_degrade=False, reserved_share=0.2, queue_ttl_s=15.0,
              max_retries=5, aliases=("enterprise",), max_crons_per_tenant=100),
+        # interactive tiers drop work that waited past 15 s before dispatch: its caller has gone
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
              max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=60,
              retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",),
-             defer_from_level=4, defer_retry_after_s=300, max_crons_per_tenant=20),
+             queue_ttl_s=15.0, defer_from_level=4, defer_retry_after_s=300, max_crons_per_tenant=20),
+        # no queue TTL for batch (queue_ttl_s 0): batch work of any age is still useful -- nobody
+        # is waiting on the other end, the caller polls or is called back for the result
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
              max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10,
              retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",),
@@ -243,7 +246,8 @@ class Overload:
     max_tokens_caps: tuple[int, ...] = (2048, 1024, 1024, 1024)
     fallback_from_level: int = 2   # degradable tiers go to the model's fallback from this level
     # model -> fallback model (a pool's fallback_model covers the models not listed)
-    fallback_models: tuple[tuple[str, str], ...] = (("gpt-4o", "gpt-4o-mini"),)
+    fallback_models: tuple[tuple[str, str], ...] = (("claude-sonnet-4-6", "claude-haiku-4-5-20251001"),
+                                                    ("gpt-4o", "gpt-4o-mini"), ("deepseek-r1", "deepseek-v3"))
 
     def validate(self) -> "Overload":
         w = "overload"

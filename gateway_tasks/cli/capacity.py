@@ -39,6 +39,8 @@ from gateway_tasks.capacity.model import (DEFAULT_JITTER_WINDOW_S, DEFAULT_SAFET
                                           instance_rps_from_concurrency, plan, tenant_plan)
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.capacity.forecast import Forecast
+from gateway_tasks.capacity.history import (LEAD_FROM_MIN, LEAD_TO_MIN, DemandForecast, cells_of,
+                                            read_forecast)
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field
@@ -335,25 +337,42 @@ def format_forecast(fc: Forecast, settings: Settings) -> str:
     return "\n".join(lines)
 
 
+def format_demand(demand: list[DemandForecast]) -> str:
+    """The demand forecast per pool and tier: history's P95, the schedule's, the larger."""
+    lines = [f"demand forecast {LEAD_FROM_MIN}-{LEAD_TO_MIN} minutes ahead, per minute "
+             "(history: P95 of the same time of day over the last 7 days; cron: the schedule's "
+             "busiest minute; forecast: the larger)",
+             f"{'pool':<12} {'tier':<8} {'history req':>12} {'cron req':>9} {'forecast req':>13} "
+             f"{'history tok':>12} {'cron tok':>10} {'forecast tok':>13}"]
+    for d in demand:
+        lines.append(f"{d.pool:<12} {d.tier:<8} {d.history_requests:>12.1f} {d.cron_requests:>9.1f} "
+                     f"{d.requests:>13.1f} {d.history_tokens:>12.0f} {d.cron_tokens:>10.0f} {d.tokens:>13.0f}")
+    return "\n".join(lines)
+
+
 def cmd_forecast(args: argparse.Namespace) -> int:
     settings = get_settings()
     client = _client(settings, "`gateway capacity forecast`")
     try:
+        sec, usec = client.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
         if args.published:
             fc = read_published(client, settings)
             if fc is None:
                 raise ConfigError("no published forecast: is a beat running "
                                   "(celery -A beat.app beat)? Without --published it is computed now")
         else:
-            sec, usec = client.time()
-            fc = compute_forecast(client, settings, int(sec) * 1000 + int(usec) // 1000,
-                                  args.horizon_s, args.bucket_s)
+            fc = compute_forecast(client, settings, now_ms, args.horizon_s, args.bucket_s)
+        cells = cells_of((p.name for p in settings.pools), (t.name for t in settings.tiers))
+        demand = read_forecast(client, Keys(settings.key_prefix), cells, now_ms, fc)
     finally:
         client.close()
     if args.json:
-        print(fc.to_json())
+        print(json.dumps({**json.loads(fc.to_json()), "demand": [d.as_dict() for d in demand]},
+                         separators=(",", ":")))
     else:
         print(format_forecast(fc, settings))
+        print(format_demand(demand))
     return 0
 
 
@@ -390,8 +409,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=cmd_plan)
     sub = parser.add_subparsers(dest="capacity_command")
-    fc = sub.add_parser("forecast", help="expected token demand per pool from the cron schedule",
-                        description=sys.modules["beat.forecast"].__doc__,
+    fc = sub.add_parser("forecast", help="expected demand per pool and tier: the cron schedule and "
+                        "the last 7 days' history",
+                        description=f"{sys.modules['beat.forecast'].__doc__}\n"
+                                    f"{sys.modules['gateway_tasks.capacity.history'].__doc__}",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     fc.add_argument("--horizon-s", type=int, default=DEFAULT_HORIZON_S,
                     help="how far ahead (default %(default)s)")

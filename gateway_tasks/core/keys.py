@@ -38,6 +38,16 @@ def split_queue_name(name: str) -> tuple[str, str] | None:
     return parts[0], parts[1]
 
 
+# Demand history (``Keys.demand``): per pool, tier and clock hour, what was enqueued in each
+# minute; kept 7 days and an hour (the forecast looks 7 days back, 10 minutes ahead)
+DEMAND_RETENTION_S = 7 * 86_400 + 3_600
+
+
+def demand_fields(minute_of_hour: int) -> tuple[str, str]:
+    """The fields of ``Keys.demand`` holding one minute's requests and estimated tokens."""
+    return f"r{minute_of_hour}", f"t{minute_of_hour}"
+
+
 def learned_field(tenant: str, model: str) -> str:
     """The field of ``Keys.learned(pool)`` holding one tenant's completion length on a model."""
     return f"{tenant}|{model}"
@@ -108,6 +118,13 @@ class Keys:
     def stats(self, pool: str) -> str:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
         return f"{self.pool_tag(pool)}stats"
+
+    def demand(self, pool: str, tier: str, hour: int) -> str:
+        """Hash (TTL ``DEMAND_RETENTION_S``): one tier's demand on a pool in one clock hour
+        (hour = epoch seconds // 3600): ``demand_fields(m)`` = requests and estimated tokens
+        enqueued in minute m of it (written with each enqueue: gateway_tasks/dispatch/enqueue.py;
+        read by gateway_tasks/capacity/history.py).  At most 120 small fields: a listpack."""
+        return f"{self.pool_tag(pool)}demand:{tier}:{hour}"
 
     def bell(self, pool: str) -> str:
         """List: wake-up tokens for a pool's idle dispatchers, one per token refund

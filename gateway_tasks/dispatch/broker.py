@@ -117,7 +117,7 @@ class Channel(kombu_adapter.Channel):
                 eviction.found_none = True
                 break
             eviction.victims.append(victim)
-            done = enqueue(self._gt_raw, call)
+            done = enqueue(self._gt_raw, call, count_demand=False)
         deadline_s = headers.get(HEADER_DEADLINE_S)
         boost_s = self._gt_settings.deadline_boost_s
         if done.accepted and boost_s and done.entry and isinstance(deadline_s, (int, float)) \

@@ -9,12 +9,13 @@ script in one MULTI, so both happen or neither does, in one round trip (``enqueu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import redis
 
-from gateway_tasks.core.keys import BELL_MAX, Keys
+from gateway_tasks.core.keys import BELL_MAX, DEMAND_RETENTION_S, Keys, demand_fields
 from gateway_tasks.dispatch.lanes import INTERACTIVE
 from gateway_tasks.core.scripts import Scripts, layout, scripts_for, text
 from gateway_tasks.core.settings import Tier
@@ -107,19 +108,36 @@ def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeli
     pipe.execute_command(*scripts.command(call))
 
 
-def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
+def queue_demand(call: EnqueueCall, pipe: redis.client.Pipeline, now_s: float) -> None:
+    """Count one enqueue in its pool and tier's demand history (``Keys.demand``): a request
+    and its estimated tokens in the current minute, three commands added to the enqueue's
+    own MULTI (no round trip of its own).  An arrival refused because the queue is full
+    counts too: it is demand the pool did not serve."""
+    hour, minute = divmod(int(now_s) // 60, 60)
+    key = call.keys.demand(call.pool, call.tier.name, hour)
+    requests, tokens = demand_fields(minute)
+    pipe.hincrby(key, requests, 1)
+    pipe.hincrby(key, tokens, call.est_tokens)
+    pipe.expire(key, DEMAND_RETENTION_S)
+
+
+def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall,
+            count_demand: bool = True) -> Enqueued:
     """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
     Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it).
 
     A server that lost its scripts since this client loaded them (restart, SCRIPT FLUSH)
     answers NOSCRIPT for the EVALSHA alone -- the HSET ran, the script did not -- so the
     script is loaded and run once more on its own: the task is queued once, its message
-    written twice with the same bytes."""
+    written twice with the same bytes.  ``count_demand``: count it in the demand history
+    (``queue_demand``; off for the same arrival enqueued again after an eviction)."""
     if isinstance(client, redis.RedisCluster):
         client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
     scripts = scripts_for(client)
     with client.pipeline(transaction=True) as pipe:
         queue_enqueue(scripts, call, pipe)
+        if count_demand:
+            queue_demand(call, pipe, time.time())
         try:
             return call.parse(pipe.execute()[1])
         except redis.exceptions.NoScriptError:

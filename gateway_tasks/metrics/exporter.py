@@ -5,14 +5,16 @@ and bucket hashes of each pool, the queue lists, the in-flight hash), so one
 scrape of any API replica -- or one ``gateway metrics`` -- sees the whole
 deployment, every worker on every node, without a push gateway.
 
-A scrape costs two Redis round trips: one pipeline for every hash and list,
-one more for the tiers of the tenants that have tasks in flight.
+A scrape costs two Redis round trips: one pipeline for every hash and list (the
+demand history's few minutes included), one more for the tiers of the tenants
+that have tasks in flight.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -22,6 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway_tasks.capacity.forecast import Forecast
+from gateway_tasks.capacity.history import (LEAD_FROM_MIN, LEAD_TO_MIN, DemandForecast, cells_of, forecasts,
+                                            minute_of, parse_reads, plan_reads, same_time_minutes)
 from gateway_tasks.dispatch.index_entry import backlog_tokens
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
@@ -93,6 +97,7 @@ class Snapshot:
     forecast: Forecast | None = None
     overload: dict[str, str] = field(default_factory=dict)                # the load-level state hash
     circuits: dict[str, str] = field(default_factory=dict)                # pool -> circuit state
+    demand: list[DemandForecast] = field(default_factory=list)            # per (pool, tier)
 
 
 def _num_hash(raw: dict[bytes, bytes]) -> dict[str, float]:
@@ -109,6 +114,10 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     """Read every metric source in one pipeline (plus one for in-flight tenants' tiers)."""
     keys = Keys(settings.key_prefix)
     pools = [p.name for p in settings.pools]
+    # the demand history's minutes, on this host's clock as the enqueues name them
+    cells = cells_of(pools, (t.name for t in settings.tiers))
+    minutes = same_time_minutes(minute_of(int(time.time() * 1000)))
+    demand_reads = plan_reads(keys, cells, minutes)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for pool in pools:
@@ -125,6 +134,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         pipe.hgetall(keys.cron_stats)
         pipe.get(keys.cron_forecast)
         pipe.hmget(keys.overload_state, "level", "changes")
+        for read in demand_reads:
+            pipe.hmget(read.key, read.fields)
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -155,6 +166,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             snap.forecast = None
     level, changes = replies[i + 3]
     snap.overload = {"level": (level or b"0").decode(), "changes": (changes or b"0").decode()}
+    snap.demand = forecasts(cells, minutes, parse_reads(demand_reads, replies[i + 4:]), snap.forecast,
+                            snap.now_ms)
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -189,6 +202,7 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     yield depth
     yield from _backlog_families(snap, settings)
     yield from _forecast_families(snap)
+    yield from _demand_families(snap)
 
     for counter, name, help_text in _TIER_COUNTERS:
         fam = CounterMetricFamily(name, help_text, labels=["tier", "pool"])
@@ -305,6 +319,27 @@ def _forecast_families(snap: Snapshot) -> Iterator[Metric]:
             peak.add_metric([pool], max(bins, default=0) * per_minute)
         made.add_metric([], fc.generated_ms / 1000.0)
     yield from (tokens, runs, peak, made)
+
+
+def _demand_families(snap: Snapshot) -> Iterator[Metric]:
+    """The demand forecast (gateway_tasks.capacity.history): predictive scaling's signal."""
+    window = f"{LEAD_FROM_MIN}-{LEAD_TO_MIN} minutes ahead"
+    requests = GaugeMetricFamily(
+        "gateway_demand_forecast_requests_per_minute",
+        f"Requests per minute forecast for a tier and pool {window}: source=history (P95 of the same "
+        "time of day over the last 7 days), cron (the schedule's busiest minute), combined (the larger).",
+        labels=["pool", "tier", "source"])
+    tokens = GaugeMetricFamily(
+        "gateway_demand_forecast_tokens_per_minute",
+        f"Estimated tokens per minute forecast for a tier and pool {window} (sources as for requests).",
+        labels=["pool", "tier", "source"])
+    for d in snap.demand:
+        for source, r, t in (("history", d.history_requests, d.history_tokens),
+                             ("cron", d.cron_requests, d.cron_tokens), ("combined", d.requests, d.tokens)):
+            requests.add_metric([d.pool, d.tier, source], r)
+            tokens.add_metric([d.pool, d.tier, source], t)
+    yield requests
+    yield tokens
 
 
 def _bucket_families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:

@@ -2,9 +2,11 @@
 
 Every enqueue counts a request and its estimated tokens in its pool and tier's
 per-minute demand (``Keys.demand``: one hash per clock hour, fields ``r<m>`` and
-``t<m>``, kept 7 days and an hour; written in the enqueue's own MULTI by
-gateway_tasks/dispatch/enqueue.py).  Memory is bounded by the retention: at most
-169 hashes of at most 120 small fields per (pool, tier), each a listpack.
+``t<m>``, kept 7 days and an hour; written by lua/dispatch/enqueue.lua, inside
+the enqueue it already runs: no command or round trip of its own).  Memory is
+bounded by the retention: at most 169 hashes of at most 120 small fields per
+(pool, tier), each a listpack of about 1.4 KB (a full hour): ~230 KB per (pool,
+tier) for the 7 days.
 
 The forecast, for each (pool, tier), looks ``LEAD_FROM_MIN``..``LEAD_TO_MIN``
 minutes ahead (5..10: time for new workers to start before the load arrives):

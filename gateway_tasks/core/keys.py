@@ -44,7 +44,8 @@ DEMAND_RETENTION_S = 7 * 86_400 + 3_600
 
 
 def demand_fields(minute_of_hour: int) -> tuple[str, str]:
-    """The fields of ``Keys.demand`` holding one minute's requests and estimated tokens."""
+    """The fields of ``Keys.demand`` holding one minute's requests and estimated tokens
+    (lua/dispatch/enqueue.lua names them the same way)."""
     return f"r{minute_of_hour}", f"t{minute_of_hour}"
 
 
@@ -122,7 +123,7 @@ class Keys:
     def demand(self, pool: str, tier: str, hour: int) -> str:
         """Hash (TTL ``DEMAND_RETENTION_S``): one tier's demand on a pool in one clock hour
         (hour = epoch seconds // 3600): ``demand_fields(m)`` = requests and estimated tokens
-        enqueued in minute m of it (written with each enqueue: gateway_tasks/dispatch/enqueue.py;
+        enqueued in minute m of it (written with each enqueue: lua/dispatch/enqueue.lua;
         read by gateway_tasks/capacity/history.py).  At most 120 small fields: a listpack."""
         return f"{self.pool_tag(pool)}demand:{tier}:{hour}"
 

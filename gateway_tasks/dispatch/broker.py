@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -117,7 +118,7 @@ class Channel(kombu_adapter.Channel):
                 eviction.found_none = True
                 break
             eviction.victims.append(victim)
-            done = enqueue(self._gt_raw, call, count_demand=False)
+            done = enqueue(self._gt_raw, replace(call, count_demand=False))
         deadline_s = headers.get(HEADER_DEADLINE_S)
         boost_s = self._gt_settings.deadline_boost_s
         if done.accepted and boost_s and done.entry and isinstance(deadline_s, (int, float)) \

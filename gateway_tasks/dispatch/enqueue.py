@@ -10,12 +10,12 @@ script in one MULTI, so both happen or neither does, in one round trip (``enqueu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import redis
 
-from gateway_tasks.core.keys import BELL_MAX, DEMAND_RETENTION_S, Keys, demand_fields
+from gateway_tasks.core.keys import BELL_MAX, DEMAND_RETENTION_S, Keys
 from gateway_tasks.dispatch.lanes import INTERACTIVE
 from gateway_tasks.core.scripts import Scripts, layout, scripts_for, text
 from gateway_tasks.core.settings import Tier
@@ -59,6 +59,15 @@ class EnqueueCall:
     lane: str = INTERACTIVE          # gateway_tasks.dispatch.lanes: scheduled work queues behind
     task_id: str = ""                # its ref (Keys.task_ref_in) is written as it is queued ('': none)
     ref_ttl_s: int = 0
+    # [capacity] counted in the demand history of the minute of ``now_s`` (this host's clock;
+    # Keys.demand, read by gateway_tasks/capacity/history.py); False: the same arrival enqueued
+    # again (after an eviction made room), already counted
+    count_demand: bool = True
+    now_s: float = field(default_factory=time.time)
+
+    @property
+    def demand_hour_minute(self) -> tuple[int, int]:
+        return divmod(int(self.now_s) // 60, 60)
 
     @property
     def script_keys(self) -> list[str]:
@@ -66,7 +75,8 @@ class EnqueueCall:
         return layout(self.SCRIPT).keys(
             messages=k.messages(p), index=k.index(p, t), active=k.active(p, t), finish=k.finish(p),
             parked=k.parked(p), inflight=k.inflight(p), seq=k.seq(p), fair=k.fair(p), bell=k.tier_bell(p, t),
-            reserved_bell=k.reserved_bell(p), capacity_tier=[dict(index=k.index(p, tier)) for tier in self.counted_tiers],
+            reserved_bell=k.reserved_bell(p), demand=k.demand(p, t, self.demand_hour_minute[0]),
+            capacity_tier=[dict(index=k.index(p, tier)) for tier in self.counted_tiers],
             task_ref=k.task_ref_in(p, self.task_id) if self.task_id else None)
 
     @property
@@ -78,7 +88,9 @@ class EnqueueCall:
             enqueued_ms="" if self.enqueued_ms is None else self.enqueued_ms, pool_capacity=self.pool_capacity,
             lane=self.lane, lag_tokens=self.tier.scheduled_lag_tokens,
             reserved=1 if self.tier.reserved_share > 0 else 0, C=len(self.counted_tiers),
-            message_b=self.message_b, ref_pool=self.pool if self.task_id else None,
+            message_b=self.message_b,
+            demand_minute=self.demand_hour_minute[1] if self.count_demand else "",
+            demand_ttl_s=DEMAND_RETENTION_S, ref_pool=self.pool if self.task_id else None,
             ref_ttl_ms=max(1, self.ref_ttl_s) * 1000 if self.task_id else None)
 
     @property
@@ -108,36 +120,19 @@ def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeli
     pipe.execute_command(*scripts.command(call))
 
 
-def queue_demand(call: EnqueueCall, pipe: redis.client.Pipeline, now_s: float) -> None:
-    """Count one enqueue in its pool and tier's demand history (``Keys.demand``): a request
-    and its estimated tokens in the current minute, three commands added to the enqueue's
-    own MULTI (no round trip of its own).  An arrival refused because the queue is full
-    counts too: it is demand the pool did not serve."""
-    hour, minute = divmod(int(now_s) // 60, 60)
-    key = call.keys.demand(call.pool, call.tier.name, hour)
-    requests, tokens = demand_fields(minute)
-    pipe.hincrby(key, requests, 1)
-    pipe.hincrby(key, tokens, call.est_tokens)
-    pipe.expire(key, DEMAND_RETENTION_S)
-
-
-def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall,
-            count_demand: bool = True) -> Enqueued:
+def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
     """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
     Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it).
 
     A server that lost its scripts since this client loaded them (restart, SCRIPT FLUSH)
     answers NOSCRIPT for the EVALSHA alone -- the HSET ran, the script did not -- so the
     script is loaded and run once more on its own: the task is queued once, its message
-    written twice with the same bytes.  ``count_demand``: count it in the demand history
-    (``queue_demand``; off for the same arrival enqueued again after an eviction)."""
+    written twice with the same bytes."""
     if isinstance(client, redis.RedisCluster):
         client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
     scripts = scripts_for(client)
     with client.pipeline(transaction=True) as pipe:
         queue_enqueue(scripts, call, pipe)
-        if count_demand:
-            queue_demand(call, pipe, time.time())
         try:
             return call.parse(pipe.execute()[1])
         except redis.exceptions.NoScriptError:

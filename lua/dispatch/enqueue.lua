@@ -17,6 +17,7 @@
 -- KEYS[9] bell: the tier's bell list (Keys.tier_bell)
 -- KEYS[10] reserved_bell: the reserved-work bell list (rung as well for a reserved tier's
 --          interactive task: dispatchers whose other slots are full wait on it)
+-- KEYS[11] demand: [capacity] the pool and tier's demand history of the clock hour (Keys.demand)
 -- KEYS[..] per capacity_tier (C): index
 --   [lifecycle] every tier's index of the pool (the shared capacity counts them all; passed
 --   only when pool_capacity sets one)
@@ -37,7 +38,11 @@
 -- ARGV[14] C: how many tiers' indexes the shared capacity counts
 -- ARGV[15] message_b: the message's size in bytes, kept in the entry (pick.lua then hands a small
 --          message back without asking its length); '' = not known (an entry of six fields)
--- ARGV[16] ref_pool?: the pool name written in the task's ref   ARGV[17] ref_ttl_ms?: its TTL
+-- ARGV[16] demand_minute: [capacity] the minute of the hour the arrival is counted in ('' = not
+--          counted: the same arrival again): fields 'r<minute>' += 1, 't<minute>' += est_tokens
+--          (gateway_tasks.core.keys.demand_fields), refused arrivals too (demand not served)
+-- ARGV[17] demand_ttl_s: the history's retention
+-- ARGV[18] ref_pool?: the pool name written in the task's ref   ARGV[19] ref_ttl_ms?: its TTL
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/dispatch/evict.lua;
 -- the message is taken back out either way); an error when the message is not in the
@@ -47,6 +52,12 @@ local tier, tenant, tag = ARGV[A_tier], ARGV[A_tenant], ARGV[A_tag]
 if redis.call('HEXISTS', KEYS[K_messages], tag) == 0 then
   return redis.error_reply('enqueue.lua: message ' .. tag .. ' is not in the messages hash; '
                            .. 'write it in the same MULTI first (gateway_tasks.dispatch.enqueue.enqueue)')
+end
+local minute = ARGV[A_demand_minute]   -- [capacity]
+if minute ~= '' then
+  redis.call('HINCRBY', KEYS[K_demand], 'r' .. minute, 1)
+  redis.call('HINCRBY', KEYS[K_demand], 't' .. minute, ARGV[A_est_tokens])
+  redis.call('EXPIRE', KEYS[K_demand], ARGV[A_demand_ttl_s])
 end
 local depth = redis.call('ZCARD', KEYS[K_index])
 if depth >= tonumber(ARGV[A_queue_max_len]) then

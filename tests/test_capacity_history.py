@@ -118,8 +118,20 @@ def _seed(r, keys: Keys, pool: str, tier: str, minute: int, requests: int, token
     r.hset(keys.demand(pool, tier, hour), mapping={rf: requests, tf: tokens})
 
 
-def test_enqueues_record_demand_and_the_forecast_reads_it(r, settings, monkeypatch, capsys, redis_url,
-                                                          key_prefix):
+@pytest.fixture
+def cli_env(monkeypatch, redis_url, key_prefix):
+    """`gateway` commands on this test's deployment (the process-wide settings reloaded)."""
+    from gateway_tasks.core.settings import get_settings
+
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("GATEWAY_KEY_PREFIX", key_prefix)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_enqueues_record_demand_and_the_forecast_reads_it(r, settings, capsys, cli_env):
     keys, pool = Keys(settings.key_prefix), settings.pools[0].name
     gw = Gateway(settings)
     try:
@@ -162,9 +174,6 @@ def test_enqueues_record_demand_and_the_forecast_reads_it(r, settings, monkeypat
     assert got[("gateway_demand_forecast_tokens_per_minute",
                 frozenset({**label, "source": "history"}.items()))] == pytest.approx(400.0)
 
-    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setenv("GATEWAY_KEY_PREFIX", key_prefix)
     from gateway_tasks.cli.main import main
     assert main(["capacity", "forecast", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -178,3 +187,39 @@ def test_enqueues_record_demand_and_the_forecast_reads_it(r, settings, monkeypat
 def test_a_demand_forecast_is_plain_data():
     d = DemandForecast("p", "vip", 1.0, 10.0, 2.0, 5.0, 42)
     assert (d.requests, d.tokens) == (2.0, 10.0)
+
+
+def test_capacity_from_the_deployment_fills_the_tenant_model_and_flags_win(r, settings, capsys, cli_env):
+    from gateway_tasks.cli.main import main
+    from gateway_tasks.core.errors import EXIT_CONFIG
+    from gateway_tasks.core.stats import COMPLETED, UPSTREAM_MS, tier_field
+
+    keys, pool = Keys(settings.key_prefix), settings.pools[0].name
+    command = ["capacity", "--from-deployment", "--p99-target-ms", "3000", "--json"]
+    assert main(command) == EXIT_CONFIG                      # nothing measured, nothing registered
+    assert "--inference-ms is required with --from-deployment (no upstream call" in capsys.readouterr().err
+    assert main([*command, "--inference-ms", "800"]) == EXIT_CONFIG
+    assert "--tenants is required with --from-deployment (no tenant is registered)" in capsys.readouterr().err
+
+    r.sadd(keys.tenants, "a", "b", "c", "d")
+    now_min = minute_of(int(r.time()[0]) * 1000)
+    _seed(r, keys, pool, "normal", now_min - 30, 12, 1200)            # the last hour: 3 per tenant
+    busy_hour = (now_min - 2 * DAY) // 60 * 60                         # two days ago, one clock hour:
+    _seed(r, keys, pool, "batch", busy_hour + 10, 50, 5000)            # 50 requests in one minute,
+    _seed(r, keys, pool, "vip", busy_hour + 20, 10, 1000)              # 10 more in the hour
+    r.hset(keys.stats(pool), mapping={tier_field(COMPLETED, "vip"): 10, tier_field(UPSTREAM_MS, "vip"): 8000})
+
+    assert main(command) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"]["tenants"] == 4 and doc["inputs"]["tasks_per_tenant_per_hour"] == pytest.approx(3)
+    assert doc["inputs"]["inference_ms"] == pytest.approx(800)
+    # the busiest minute's 50/60 req/s over the hour's 60 requests spread over 300 s
+    assert doc["inputs"]["peak_multiplier"] == pytest.approx((50 / 60) / (60 / 300))
+    assert doc["deployed"]["requests_last_hour"] == 12
+
+    assert main([*command[:-1], "--tenants", "30000", "--peak-multiplier", "2", "--inference-ms", "800",
+                 "--tasks-per-tenant-per-hour", "3"]) == 0           # every flag wins: the document's figures
+    out = capsys.readouterr().out
+    assert "tenants 30000 (flag)" in out and "instances, 300 s jitter window:" in out and " 721 " in out
+    assert main([*command[:-1]]) == 0
+    assert "12 requests in the last 60 min" in capsys.readouterr().out

@@ -21,6 +21,17 @@ and the peak multiplier; instances = int(peak QPS / (1000 / inference ms) x
 safety factor) + 1, without jitter and with the window).  ``--measure-s`` then
 fills ``--inference-ms`` from the measured mean upstream latency when it is not
 given.
+
+    gateway capacity --from-deployment --p99-target-ms 3000 [--tenants N ...]
+
+runs the tenant model on the running deployment's own figures (any flag given
+wins): tenants = the tenants registered; tasks per tenant per hour = requests
+enqueued in the last 60 minutes (the demand history) / tenants; inference ms =
+the mean upstream latency of every completed call (or of the ``--measure-s``
+window); peak multiplier = from the last 7 days of demand, the busiest minute's
+rate over its hour's requests spread evenly over the jitter window
+(gateway_tasks.capacity.history.peak_multiplier).  The p99 target is a target,
+not a measurement: it is always given.
 """
 
 from __future__ import annotations
@@ -39,8 +50,9 @@ from gateway_tasks.capacity.model import (DEFAULT_JITTER_WINDOW_S, DEFAULT_SAFET
                                           instance_rps_from_concurrency, plan, tenant_plan)
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.capacity.forecast import Forecast
-from gateway_tasks.capacity.history import (LEAD_FROM_MIN, LEAD_TO_MIN, DemandForecast, cells_of,
-                                            read_forecast)
+from gateway_tasks.capacity.history import (HISTORY_DAYS, LEAD_FROM_MIN, LEAD_TO_MIN, MINUTES_PER_DAY,
+                                            DemandForecast, cells_of, minute_of, peak_multiplier,
+                                            read_forecast, read_minutes)
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, UPSTREAM_MS, tier_field
@@ -129,6 +141,39 @@ def measure(client: redis.Redis, settings: Settings, window_s: float,
     return Measured(window_s, base, peak, tpr, lat, workers, concurrency)
 
 
+@dataclass(frozen=True)
+class Deployed:
+    """The tenant model's inputs as the running deployment shows them (None: no data)."""
+
+    tenants: int
+    requests_last_hour: float               # enqueued in the last 60 whole minutes
+    completed: float                        # upstream calls completed, ever
+    inference_ms: float | None              # their mean upstream latency
+    peak_multiplier: float | None           # from the last 7 days' demand
+    jitter_window_s: float
+
+    @property
+    def tasks_per_tenant_per_hour(self) -> float | None:
+        return self.requests_last_hour / self.tenants if self.tenants and self.requests_last_hour else None
+
+
+def read_deployed(client: redis.Redis, settings: Settings, now_ms: int, jitter_window_s: float) -> Deployed:
+    """Registered tenants, the demand history and the upstream latency counters (three
+    pipelines: the tenants and counters, the last hour, the last 7 days)."""
+    keys = Keys(settings.key_prefix)
+    cells = cells_of((p.name for p in settings.pools), (t.name for t in settings.tiers))
+    tenants = int(client.scard(keys.tenants))
+    counters = read_counters(client, settings)
+    now_min = minute_of(now_ms)
+    last_hour = sum(read_minutes(client, keys, cells, now_min - 60, 60))
+    first = now_min - HISTORY_DAYS * MINUTES_PER_DAY
+    first -= first % 60                                 # whole clock hours
+    week = read_minutes(client, keys, cells, first, now_min - first)
+    latency = counters.upstream_ms / counters.completed if counters.completed else None
+    return Deployed(tenants, last_hour, counters.completed, latency or None,
+                    peak_multiplier(week, jitter_window_s), jitter_window_s)
+
+
 # -- planning --------------------------------------------------------------------
 def instance_of(args: argparse.Namespace, measured: Measured | None) -> Instance:
     rps = args.instance_rps
@@ -209,43 +254,77 @@ def _flag(name: str) -> str:
 
 
 def tenant_mode(args: argparse.Namespace) -> bool:
-    """Whether the command runs the tenant model (``--tenants`` given); ConfigError when
-    its flags are mixed with the QPS model's."""
+    """Whether the command runs the tenant model (``--tenants`` or ``--from-deployment``
+    given); ConfigError when its flags are mixed with the QPS model's."""
+    deployed = bool(getattr(args, "from_deployment", False))
     tenant = [n for n in ("tenants",) + TENANT_FLAGS if getattr(args, n, None) is not None]
-    if not tenant:
+    if not tenant and not deployed:
         return False
-    if getattr(args, "tenants", None) is None:
+    if getattr(args, "tenants", None) is None and not deployed:
         raise ConfigError(f"capacity: {', '.join(_flag(n) for n in tenant)} belong to the tenant "
                           "model: give --tenants too")
     mixed = [_flag(n) for n in QPS_MODE_FLAGS if getattr(args, n, None) is not None]
     if mixed:
         raise ConfigError(f"capacity: {', '.join(mixed)} belong to the QPS model, not the tenant "
-                          "model (--tenants)")
+                          "model (--tenants, --from-deployment)")
     return True
 
 
-def tenant_load_from_args(args: argparse.Namespace, measured: Measured | None = None) -> TenantLoad:
-    """The tenant model's inputs from the flags; the inference time from the measured
-    mean upstream latency when ``--inference-ms`` is not given."""
-    def need(name: str, value: float | None) -> float:
+def jitter_window_of(args: argparse.Namespace) -> float:
+    return args.jitter_window_s if args.jitter_window_s is not None else DEFAULT_JITTER_WINDOW_S
+
+
+def tenant_load_from_args(args: argparse.Namespace, measured: Measured | None = None,
+                          deployed: Deployed | None = None) -> TenantLoad:
+    """The tenant model's inputs from the flags, else from the deployment (``deployed``);
+    the inference time from the measured mean upstream latency (``--measure-s``) before
+    the all-time one."""
+    def need(name: str, value: float | None, found: float | None = None, what: str = "") -> float:
         if value is None:
-            raise ConfigError(f"capacity: {_flag(name)} is required with --tenants")
+            value = found
+        if value is None:
+            where = f"--from-deployment ({what})" if deployed is not None else "--tenants"
+            raise ConfigError(f"capacity: {_flag(name)} is required with {where}")
         return value
 
     inference_ms = args.inference_ms
     if inference_ms is None and measured is not None and measured.latency_s:
         inference_ms = measured.latency_s * 1000.0
+    if inference_ms is None and deployed is not None:
+        inference_ms = deployed.inference_ms
+    if inference_ms is None and deployed is not None:
+        raise ConfigError("capacity: --inference-ms is required with --from-deployment (no upstream "
+                          "call has completed yet)")
     if inference_ms is None:
         raise ConfigError("capacity: --inference-ms is required with --tenants (or measure it: "
                           "--measure-s 30 on a running deployment with completed calls)")
+    d = deployed
     return TenantLoad(
-        tenants=args.tenants,
-        tasks_per_tenant_per_hour=need("tasks_per_tenant_per_hour", args.tasks_per_tenant_per_hour),
-        peak_multiplier=need("peak_multiplier", args.peak_multiplier),
+        tenants=need("tenants", args.tenants, (d.tenants or None) if d else None, "no tenant is registered"),
+        tasks_per_tenant_per_hour=need("tasks_per_tenant_per_hour", args.tasks_per_tenant_per_hour,
+                                       d.tasks_per_tenant_per_hour if d else None,
+                                       "nothing was enqueued in the last 60 minutes"),
+        peak_multiplier=need("peak_multiplier", args.peak_multiplier, d.peak_multiplier if d else None,
+                             "no demand in the last 7 days"),
         inference_ms=inference_ms,
-        p99_target_ms=need("p99_target_ms", args.p99_target_ms),
+        p99_target_ms=need("p99_target_ms", args.p99_target_ms, None, "a target, not a measurement"),
         safety_factor=args.safety_factor,
-        jitter_window_s=args.jitter_window_s if args.jitter_window_s is not None else DEFAULT_JITTER_WINDOW_S)
+        jitter_window_s=jitter_window_of(args))
+
+
+def format_deployed(d: Deployed, load: TenantLoad, args: argparse.Namespace) -> str:
+    """Where each input came from: a flag or the deployment."""
+    def src(name: str, text: str) -> str:
+        return "flag" if getattr(args, name) is not None else text
+
+    infer = "--measure-s window" if args.inference_ms is None and args.measure_s else \
+        src("inference_ms", f"mean upstream latency of {d.completed:.0f} completed calls")
+    return (f"from the deployment: tenants {_number(load.tenants)} ({src('tenants', 'registered')}); "
+            f"tasks/tenant/hour {_number(load.tasks_per_tenant_per_hour)} "
+            f"({src('tasks_per_tenant_per_hour', f'{d.requests_last_hour:.0f} requests in the last 60 min')}); "
+            f"inference {_number(load.inference_ms)} ms ({infer}); "
+            f"peak multiplier {_number(load.peak_multiplier)} "
+            f"({src('peak_multiplier', 'busiest minute of the last 7 days')})")
 
 
 def _number(value: float) -> str:
@@ -283,9 +362,10 @@ def _client(settings: Settings, who: str) -> redis.Redis:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     tenants = tenant_mode(args)
+    from_deployment = bool(getattr(args, "from_deployment", False))
     # the tenant model from flags alone needs no deployment: settings are read only to
     # measure or to check the pools' quota
-    settings = get_settings() if args.measure_s or not tenants else None
+    settings = get_settings() if args.measure_s or from_deployment or not tenants else None
     measured = None
     if args.measure_s:
         if args.measure_s <= 0:
@@ -296,9 +376,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
             measured = measure(client, settings, args.measure_s)
         finally:
             client.close()
+    deployed = None
+    if from_deployment:
+        assert settings is not None
+        client = _client(settings, "`gateway capacity --from-deployment`")
+        try:
+            sec, usec = client.time()
+            deployed = read_deployed(client, settings, int(sec) * 1000 + int(usec) // 1000,
+                                     jitter_window_of(args))
+        finally:
+            client.close()
     if tenants:
-        tp = tenant_plan(tenant_load_from_args(args, measured))
-        _print_plan(tp.as_dict(), format_tenant_plan(tp, measured), measured, as_json=args.json)
+        load = tenant_load_from_args(args, measured, deployed)
+        tp = tenant_plan(load)
+        text = format_tenant_plan(tp, measured)
+        doc = tp.as_dict()
+        if deployed is not None:
+            text = format_deployed(deployed, load, args) + "\n" + text
+            doc = {**doc, "deployed": asdict(deployed)}
+        _print_plan(doc, text, measured, as_json=args.json)
         return 0
     assert settings is not None
     p = plan_from_args(args, settings, measured)
@@ -404,6 +500,9 @@ def register(subparsers: Any) -> None:
     tenants.add_argument("--p99-target-ms", type=float, default=None, help="p99 latency target (ms)")
     tenants.add_argument("--jitter-window-s", type=float, default=None,
                          help=f"jitter window the tasks are spread over (s; default {DEFAULT_JITTER_WINDOW_S:g})")
+    tenants.add_argument("--from-deployment", action="store_true",
+                         help="the tenant model on the running deployment's figures: registered tenants, "
+                              "the last hour's and 7 days' demand, the mean upstream latency (flags win)")
     parser.add_argument("--measure-s", type=float, default=0.0,
                         help="measure rates in the deployment's Redis for this many seconds")
     parser.add_argument("--json", action="store_true", help="print JSON")

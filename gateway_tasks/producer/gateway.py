@@ -95,7 +95,8 @@ class Gateway:
 
     def estimate(self, tenant_id: str, messages: Any, model: str | None = None,
                  max_tokens: int | None = None, *, tenant: Tenant | None = None,
-                 level: int | None = None, reason: str = "") -> InferenceRequest:
+                 level: int | None = None, reason: str = "",
+                 extra_body: dict[str, Any] | None = None) -> InferenceRequest:
         """Validate a request and compute its routing and token estimate (enqueues nothing).
         ``tenant``: the tenant's record when the caller read it already.  ``level``: the load
         level to apply, ``reason`` its cause (None: the deployment's now); a tier deferred at
@@ -103,7 +104,7 @@ class Gateway:
         if level is None:
             level, reason = self.load_level()
         return estimate_request(self, tenant_id, messages, model, max_tokens,
-                                tenant or self.tenants.get(tenant_id), level, reason)
+                                tenant or self.tenants.get(tenant_id), level, reason, extra_body=extra_body)
 
     def admit(self, tenant: Tenant, messages: Any, *, model: str | None = None,
               max_tokens: int | None = None) -> InferenceRequest:

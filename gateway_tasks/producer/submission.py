@@ -233,9 +233,9 @@ class Submission:
         lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
         self.effective = lent or own
         req = estimate_request(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
-                               tenant, level, reason, judged_at=lent)
-        self.req = replace(req, deadline_s=a.deadline_s, source=a.source, extra_body=a.extra_body or {},
-                           stream=bool(a.stream), lane=self.lane, effective_tier=lent)
+                               tenant, level, reason, judged_at=lent, extra_body=a.extra_body)
+        self.req = replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
+                           lane=self.lane, effective_tier=lent)
 
     def dependencies(self) -> None:
         """depends_on names the tenant's own tasks (this generation's: its owner tag), or tasks
@@ -387,17 +387,50 @@ def fail_evicted(gw: "Gateway", victim: Victim, by: InferenceRequest) -> None:
 
 
 # -- estimate: validation, tokens, the load level's actions, routing -----------------------
+def completion_limit(max_tokens: Any, extra_body: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """``max_completion_tokens`` in ``extra_body`` is OpenAI's name for ``max_tokens``: taken
+    as it (out of ``extra_body``, so one limit goes upstream, the one reserved); both given
+    and different is refused.  Returns (max_tokens, extra_body)."""
+    extra = dict(extra_body or {})
+    if "max_completion_tokens" not in extra:
+        return max_tokens, extra
+    limit = extra.pop("max_completion_tokens")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidRequest(f"extra_body.max_completion_tokens must be a positive integer, got {limit!r}")
+    if max_tokens is not None and max_tokens != limit:
+        raise InvalidRequest(f"max_tokens ({max_tokens!r}) and max_completion_tokens ({limit}) differ; "
+                             f"they name one limit: give one of them")
+    return limit, extra
+
+
+def choices_of(extra_body: dict[str, Any], pool: Pool) -> int:
+    """The choices (``n``) a request asks for: up to the pool's ``max_n``, else refused."""
+    n = extra_body.get("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidRequest(f"extra_body.n must be a positive integer, got {n!r}")
+    if n > pool.max_n:
+        raise InvalidRequest(f"n={n} asks for more choices than pool {pool.name!r} serves in one "
+                             f"request (max_n {pool.max_n})")
+    return n
+
+
 def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
-                     tenant: Tenant, level: int, reason: str, judged_at: str = "") -> InferenceRequest:
+                     tenant: Tenant, level: int, reason: str, judged_at: str = "",
+                     extra_body: dict[str, Any] | None = None) -> InferenceRequest:
     """A request validated, its pool and token estimate computed (enqueues nothing): the
     load level's actions applied (a tier deferred at ``level`` raises ``Deferred``) and a
     reserved tier routed to a backup while its pool is unavailable.  ``judged_at``: the tier
     whose load-level actions apply when it is not the tenant's own (work on behalf of a
-    higher tier's task: ``Submission.behalf_of``); routing and quotas stay the tenant's."""
+    higher tier's task: ``Submission.behalf_of``); routing and quotas stay the tenant's.
+    The prompt is every forwarded field, ``extra_body``'s too (``count_prompt_tokens``); the
+    completion reserve is max_tokens times the choices asked for (``n``)."""
     settings = gw.settings
     tier = settings.tier(tenant.tier)
     judged = settings.tier(judged_at) if judged_at else tier
     msgs = validate_messages(messages)
+    max_tokens, extra = completion_limit(max_tokens, extra_body)
     if max_tokens is None:
         max_tokens = settings.default_max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -408,36 +441,40 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
         raise InvalidRequest(str(exc)) from None
     model = model or pool.model
     pool, model, max_tokens, changes = _overload(gw, judged, pool, model, max_tokens, level, reason)
+    n = choices_of(extra, pool)
+    reserve = max_tokens * n
     # counted only as far as the larger prompt that could fit: beyond, it is refused
-    budget = max(0, min(settings.max_prompt_tokens, math.floor(pool.token_capacity)) - max_tokens)
-    prompt_tokens = count_prompt_tokens(msgs, stop_above=budget)
+    budget = max(0, min(settings.max_prompt_tokens - max_tokens, math.floor(pool.token_capacity) - reserve))
+    prompt_tokens = count_prompt_tokens(msgs, stop_above=budget, extra_body=extra)
     counted = f"{prompt_tokens} tokens" if prompt_tokens <= budget else f"at least {prompt_tokens} tokens"
     total = prompt_tokens + max_tokens
     if total > settings.max_prompt_tokens:
         raise PromptTooLarge(
             f"prompt ({counted}) + max_tokens ({max_tokens}) = {total} exceeds "
             f"the limit of {settings.max_prompt_tokens} tokens")
-    if total > pool.token_capacity:
+    reserved = f"max_tokens ({max_tokens}) x n ({n})" if n > 1 else f"max_tokens ({max_tokens})"
+    if prompt_tokens + reserve > pool.token_capacity:
         raise PromptTooLarge(
-            f"prompt ({counted}) + max_tokens ({max_tokens}) = {total} exceeds "
+            f"prompt ({counted}) + {reserved} = {prompt_tokens + reserve} exceeds "
             f"pool {pool.name!r}'s bucket capacity of {int(pool.token_capacity)} tokens "
             f"(TPM {pool.tpm}); it could never be admitted")
+    total = prompt_tokens + reserve
     requested_pool, requested_model = pool.name, model
     pool, model, failover = _route(gw, tier, pool, model, total)
     if failover:
         changes = {"level": level, "requested_max_tokens": max_tokens,
                    "requested_model": changes.get("requested_model", requested_model), **changes,
                    "requested_pool": requested_pool, "failover": failover}
-    completion_est = max_tokens
+    completion_est = reserve
     if pool.charge == "actual":
         learned = gw.r.hget(gw.keys.learned(pool.name), learned_field(tenant_id, model))
         if learned is not None:
-            completion_est = min(max_tokens, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
+            completion_est = min(reserve, max(1, math.ceil(float(learned) * LEARNED_MARGIN)))
     return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model,
                             messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
                             est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
                             tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm),
-                            degradation=changes)
+                            degradation=changes, extra_body=extra)
 
 
 def _overload(gw: "Gateway", tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,

@@ -4,8 +4,9 @@ It stands in for a real provider in the demo, the tests and the benchmark, and
 looks like one to the official ``openai`` SDK:
 
 * ``POST /v1/chat/completions`` answers in the ``chat.completion`` shape.
-  ``usage.prompt_tokens`` is ``tokens.count_prompt_tokens(messages)``, so the
-  gateway's estimate equals what the upstream reports.  The completion length
+  ``usage.prompt_tokens`` is ``tokens.count_prompt_tokens`` of every field it was
+  sent but the control parameters (messages, tools, ``user``, ...), so the gateway's
+  estimate equals what the upstream reports.  The completion length
   is ``max(1, ceil(max_tokens * completion_fraction))`` unless the body forces
   it with ``sim_completion_tokens`` (``extra_body`` in the SDK); it is capped
   at ``max_tokens`` and ``finish_reason`` is ``"length"`` when it reaches it.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from gateway_tasks.core.errors import ApiError, InvalidRequest
-from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.core.tokens import CONTROL_PARAMETERS, count_prompt_tokens, validate_messages
 from gateway_tasks.simulator.config import SimConfig
 
 INVALID = "invalid_request_error"
@@ -60,6 +60,13 @@ def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
         raise ApiError(400, INVALID, f"{name} must be an integer >= {minimum}, got {value!r}",
                        code="invalid_value", param=name)
     return value
+
+
+def _prompt_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters the simulator charges as prompt besides the messages: every one but the
+    control parameters and its own ``sim_completion_tokens`` (tools, functions, user,
+    metadata, ... -- all the text a real upstream would read)."""
+    return {k: v for k, v in body.items() if k not in CONTROL_PARAMETERS and k != "sim_completion_tokens"}
 
 
 def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
@@ -109,7 +116,8 @@ def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
     chat = ChatRequest(model=model, messages=messages,
                        max_tokens=config.default_max_tokens if max_tokens is None else max_tokens,
                        forced_completion_tokens=forced,
-                       prompt_tokens=count_prompt_tokens(messages), stream=bool(stream),
+                       prompt_tokens=count_prompt_tokens(messages, extra_body=_prompt_fields(body)),
+                       stream=bool(stream),
                        include_usage=include_usage, n=n)
     _require_context(chat, config)
     _require_fits(chat, config)

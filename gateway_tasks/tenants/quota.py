@@ -1,4 +1,5 @@
-"""Tenant quotas at submit, as typed calls of lua/tenants/quota_take.lua and lua/tenants/quota_refund.lua.
+"""Tenant quotas at submit, as typed calls of lua/tenants/quota_take.lua and lua/tenants/quota_refund.lua
+(give back or settle).
 
 Two quotas, taken together or not at all in one atomic call, so parallel submits
 never exceed them:
@@ -8,7 +9,9 @@ never exceed them:
   cron fires in lua/beat/cron_fire.lua;
 * optionally, the tenant's own TPM bucket (its ``tpm``, else its tier's
   ``tenant_tpm``): a continuous bucket of one minute's tokens, debited by the task's
-  estimate -- beside the pool's bucket, which still paces the upstream calls.
+  estimate at submit and settled to the upstream's reported usage when the task ends
+  (``tpm_settle``: the unused part back, or what it used beyond the estimate charged) --
+  beside the pool's bucket, which still paces the upstream calls.
 
 A refusal is ``QuotaExceeded`` with ``reason`` and ``retry_after_s`` (the hour's
 reset, or the time the bucket needs to hold the request).
@@ -111,12 +114,14 @@ class QuotaTakeCall:
 
 @dataclass(frozen=True)
 class QuotaRefundCall:
-    """Give back a take whose task was then not enqueued."""
+    """Give back a take whose task was then not enqueued (``tokens`` None: all its tokens),
+    or settle a tenant's TPM bucket by ``tokens`` (negative: charged)."""
 
     SCRIPT: ClassVar[str] = "tenants/quota_refund"
 
     take: QuotaTakeCall
     counted: bool
+    tokens: int | None = None
 
     @property
     def script_keys(self) -> list[str]:
@@ -127,13 +132,15 @@ class QuotaRefundCall:
     @property
     def script_args(self) -> list[int]:
         t = self.take
-        return layout(self.SCRIPT).args(counted=1 if self.counted else 0, est_tokens=t.est_tokens, tpm=t.tpm)
+        tokens = t.est_tokens if self.tokens is None else self.tokens
+        return layout(self.SCRIPT).args(counted=1 if self.counted else 0, tokens=tokens, tpm=t.tpm)
 
     def parse(self, reply: Any) -> int:
         return int(reply)
 
 
-def tpm_refund(keys: Keys, tenant_id: str, tokens: int, tpm: int) -> QuotaRefundCall:
-    """Give ``tokens`` back to a tenant's TPM bucket (a task's estimate it did not use); its
-    hourly count stays taken: the task was submitted."""
-    return QuotaRefundCall(QuotaTakeCall(keys, tenant_id, 0, 0, tokens, tpm), counted=False)
+def tpm_settle(keys: Keys, tenant_id: str, tokens: int, tpm: int) -> QuotaRefundCall:
+    """Settle a tenant's TPM bucket by ``tokens``: a task's estimate less what the upstream
+    reported it used (positive: given back; negative: charged; a task that never reached the
+    upstream gives back all of it).  Its hourly count stays taken: the task was submitted."""
+    return QuotaRefundCall(QuotaTakeCall(keys, tenant_id, 0, 0, 0, tpm), counted=False, tokens=tokens)

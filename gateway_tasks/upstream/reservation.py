@@ -11,9 +11,10 @@ A task holds tokens it may not use:
 ``Reservation.settle`` is the one place any of it goes back, in one round trip: the
 pool that served the call is settled to the upstream's usage (and follows the reply's
 rate-limit headers); every other debit is given back whole, except one a 429 drained
-(the upstream counted it); the tenant's TPM bucket gets what the call did not use --
-all of it when the task ends without a call, none while the task runs again (a requeue
-or another dispatch of it still holds it).
+(the upstream counted it); the tenant's TPM bucket is settled to the call's usage like the
+pool's (what it did not use back, what it used beyond the estimate charged) -- all of the
+estimate back when the task ends without a call, nothing while the task runs again (a
+requeue or another dispatch of it still holds it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Sequence
 import redis
 
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.tenants.quota import tpm_refund
+from gateway_tasks.tenants.quota import tpm_settle
 from gateway_tasks.core.scripts import ScriptCall, scripts_for
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.bucket.pool_bucket import LEARN_EWMA_WEIGHT, remaining_from_headers
@@ -104,9 +105,11 @@ class Reservation:
         if used is not None and served_at < 0:   # served without a debit here (not dispatched by pick.lua)
             served_at = len(calls)
             calls.append(self._settle_used(Debit(used.pool, 0, False, None, None), used))
+        # the tenant's bucket settled to the usage: what the call did not use back, what it used
+        # beyond the estimate charged (n choices, an overrun of a learned completion length)
         unused = self.tenant_tokens - (used.reply.total_tokens if used is not None else 0)
-        if self.tenant_tpm and unused > 0 and (ends or used is not None):
-            calls.append(tpm_refund(self.keys, self.tenant_id, unused, self.tenant_tpm))
+        if self.tenant_tpm and unused != 0 and (used is not None or (ends and unused > 0)):
+            calls.append(tpm_settle(self.keys, self.tenant_id, unused, self.tenant_tpm))
         if not calls and not also and not reads:
             return Settlement(None, [], [])
         self.debits = []

@@ -236,6 +236,12 @@ class Keys:
         return f"{self.prefix}{{overload}}:samples"
 
     @property
+    def overload_held(self) -> str:
+        """Hash: tenant -> JSON {level, until_ms, reason} of the tenants held at the level they
+        cause (gateway_tasks/overload/attribution.py) -- lua/overload/commit.lua."""
+        return f"{self.prefix}{{overload}}:held"
+
+    @property
     def dispatch_stats(self) -> str:
         """Hash: dispatcher round trips (picks, waits, dispatched), flushed by every worker."""
         return f"{self.prefix}dispatch"

@@ -253,6 +253,11 @@ class Overload:
     # model -> fallback model (a pool's fallback_model covers the models not listed)
     fallback_models: tuple[tuple[str, str], ...] = (("claude-sonnet-4-6", "claude-haiku-4-5-20251001"),
                                                     ("gpt-4o", "gpt-4o-mini"), ("deepseek-r1", "deepseek-v3"))
+    # per-tenant attribution (gateway_tasks/overload/attribution.py): at most this many tenants
+    # over their fair share, holding together at least held_demand_share of a pool's demand, are
+    # held at the level they cause instead of the deployment (0 = off)
+    held_tenants_max: int = 3
+    held_demand_share: float = 0.5
 
     def validate(self) -> "Overload":
         w = "overload"
@@ -276,6 +281,9 @@ class Overload:
         _require(len(self.max_tokens_caps) == MAX_LEVEL and all(c >= 0 for c in self.max_tokens_caps),
                  w, "max_tokens_caps", self.max_tokens_caps,
                  f"{MAX_LEVEL} caps >= 0 (L1..L4; 0 = no cap)")
+        _require(isinstance(self.held_tenants_max, int) and self.held_tenants_max >= 0, w, "held_tenants_max",
+                 self.held_tenants_max, "an integer >= 0 (0 = no tenant is held apart)")
+        _require(0 < self.held_demand_share <= 1, w, "held_demand_share", self.held_demand_share, "in (0, 1]")
         for pair in self.fallback_models:
             _require(len(pair) == 2 and all(isinstance(m, str) and m for m in pair) and pair[0] != pair[1],
                      w, "fallback_models", pair, "model = \"another model\"")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import redis
@@ -29,7 +29,8 @@ from celery.signals import worker_ready, worker_shutdown
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.dispatch.index_entry import IndexEntry, mean_est_tokens, tenant_range
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.overload.levels import QueuedWork, Signals, baseline, hysteresis, measure, target_level
+from gateway_tasks.overload.attribution import Held, TenantDemand, attribute, hold_tenants
+from gateway_tasks.overload.levels import QueuedWork, Signals, baseline, hysteresis, measure, tier_latency_s
 from gateway_tasks.overload.state import HISTORY_MAX, LoadState, parse_state
 from gateway_tasks.core.scripts import Scripts, layout, scripts_for
 from gateway_tasks.core.settings import Settings
@@ -71,12 +72,13 @@ class OverloadCommitCall:
     sample: dict[str, Any]
     samples_kept: int
     seen: tuple[int | None, ...]
+    held: dict[str, Held] = field(default_factory=dict)   # tenants held at the level they cause
 
     @property
     def script_keys(self) -> list[str]:
         k = self.keys
         return layout(self.SCRIPT).keys(state=k.overload_state, history=k.overload_history,
-                                        samples=k.overload_samples)
+                                        samples=k.overload_samples, held=k.overload_held)
 
     @property
     def script_args(self) -> list[str | int]:
@@ -84,6 +86,7 @@ class OverloadCommitCall:
             version=self.version, min_spacing_ms=self.min_spacing_ms, now_ms=self.now_ms, level=self.level,
             reason=self.reason, signals=json.dumps(self.signals), sample=json.dumps(self.sample),
             samples_kept=self.samples_kept, history_kept=HISTORY_MAX,
+            held_entries=json.dumps({t: json.dumps(h.to_json()) for t, h in self.held.items()}),
             level_k=[dict(seen="" if t is None else t) for t in self.seen])
 
     def parse(self, reply: Any) -> tuple[bool, int]:
@@ -102,6 +105,19 @@ class Counters:
     queued: dict[str, list[QueuedWork]]  # pool -> its tiers' queues (depth, tokens, tenants in line)
     state: LoadState
     samples: list[Any]                  # the stored samples
+    tenants: dict[str, "PoolTenants"] = field(default_factory=dict)   # pool -> what its tenants ask
+    held: dict[str, Held] = field(default_factory=dict)               # the tenants held now
+
+
+@dataclass(frozen=True)
+class PoolTenants:
+    """What one pool's tenants ask of it, as a tick reads it: each tier's queue (its depth,
+    a sample of its index entries, its tenants in line), the tasks in flight per tenant and
+    the tenants parked at their cap (tenant -> tier)."""
+
+    queues: list[tuple[str, int, list[bytes], int]]   # (tier, depth, sampled entries, tenants in line)
+    in_flight: dict[str, int]
+    parked: dict[str, str]
 
 
 def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counters:
@@ -116,6 +132,9 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
                 pipe.zrandmember(keys.index(pool.name, tier.name), TOKENS_SAMPLE)
             for tier in settings.tiers:
                 pipe.zcard(keys.active(pool.name, tier.name))   # its tenants in line
+            pipe.hgetall(keys.inflight(pool.name))              # tasks in flight per tenant
+            pipe.hgetall(keys.parked(pool.name))                # tenants at their cap -> tier
+        pipe.hgetall(keys.overload_held)
         pipe.hgetall(keys.overload_state)
         pipe.lrange(keys.overload_samples, 0, -1)
         replies = pipe.execute()
@@ -126,6 +145,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
              for t in settings.tiers}
     depth = 0
     queued: dict[str, list[QueuedWork]] = {}
+    tenants: dict[str, PoolTenants] = {}
     i = 1
     for pool in settings.pools:
         stats = {k.decode(): v for k, v in replies[i].items()}
@@ -146,7 +166,15 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
             QueuedWork(t.name, d, mean_est_tokens(entries or []) or 0.0, int(in_line), t.max_concurrency_per_tenant)
             for t, d, entries, in_line in zip(settings.tiers, depths, replies[i + 1 + n:i + 1 + 2 * n],
                                               replies[i + 1 + 2 * n:i + 1 + 3 * n])]
-        i += 1 + 3 * n
+        in_flight, parked = replies[i + 1 + 3 * n], replies[i + 2 + 3 * n]
+        tenants[pool.name] = PoolTenants(
+            [(t.name, d, list(entries or []), int(in_line))
+             for t, d, entries, in_line in zip(settings.tiers, depths, replies[i + 1 + n:i + 1 + 2 * n],
+                                               replies[i + 1 + 2 * n:i + 1 + 3 * n])],
+            {k.decode(): int(v) for k, v in in_flight.items() if int(v) > 0},
+            {k.decode(): v.decode() for k, v in parked.items()})
+        i += 3 + 3 * n
+    held = parse_held(replies[-3])
     state = parse_state(replies[-2])
     samples = []
     for raw in replies[-1]:
@@ -154,7 +182,64 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
             samples.append(json.loads(raw))
         except ValueError:
             continue
-    return Counters({"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, queued, state, samples)
+    return Counters({"ts_ms": now_ms, "pools": pools, "tiers": tiers}, depth, queued, state, samples,
+                    tenants, held)
+
+
+def parse_held(raw: dict[bytes, bytes]) -> dict[str, Held]:
+    """The held tenants as stored (``Keys.overload_held``); unreadable entries left out."""
+    out = {}
+    for tenant, value in raw.items():
+        try:
+            h = json.loads(value)
+            out[tenant.decode()] = Held(int(h["level"]), int(h["until_ms"]), str(h.get("reason", "")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def tenant_demand(settings: Settings, tenants: dict[str, PoolTenants], window_s: float,
+                  latency_s: dict[str, float | None], ages: dict[tuple[str, str], float]) -> list[TenantDemand]:
+    """Each tenant's demand on each pool over the next window: its tasks in flight and those
+    of its queue it can start within the window (as ``levels.startable_tasks`` counts a
+    queue: at most its cap's slots, each window / latency tasks; nothing more while it is
+    parked at its cap), in estimated tokens.  A queue's tenants are read from its sample of
+    index entries, scaled to its depth; ``ages``: (pool, tenant) -> its oldest task's age."""
+    caps = {t.name: t.max_concurrency_per_tenant for t in settings.tiers}
+    out = []
+    for pool, pt in tenants.items():
+        count: dict[str, float] = {}
+        tokens: dict[str, float] = {}
+        tier_of: dict[str, str] = dict(pt.parked)
+        means: dict[str, float] = {}
+        for tier, depth, entries, _ in pt.queues:
+            decoded = []
+            for raw in entries:
+                try:
+                    decoded.append(IndexEntry.decode(raw))
+                except (ValueError, UnicodeDecodeError):
+                    continue
+            if not decoded:
+                continue
+            scale = max(1.0, depth / len(decoded))
+            means[tier] = sum(e.est_tokens for e in decoded) / len(decoded)
+            for e in decoded:
+                count[e.tenant] = count.get(e.tenant, 0.0) + scale
+                tokens[e.tenant] = tokens.get(e.tenant, 0.0) + e.est_tokens * scale
+                tier_of[e.tenant] = tier
+        pool_mean = sum(tokens.values()) / sum(count.values()) if count else 0.0
+        for tenant in set(count) | set(pt.in_flight):
+            tier = tier_of.get(tenant, "")
+            queued = count.get(tenant, 0.0)
+            mean = tokens[tenant] / queued if queued else means.get(tier, pool_mean)
+            latency = latency_s.get(tier)
+            per_slot = max(1.0, window_s / latency) if latency else 1.0
+            cap = caps.get(tier, 0)
+            startable = 0.0 if tenant in pt.parked else (min(queued, cap * per_slot) if cap else queued)
+            flying = pt.in_flight.get(tenant, 0)
+            out.append(TenantDemand(tenant, pool, tier, (startable + flying) * mean, queued, flying,
+                                    ages.get((pool, tenant), 0.0)))
+    return out
 
 
 def oldest_waits(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
@@ -162,25 +247,34 @@ def oldest_waits(client: redis.Redis, keys: Keys, settings: Settings, now_ms: in
     """Per tier, the age of the oldest queued task among the ``front`` tenants next in line
     in each pool (their heads: each tenant's oldest task), in two round trips.  A bound on
     the tier's oldest wait that costs O(front log n), whatever the number of tenants."""
+    return head_ages(client, keys, settings, now_ms, front)[0]
+
+
+def head_ages(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
+              front: int = FRONT_TENANTS) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """``oldest_waits``, and the age of each of those tenants' oldest task: (pool, tenant) -> ms."""
     pairs = [(p.name, t.name) for p in settings.pools for t in settings.tiers]
     with client.pipeline(transaction=False) as pipe:
         for pool, tier in pairs:
             pipe.zrange(keys.active(pool, tier), 0, front - 1)
         fronts = pipe.execute()
-    heads: list[str] = []
+    heads: list[tuple[str, str, str]] = []     # (pool, tier, tenant)
     with client.pipeline(transaction=False) as pipe:
         for (pool, tier), tenants in zip(pairs, fronts):
             for tenant in tenants:
-                lo, hi = tenant_range(tenant.decode())
-                pipe.zrangebylex(keys.index(pool, tier), lo, hi, start=0, num=1)
-                heads.append(tier)
+                heads.append((pool, tier, tenant.decode()))
+        for pool, tier, tenant in heads:
+            lo, hi = tenant_range(tenant)
+            pipe.zrangebylex(keys.index(pool, tier), lo, hi, start=0, num=1)
         found = pipe.execute() if heads else []
     out: dict[str, float] = {}
-    for tier, head in zip(heads, found):
+    ages: dict[tuple[str, str], float] = {}
+    for (pool, tier, tenant), head in zip(heads, found):
         if head:
             age = max(0.0, float(now_ms - IndexEntry.decode(head[0]).enqueued_ms))
+            ages[(pool, tenant)] = age
             out[tier] = max(out.get(tier, 0.0), age)
-    return out
+    return out, ages
 
 
 class OverloadController:
@@ -202,16 +296,23 @@ class OverloadController:
         now_ms = int(sample["ts_ms"])
         window_ms = int(o.window_s * 1000)
         tpm = {p.name: float(p.tpm) for p in self.settings.pools}
-        oldest = oldest_waits(self.client, self.keys, self.settings, now_ms)
-        signals = measure(sample, baseline(read.samples, now_ms, window_ms), tpm, read.depth, o.error_min_calls,
-                          oldest, read.queued, o.window_s)
-        target, reason = target_level(signals, o, {t.name: t.max_wait_ms for t in self.settings.tiers})
-        seen, level = hysteresis(state.seen, target, now_ms, int(o.hold_s * 1000))
+        oldest, ages = head_ages(self.client, self.keys, self.settings, now_ms)
+        old = baseline(read.samples, now_ms, window_ms)
+        signals = measure(sample, old, tpm, read.depth, o.error_min_calls, oldest, read.queued, o.window_s)
+        demand = tenant_demand(self.settings, read.tenants, o.window_s, tier_latency_s(sample, old), ages)
+        present = {pool: {tier: in_line + sum(1 for t in pt.parked.values() if t == tier)
+                          for tier, _, _, in_line in pt.queues} for pool, pt in read.tenants.items()}
+        found = attribute(signals, demand, o, {t.name: t.max_wait_ms for t in self.settings.tiers},
+                          {t.name: t.share for t in self.settings.tiers}, present)
+        target, reason = found.level, found.reason
+        hold_ms = int(o.hold_s * 1000)
+        seen, level = hysteresis(state.seen, target, now_ms, hold_ms)
         if level > target:
             reason = f"holding L{level} for {o.hold_s:g} s after its last trigger; now: {reason}"
+        held = {t: h for t, h in hold_tenants(read.held, found.held, now_ms, hold_ms).items() if h.level > level}
         kept = int(o.window_s / o.tick_s) + EXTRA_SAMPLES
         call = OverloadCommitCall(self.keys, state.version, int(o.tick_s * 800), now_ms, level, reason,
-                                  signals.to_json(), sample, kept, seen)
+                                  signals.to_json(), sample, kept, seen, held)
         return call, signals, state
 
     def tick(self) -> Decision:

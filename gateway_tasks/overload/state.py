@@ -67,6 +67,32 @@ def read_level(client: redis.Redis, keys: Keys) -> int:
     return min(MAX_LEVEL, max(0, _int(client.hget(keys.overload_state, "level"))))
 
 
+def tenant_level(level: int, reason: str, held: bytes | str | None) -> tuple[int, str]:
+    """The level a tenant's new work sees: the deployment's, or the level the tenant is held
+    at (its entry in ``Keys.overload_held``: gateway_tasks/overload/attribution.py) when higher."""
+    if not held:
+        return level, reason
+    try:
+        entry = json.loads(held)
+        own = min(MAX_LEVEL, max(0, int(entry["level"])))
+    except (ValueError, KeyError, TypeError):
+        return level, reason
+    if own <= level:
+        return level, reason
+    return own, str(entry.get("reason") or f"this tenant is held at L{own}")
+
+
+def read_held(client: redis.Redis, keys: Keys) -> dict[str, dict[str, Any]]:
+    """The tenants held at the level they cause: tenant -> {level, until_ms, reason}."""
+    out = {}
+    for tenant, raw in client.hgetall(keys.overload_held).items():
+        try:
+            out[tenant.decode()] = json.loads(raw)
+        except ValueError:
+            continue
+    return out
+
+
 def read_history(client: redis.Redis, keys: Keys, n: int = 50) -> list[dict[str, Any]]:
     """The last ``n`` level changes, oldest first."""
     out = []

@@ -7,7 +7,7 @@ runs named steps, in order:
     validate      the arguments that need no Redis (deadline, extra_body, lane; messages and
                   extra_body as JSON: nesting depth, lone surrogates, NaN/Infinity)
     claim         the task id; one round trip: the tenant's record, the task's owner written
-                  ahead, the load level
+                  ahead, the load level (or the higher one the tenant is held at)
     behalf        on_behalf_of: the live task this work is for, its tier and owner
     estimate      messages checked, tokens estimated, the load level's actions (defer,
                   degrade) at the effective tier (its own, or the higher one it works on
@@ -48,6 +48,7 @@ from gateway_tasks.upstream.health import choose_pool, read_health
 from gateway_tasks.core.keys import learned_field
 from gateway_tasks.dispatch.lanes import lane_for
 from gateway_tasks.overload.actions import degrade, deferral
+from gateway_tasks.overload.state import tenant_level
 from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.dispatch.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.scripts import scripts_for
@@ -167,7 +168,7 @@ class Submission:
         self.task_id = str(uuid.uuid4())
         if a.idempotency_key is not None:
             self.task_id = self._keyed_id(a.tenant_id)
-        record, owned, stored, level = {}, False, None, [None, None]
+        record, owned, stored, level, held = {}, False, None, [None, None], None
         if isinstance(a.tenant_id, str):
             guess = self.gw.owner_tags.get(a.tenant_id, a.tenant_id)
             owner_key = self.keys.task_owner(self.task_id)
@@ -176,7 +177,8 @@ class Submission:
                 pipe.set(owner_key, guess, ex=self.settings.result_ttl_s, nx=True)
                 pipe.get(owner_key)
                 pipe.hmget(self.keys.overload_state, "level", "reason")
-                record, owned, stored, level = pipe.execute()
+                pipe.hget(self.keys.overload_held, a.tenant_id)
+                record, owned, stored, level, held = pipe.execute()
             if record:
                 tag = TenantRegistry.from_record(a.tenant_id, record).owner_tag
                 self.gw.owner_tags[a.tenant_id] = tag
@@ -190,6 +192,8 @@ class Submission:
             owner_key = self.keys.task_owner(self.task_id)
             self._undos.append(lambda: self.r.delete(owner_key))
         level_now, reason = self.gw._level_of(level)
+        if self.settings.overload.enabled:   # a tenant held at the level it causes sees that level
+            level_now, reason = tenant_level(level_now, reason, held)
         return record, level_now, reason
 
     def _keyed_id(self, owner: str) -> str:

@@ -6,12 +6,16 @@
 -- KEYS[1] state: hash (level, version, ts_ms, since_ms, reason, signals, seen:<k>, changes)
 -- KEYS[2] history: list (JSON level changes, newest first)
 -- KEYS[3] samples: list (JSON counter samples, newest first)
+-- KEYS[4] held: hash (tenant -> JSON {level, until_ms, reason}: the tenants held at the level
+--         they cause, gateway_tasks/overload/attribution.py), replaced whole by each decision
 -- ARGV[1] version: the state version the decision was computed from (compare-and-set)
 -- ARGV[2] min_spacing_ms: least ms between two decisions (one decided more recently: refused)
 -- ARGV[3] now_ms: the decision's time (Redis TIME, read by the worker; also the sample's)
 -- ARGV[4] level: the new level   ARGV[5] reason: its reason   ARGV[6] signals (JSON)
 -- ARGV[7] sample: the counter sample (JSON)   ARGV[8] samples_kept
--- ARGV[9] history_kept: history entries kept   ARGV[10] L: levels
+-- ARGV[9] history_kept: history entries kept
+-- ARGV[10] held_entries: JSON object tenant -> its held entry (JSON text); {} = nobody held
+-- ARGV[11] L: levels
 -- ARGV[..] per level_k (L): seen
 --   seen:<k> for k = 1..L ('' = never)
 --
@@ -41,6 +45,10 @@ if new ~= old then
   redis.call('HINCRBY', KEYS[K_state], 'changes', 1)
   redis.call('LPUSH', KEYS[K_history], cjson.encode({ts_ms = now, from = old, to = new, reason = ARGV[A_reason]}))
   redis.call('LTRIM', KEYS[K_history], 0, tonumber(ARGV[A_history_kept]) - 1)
+end
+redis.call('DEL', KEYS[K_held])
+for tenant, entry in pairs(cjson.decode(ARGV[A_held_entries])) do
+  redis.call('HSET', KEYS[K_held], tenant, entry)
 end
 redis.call('LPUSH', KEYS[K_samples], ARGV[A_sample])
 redis.call('LTRIM', KEYS[K_samples], 0, tonumber(ARGV[A_samples_kept]) - 1)

@@ -256,7 +256,7 @@ class Overload:
     # per-tenant attribution (gateway_tasks/overload/attribution.py): at most this many tenants
     # over their fair share, holding together at least held_demand_share of a pool's demand, are
     # held at the level they cause instead of the deployment (0 = off)
-    held_tenants_max: int = 3
+    held_tenants_max: int = 1
     held_demand_share: float = 0.5
 
     def validate(self) -> "Overload":

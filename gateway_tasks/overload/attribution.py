@@ -8,14 +8,15 @@ deferred or degraded for it.  So each tick the controller also reads each tenant
 each pool (``TenantDemand``: its tasks in flight and those of its queue it can start within
 the window, in estimated tokens) and ``attribute`` asks:
 
-* which tenants are over their fair share of a pool: their part of the pool's demand
-  (``share``) above the share the pool's tier shares give them (``fair_share``: the tier's
-  share among the tiers present, split evenly among the tier's tenants present);
+* which tenants are over their fair share of a pool: their demand over the window above the
+  part of the pool's capacity the tier shares give them (``fair_share``: the tier's share,
+  split evenly among the tier's tenants there) -- a tenant alone on a pool still has only
+  its tier's share: the others' is theirs when they come;
 * whether a few of them (at most ``Overload.held_tenants_max``, largest excess first) hold
-  most of a pool's demand (``Overload.held_demand_share``) and, their excess taken out of
-  the signals (``without``), the level falls.
+  most of a pool's demand (``Overload.held_demand_share``) and, their demand taken out of
+  the signals (``without``: the signals the other tenants make), the level falls.
 
-If so, the deployment's level is the one without their excess, and those tenants are
+If so, the deployment's level is the one the other tenants cause, and those tenants are
 *held* at the level they alone ask for: their own new work sees that level's actions (the
 producer applies max(deployment level, tenant's held level)), while their queued work
 waits behind their concurrency cap in fair order.  Many tenants together over their
@@ -52,13 +53,14 @@ class Excess:
     pool: str
     tier: str
     share: float               # its part of the pool's demand
-    fair: float                # its fair share
+    use: float                 # its demand / the pool's capacity over the window
+    fair: float                # its fair share of that capacity
     queued: float
     in_flight: int
 
     @property
     def over(self) -> float:
-        return max(0.0, self.share - self.fair)
+        return max(0.0, self.use - self.fair)
 
 
 @dataclass(frozen=True)
@@ -75,27 +77,29 @@ class Held:
 
 @dataclass(frozen=True)
 class Attribution:
-    level: int                 # the deployment's target level, held tenants' excess left out
+    level: int                 # the deployment's target level, held tenants' demand left out
     reason: str
     held: dict[str, Held] = field(default_factory=dict)   # tenants held this tick (until_ms 0)
     asked: int = 0             # the level every signal together asks for
 
 
 def fair_share(tier: str, tenants_per_tier: Mapping[str, int], tier_shares: Mapping[str, float]) -> float:
-    """A tenant's fair share of a pool: its tier's share among the tiers with tenants there,
-    split evenly among the tier's tenants (0 for an unknown tier)."""
-    present = {t: n for t, n in tenants_per_tier.items() if n > 0 and tier_shares.get(t, 0) > 0}
-    total = sum(tier_shares[t] for t in present)
-    if tier not in present or total <= 0:
+    """A tenant's fair share of a pool's capacity: its tier's share (of every tier's: the
+    other tiers' shares wait for their tenants, as the fair pick keeps them), split evenly
+    among the tier's tenants there (0 for an unknown tier)."""
+    total = sum(v for v in tier_shares.values() if v > 0)
+    n = tenants_per_tier.get(tier, 0)
+    if total <= 0 or n <= 0 or tier_shares.get(tier, 0) <= 0:
         return 0.0
-    return tier_shares[tier] / total / present[tier]
+    return tier_shares[tier] / total / n
 
 
 def excesses(demand: Sequence[TenantDemand], tier_shares: Mapping[str, float],
-             tenants_per_tier: Mapping[str, Mapping[str, int]]) -> list[Excess]:
-    """Every judged tenant's share and fair share of each pool it asks of (pools with no
-    demand left out).  ``tenants_per_tier``: pool -> tier -> tenants present (at least those
-    in ``demand``)."""
+             tenants_per_tier: Mapping[str, Mapping[str, int]], capacity: Mapping[str, float]) -> list[Excess]:
+    """Every judged tenant's part of each pool's demand, its use of the pool's capacity over
+    the window (``capacity``: pool -> tokens) and its fair share of it (pools with no demand
+    or capacity left out).  ``tenants_per_tier``: pool -> tier -> tenants there (at least
+    those in ``demand``)."""
     totals: dict[str, float] = {}
     seen: dict[str, dict[str, int]] = {}
     for d in demand:
@@ -105,28 +109,30 @@ def excesses(demand: Sequence[TenantDemand], tier_shares: Mapping[str, float],
             seen[d.pool][d.tier] += 1
     out = []
     for d in demand:
-        if not d.tier or totals[d.pool] <= 0:
+        cap = capacity.get(d.pool, 0.0)
+        if not d.tier or totals[d.pool] <= 0 or cap <= 0:
             continue
-        counts = {t: max(n, (tenants_per_tier.get(d.pool) or {}).get(t, 0)) for t, n in seen[d.pool].items()}
-        for t, n in (tenants_per_tier.get(d.pool) or {}).items():
-            counts.setdefault(t, n)
-        out.append(Excess(d.tenant, d.pool, d.tier, d.tokens / totals[d.pool],
+        counts = dict(tenants_per_tier.get(d.pool) or {})
+        for t, n in seen[d.pool].items():
+            counts[t] = max(n, counts.get(t, 0))
+        out.append(Excess(d.tenant, d.pool, d.tier, d.tokens / totals[d.pool], d.tokens / cap,
                           fair_share(d.tier, counts, tier_shares), d.queued, d.in_flight))
     return out
 
 
 def without(signals: Signals, held: Sequence[Excess], demand: Sequence[TenantDemand]) -> Signals:
-    """The signals with the held tenants' excess taken out: a pool's utilisation and backlog
-    lose their excess part of its demand, the queue depth their queued tasks over their share,
-    a tier's oldest wait is the oldest among the other tenants, and a tier's mean dispatch
-    wait is not judged when the held tenants run most of its tasks in flight."""
+    """The signals as the other tenants make them, the held tenants' demand taken out: a
+    pool's utilisation and backlog lose the held tenants' part of its demand, the queue depth
+    their queued tasks, a tier's oldest wait is the oldest among the other tenants, and a
+    tier's mean dispatch wait is not judged when the held tenants run most of its tasks in
+    flight."""
     names = {e.tenant for e in held}
-    over: dict[str, float] = {}
+    theirs: dict[str, float] = {}
     for e in held:
-        over[e.pool] = min(1.0, over.get(e.pool, 0.0) + e.over)
-    util = {p: round(u * (1.0 - over.get(p, 0.0)), 4) for p, u in signals.utilisation.items()}
-    backlog = {p: round(b * (1.0 - over.get(p, 0.0)), 2) for p, b in signals.backlog_s.items()}
-    depth = signals.queue_depth - sum(e.queued * (e.over / e.share) for e in held if e.share > 0)
+        theirs[e.pool] = min(1.0, theirs.get(e.pool, 0.0) + e.share)
+    util = {p: round(u * (1.0 - theirs.get(p, 0.0)), 4) for p, u in signals.utilisation.items()}
+    backlog = {p: round(b * (1.0 - theirs.get(p, 0.0)), 2) for p, b in signals.backlog_s.items()}
+    depth = signals.queue_depth - sum(e.queued for e in held)
     oldest: dict[str, float] = {}
     for tier in signals.oldest_wait_ms:
         ages = [d.oldest_wait_ms for d in demand
@@ -145,13 +151,13 @@ def without(signals: Signals, held: Sequence[Excess], demand: Sequence[TenantDem
 
 def attribute(signals: Signals, demand: Sequence[TenantDemand], overload: Overload,
               max_wait_ms: Mapping[str, float], tier_shares: Mapping[str, float],
-              tenants_per_tier: Mapping[str, Mapping[str, int]]) -> Attribution:
+              tenants_per_tier: Mapping[str, Mapping[str, int]], capacity: Mapping[str, float]) -> Attribution:
     """The deployment's target level with the few tenants that cause it held back (see the
     module's docstring); nobody held when the level does not fall without them."""
     asked, reason = target_level(signals, overload, max_wait_ms)
     if asked == 0 or overload.held_tenants_max <= 0:
         return Attribution(asked, reason, {}, asked)
-    over = sorted((e for e in excesses(demand, tier_shares, tenants_per_tier) if e.over > 0),
+    over = sorted((e for e in excesses(demand, tier_shares, tenants_per_tier, capacity) if e.over > 0),
                   key=lambda e: (-e.over, e.tenant))
     candidates: list[str] = []
     for e in over:
@@ -171,9 +177,10 @@ def attribute(signals: Signals, demand: Sequence[TenantDemand], overload: Overlo
         out = {}
         for name in candidates[:k]:
             e = max((x for x in held if x.tenant == name), key=lambda x: x.over)
-            out[name] = Held(asked, 0, f"tenant {name} ({e.tier}) asks for {e.share:.0%} of pool "
-                                       f"{e.pool}'s demand, over its fair share of {e.fair:.0%}: "
-                                       f"held at L{asked} ({reason})")
+            out[name] = Held(asked, 0, f"tenant {name} ({e.tier}) asks for {e.use:.0%} of pool "
+                                       f"{e.pool}'s capacity over the window ({e.share:.0%} of its "
+                                       f"demand), over its fair share of {e.fair:.0%}: held at "
+                                       f"L{asked} ({reason})")
         names_text = ", ".join(candidates[:k])
         return Attribution(level, f"{why} (L{asked} without holding back {names_text})", out, asked)
     return Attribution(asked, reason, {}, asked)

@@ -303,7 +303,8 @@ class OverloadController:
         present = {pool: {tier: in_line + sum(1 for t in pt.parked.values() if t == tier)
                           for tier, _, _, in_line in pt.queues} for pool, pt in read.tenants.items()}
         found = attribute(signals, demand, o, {t.name: t.max_wait_ms for t in self.settings.tiers},
-                          {t.name: t.share for t in self.settings.tiers}, present)
+                          {t.name: t.share for t in self.settings.tiers}, present,
+                          {p.name: p.tpm * o.window_s / 60.0 for p in self.settings.pools})
         target, reason = found.level, found.reason
         hold_ms = int(o.hold_s * 1000)
         seen, level = hysteresis(state.seen, target, now_ms, hold_ms)

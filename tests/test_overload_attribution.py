@@ -13,6 +13,7 @@ from gateway_tasks.overload.attribution import Held, TenantDemand, attribute, fa
 from gateway_tasks.overload.controller import OverloadController
 from gateway_tasks.overload.levels import Signals, target_level
 from gateway_tasks.overload.state import read_held, read_state
+from gateway_tasks.overload.status import deployment_status, format_status
 
 O = Overload()
 CAP = {"p": 100_000.0}       # tokens over the window: 600k TPM x 10 s
@@ -47,7 +48,7 @@ def test_one_tenant_over_its_share_is_held_and_the_deployment_is_not():
     assert set(got.held) == {"whale"} and got.held["whale"].level == 3
     assert "whale (vip) asks for 6000% of pool p's capacity over the window (100% of its demand), " \
            "over its fair share of 70%" in got.held["whale"].reason
-    assert "without holding back whale" in got.reason
+    assert "without holding back 1 tenant over its fair share" in got.reason and "whale" not in got.reason
 
 
 def test_many_tenants_over_their_shares_are_a_genuine_overload():
@@ -119,7 +120,10 @@ def test_a_vip_flood_within_quota_defers_no_other_tenant(make_gateway, settings)
     assert decision.level < 3, decision.reason
     held = read_held(gw.r, gw.keys)
     assert set(held) == {"whale"} and held["whale"]["level"] == 3
-    assert "without holding back whale" in read_state(gw.r, gw.keys).reason
+    assert "without holding back 1 tenant" in read_state(gw.r, gw.keys).reason
+    assert "whale" not in str(deployment_status(gw.r, gw.settings, tenant_id="small"))   # no other tenant's id
+    assert deployment_status(gw.r, gw.settings, tenant_id="whale")["held"]["whale"]["level"] == 3
+    assert "held tenants" in format_status(deployment_status(gw.r, gw.settings))
     gw.submit("small", "a small batch job", max_tokens=50)          # not deferred
     gw.submit("whale", "one more", max_tokens=120_000)              # vip: never deferred; it queues
 

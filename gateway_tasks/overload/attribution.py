@@ -181,8 +181,10 @@ def attribute(signals: Signals, demand: Sequence[TenantDemand], overload: Overlo
                                        f"{e.pool}'s capacity over the window ({e.share:.0%} of its "
                                        f"demand), over its fair share of {e.fair:.0%}: held at "
                                        f"L{asked} ({reason})")
-        names_text = ", ".join(candidates[:k])
-        return Attribution(level, f"{why} (L{asked} without holding back {names_text})", out, asked)
+        # the deployment's reason is read by every tenant: it names no tenant
+        held_text = "1 tenant" if k == 1 else f"{k} tenants"
+        return Attribution(level, f"{why} (L{asked} without holding back {held_text} over its fair share)",
+                           out, asked)
     return Attribution(asked, reason, {}, asked)
 
 

@@ -11,7 +11,7 @@ import redis
 
 from gateway_tasks.upstream.health import read_health
 from gateway_tasks.core.keys import Keys
-from gateway_tasks.overload.state import read_history, read_state
+from gateway_tasks.overload.state import read_held, read_history, read_state
 from gateway_tasks.core.settings import Settings
 
 
@@ -30,7 +30,11 @@ def tier_actions(settings: Settings, level: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def deployment_status(client: redis.Redis, settings: Settings, history: int = 20) -> dict[str, Any]:
+def deployment_status(client: redis.Redis, settings: Settings, history: int = 20,
+                      tenant_id: str | None = None) -> dict[str, Any]:
+    """The load level, its signals, the tiers' actions, the pools and the history; ``held``:
+    the tenants held at the level they cause -- every one (the operator's view) or, with
+    ``tenant_id``, only that tenant's own entry (a tenant never sees another's id)."""
     keys = Keys(settings.key_prefix)
     state = read_state(client, keys)
     health = read_health(client, keys, settings.pools)
@@ -64,6 +68,7 @@ def deployment_status(client: redis.Redis, settings: Settings, history: int = 20
         "tiers": tier_actions(settings, state.level),
         "pools": pools,
         "history": read_history(client, keys, history),
+        "held": {t: h for t, h in read_held(client, keys).items() if tenant_id is None or t == tenant_id},
     }
 
 
@@ -106,6 +111,10 @@ def format_status(status: dict[str, Any]) -> str:
         backups = f", backups {','.join(p['backup_pools'])}" if p["backup_pools"] else ""
         lines.append(f"  {name:<10} circuit {p['circuit']}{extra}, bucket {p['bucket_tokens']:.0f}/"
                      f"{p['token_capacity']:.0f} tokens{backups}")
+    if status.get("held"):
+        lines.append("held tenants (at the level they cause, over their fair share):")
+        for name, h in sorted(status["held"].items()):
+            lines.append(f"  {name:<10} L{h.get('level')}: {h.get('reason', '')}")
     if status["history"]:
         lines.append("level changes (oldest first):")
         for h in status["history"]:

@@ -189,7 +189,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/v1/status", name="status")
     def status(tenant: TenantDep) -> dict[str, Any]:
-        return deployment_status(gateway.r, gateway.settings)
+        return deployment_status(gateway.r, gateway.settings, tenant_id=tenant.tenant_id)
 
     @app.get("/healthz", name="healthz")
     def healthz() -> JSONResponse:

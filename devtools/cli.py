@@ -24,6 +24,7 @@ examples:
   gateway-dev bench --quick             the router benchmark at small sizes (make bench: full)
   gateway-dev bench-fairness --check    the noisy-neighbour bench, exit 1 on a missed target
   gateway-dev cron-bench --storm        the cron storm end to end (make bench-beat)
+  gateway-dev bench-abuse --quick       one tenant flooding beside a victim of each tier
   gateway-dev chaos --quick             the fault suite at test sizes (make chaos: full)
 
 run `gateway-dev COMMAND --help` for a command's options."""
@@ -37,6 +38,7 @@ COMMAND_MODULES = (
     "devtools.bench.lifecycle",  # bench-lifecycle
     "devtools.bench.inherit",    # bench-inherit
     "devtools.bench.overload",   # bench-overload
+    "devtools.bench.abuse",      # bench-abuse
     "devtools.bench.beat",       # cron-bench
     "devtools.bench.demand",     # bench-demand
     "devtools.chaos.command",    # chaos

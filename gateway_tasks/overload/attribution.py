@@ -123,9 +123,8 @@ def excesses(demand: Sequence[TenantDemand], tier_shares: Mapping[str, float],
 def without(signals: Signals, held: Sequence[Excess], demand: Sequence[TenantDemand]) -> Signals:
     """The signals as the other tenants make them, the held tenants' demand taken out: a
     pool's utilisation and backlog lose the held tenants' part of its demand, the queue depth
-    their queued tasks, a tier's oldest wait is the oldest among the other tenants, and a
-    tier's mean dispatch wait is not judged when the held tenants run most of its tasks in
-    flight."""
+    their queued tasks, a tier's oldest wait is the oldest among the other tenants, and the
+    mean dispatch wait of a held tenant's tier is not judged."""
     names = {e.tenant for e in held}
     theirs: dict[str, float] = {}
     for e in held:
@@ -139,12 +138,11 @@ def without(signals: Signals, held: Sequence[Excess], demand: Sequence[TenantDem
                 if d.tier == tier and d.tenant not in names and d.oldest_wait_ms > 0]
         if ages:
             oldest[tier] = max(ages)
-    waits = dict(signals.wait_ms)
-    for tier in waits:
-        flight = [d for d in demand if d.tier == tier and d.in_flight > 0]
-        theirs = sum(d.in_flight for d in flight if d.tenant in names)
-        if flight and theirs * 2 > sum(d.in_flight for d in flight):
-            waits[tier] = None
+    # a tier's mean dispatch wait is not split by tenant: the held tenants' own long waits
+    # (behind their cap and the bucket) would stand for the tier's, so it is not judged in
+    # their tiers -- the other tenants' waits are still judged there, by their oldest tasks
+    held_tiers = {e.tier for e in held}
+    waits = {tier: (None if tier in held_tiers else wait) for tier, wait in signals.wait_ms.items()}
     return replace(signals, utilisation=util, backlog_s=backlog, queue_depth=max(0, int(round(depth))),
                    oldest_wait_ms=oldest, wait_ms=waits)
 

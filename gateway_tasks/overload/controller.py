@@ -116,8 +116,23 @@ class PoolTenants:
     the tenants parked at their cap (tenant -> tier)."""
 
     queues: list[tuple[str, int, list[bytes], int]]   # (tier, depth, sampled entries, tenants in line)
-    in_flight: dict[str, int]
+    in_flight: dict[str, tuple[str, int, float]]       # tenant -> (tier, tasks, estimated tokens)
     parked: dict[str, str]
+
+
+def in_flight_of(values: Any) -> dict[str, tuple[str, int, float]]:
+    """Per tenant, its tasks in flight on a pool from the pool's dispatched hash
+    ('<tier>|<s>|<index entry>' per task): (tier, tasks, their estimated tokens)."""
+    out: dict[str, tuple[str, int, float]] = {}
+    for raw in values:
+        try:
+            tier, _, entry = raw.decode().split("|", 2)
+            e = IndexEntry.decode(entry)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        _, n, tokens = out.get(e.tenant, (tier, 0, 0.0))
+        out[e.tenant] = (tier, n + 1, tokens + e.est_tokens)
+    return out
 
 
 def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counters:
@@ -132,7 +147,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
                 pipe.zrandmember(keys.index(pool.name, tier.name), TOKENS_SAMPLE)
             for tier in settings.tiers:
                 pipe.zcard(keys.active(pool.name, tier.name))   # its tenants in line
-            pipe.hgetall(keys.inflight(pool.name))              # tasks in flight per tenant
+            pipe.hgetall(keys.dispatched(pool.name))            # tasks in flight: tier, entry
             pipe.hgetall(keys.parked(pool.name))                # tenants at their cap -> tier
         pipe.hgetall(keys.overload_held)
         pipe.hgetall(keys.overload_state)
@@ -171,7 +186,7 @@ def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counte
             [(t.name, d, list(entries or []), int(in_line))
              for t, d, entries, in_line in zip(settings.tiers, depths, replies[i + 1 + n:i + 1 + 2 * n],
                                                replies[i + 1 + 2 * n:i + 1 + 3 * n])],
-            {k.decode(): int(v) for k, v in in_flight.items() if int(v) > 0},
+            in_flight_of(in_flight.values()),
             {k.decode(): v.decode() for k, v in parked.items()})
         i += 3 + 3 * n
     held = parse_held(replies[-3])
@@ -200,8 +215,9 @@ def parse_held(raw: dict[bytes, bytes]) -> dict[str, Held]:
 
 def tenant_demand(settings: Settings, tenants: dict[str, PoolTenants], window_s: float,
                   latency_s: dict[str, float | None], ages: dict[tuple[str, str], float]) -> list[TenantDemand]:
-    """Each tenant's demand on each pool over the next window: its tasks in flight and those
-    of its queue it can start within the window (as ``levels.startable_tasks`` counts a
+    """Each tenant's demand on each pool over the next window: its tasks in flight (their
+    estimated tokens, from the pool's dispatched hash) and those of its queue it can start
+    within the window (as ``levels.startable_tasks`` counts a
     queue: at most its cap's slots, each window / latency tasks; nothing more while it is
     parked at its cap), in estimated tokens.  A queue's tenants are read from its sample of
     index entries, scaled to its depth; ``ages``: (pool, tenant) -> its oldest task's age."""
@@ -211,7 +227,6 @@ def tenant_demand(settings: Settings, tenants: dict[str, PoolTenants], window_s:
         count: dict[str, float] = {}
         tokens: dict[str, float] = {}
         tier_of: dict[str, str] = dict(pt.parked)
-        means: dict[str, float] = {}
         for tier, depth, entries, _ in pt.queues:
             decoded = []
             for raw in entries:
@@ -222,22 +237,20 @@ def tenant_demand(settings: Settings, tenants: dict[str, PoolTenants], window_s:
             if not decoded:
                 continue
             scale = max(1.0, depth / len(decoded))
-            means[tier] = sum(e.est_tokens for e in decoded) / len(decoded)
             for e in decoded:
                 count[e.tenant] = count.get(e.tenant, 0.0) + scale
                 tokens[e.tenant] = tokens.get(e.tenant, 0.0) + e.est_tokens * scale
                 tier_of[e.tenant] = tier
-        pool_mean = sum(tokens.values()) / sum(count.values()) if count else 0.0
         for tenant in set(count) | set(pt.in_flight):
-            tier = tier_of.get(tenant, "")
+            flight_tier, flying, flying_tokens = pt.in_flight.get(tenant, ("", 0, 0.0))
+            tier = tier_of.get(tenant) or flight_tier
             queued = count.get(tenant, 0.0)
-            mean = tokens[tenant] / queued if queued else means.get(tier, pool_mean)
+            mean = tokens[tenant] / queued if queued else 0.0
             latency = latency_s.get(tier)
             per_slot = max(1.0, window_s / latency) if latency else 1.0
             cap = caps.get(tier, 0)
             startable = 0.0 if tenant in pt.parked else (min(queued, cap * per_slot) if cap else queued)
-            flying = pt.in_flight.get(tenant, 0)
-            out.append(TenantDemand(tenant, pool, tier, (startable + flying) * mean, queued, flying,
+            out.append(TenantDemand(tenant, pool, tier, startable * mean + flying_tokens, queued, flying,
                                     ages.get((pool, tenant), 0.0)))
     return out
 

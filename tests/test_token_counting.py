@@ -86,13 +86,20 @@ def test_admission_estimates_every_field_n_and_max_completion_tokens(gw, make_ga
     assert gw.r.zcard(gw.keys.index("default", "vip")) == 1
 
 
-def test_rest_refuses_n_over_the_pools_max_n(client, gateway):
+def test_rest_refuses_n_over_the_pools_max_n_and_two_different_limits(client, gateway):
     key = gateway.register_tenant("acme", "vip")
     auth = {"Authorization": f"Bearer {key}"}
-    for path, body in (("/v1/tasks", {"messages": HELLO, "extra_body": {"n": 2}}),
-                       ("/v1/chat/completions", {"messages": HELLO, "n": 2})):
+    for path, body, says in (
+            ("/v1/tasks", {"messages": HELLO, "extra_body": {"n": 2}}, "max_n"),
+            ("/v1/chat/completions", {"messages": HELLO, "n": 2}, "max_n"),
+            ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 5, "max_completion_tokens": 9}, "differ"),
+            ("/v1/tasks", {"messages": HELLO, "max_tokens": 5, "extra_body": {"max_completion_tokens": 9}},
+             "differ")):
         resp = client.post(path, json=body, headers=auth)
-        assert resp.status_code == 400 and "max_n" in resp.json()["error"]["message"], resp.text
+        assert resp.status_code == 400 and says in resp.json()["error"]["message"], resp.text
+    resp = client.post("/v1/tasks", json={"messages": HELLO, "extra_body": {"max_completion_tokens": 9}},
+                       headers=auth)
+    assert resp.status_code == 202 and resp.json()["est_tokens"] - resp.json()["prompt_tokens"] == 9
 
 
 def test_the_tenant_bucket_is_settled_both_ways(r, settings):

@@ -144,11 +144,14 @@ def create_app(gateway: Gateway) -> FastAPI:
         if body.stream_options is not None and not body.stream:
             raise InvalidRequest("stream_options is only allowed with stream=true")
         idempotency_key = body.idempotency_key or request.headers.get("Idempotency-Key")
+        extras = body.upstream_extras()
+        if body.max_completion_tokens is not None:   # max_tokens by OpenAI's newer name (submit checks both)
+            extras["max_completion_tokens"] = body.max_completion_tokens
         handle = await run_in_threadpool(
             gateway.submit, tenant.tenant_id, [m.model_dump() for m in body.messages],
-            model=body.model, max_tokens=body.max_tokens or body.max_completion_tokens,
+            model=body.model, max_tokens=body.max_tokens,
             deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
-            extra_body=body.upstream_extras() or None, stream=body.stream)
+            extra_body=extras or None, stream=body.stream)
         timeout_s = sync_timeout_s(body.deadline_s, request.headers)
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
             return streaming_response(gateway, handle, body.include_usage(), timeout_s)

@@ -15,7 +15,7 @@ end-to-end latency (submit to result) before and during the flood, its deferrals
 held, Redis memory growth, and the flooder's outcome (tasks taken / refused by reason, crons
 registered / refused by status, huge prompts by status).
 
-    python -m devtools.bench.abuse [--quick] [--runs N] [--json] [--check]
+    python -m devtools.bench.abuse [--quick] [--runs N] [--attribution on|off] [--json] [--check]
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class AbuseSpec:
     huge_prompts: int = 6
     huge_prompt_bytes: int = 4_000_000
     runs: int = 3
+    attribution: bool = True            # False: overload.held_tenants_max = 0 (the level as before)
 
 
 QUICK = {"before_s": 5.0, "during_s": 12.0, "runs": 2, "flood_crons": 20, "huge_prompts": 3}
@@ -158,7 +159,8 @@ def one_run(base: Settings, redis_url: str, spec: AbuseSpec, sim_url: str, log_d
     # the victims keep to their quotas however long the bench runs: normal and batch tiers'
     # hourly quotas raised (vip's stays: the whale floods exactly its quota)
     tiers = tuple(t if t.name == "vip" else replace(t, max_tasks_per_hour=100_000) for t in base.tiers)
-    settings = base.with_(redis_url=redis_url, key_prefix=prefix, pools=(pool,), tiers=tiers)
+    overload = base.overload if spec.attribution else replace(base.overload, held_tenants_max=0)
+    settings = base.with_(redis_url=redis_url, key_prefix=prefix, pools=(pool,), tiers=tiers, overload=overload)
     gw = Gateway(settings, client=client)
     keys = Keys(prefix)
     worker = None
@@ -258,7 +260,8 @@ def _ms(s: Mapping[str, Any]) -> str:
 
 def format_report(result: Mapping[str, Any]) -> str:
     c = result["config"]
-    lines = [f"bench-abuse: {len(result['runs'])} runs, pool TPM {c['tpm']}, victims alone {c['before_s']:g} s, "
+    lines = [f"bench-abuse: {len(result['runs'])} runs, per-tenant attribution {'on' if c.get('attribution', True) else 'off'}, "
+             f"pool TPM {c['tpm']}, victims alone {c['before_s']:g} s, "
              f"then the whale floods {c['during_s']:g} s ({c['flood_tasks']} tasks of max_tokens "
              f"{c['flood_max_tokens']}, {c['flood_crons']} crons of {c['cron_prompt_bytes'] // 1000} KB, "
              f"{c['huge_prompts']} bodies of {c['huge_prompt_bytes'] // 1_000_000} MB)",
@@ -297,6 +300,8 @@ def spec_from_args(args: argparse.Namespace) -> AbuseSpec:
         spec = replace(spec, runs=args.runs)
     if args.during_s is not None:
         spec = replace(spec, during_s=args.during_s)
+    if args.attribution == "off":
+        spec = replace(spec, attribution=False)
     if spec.runs < 1 or spec.during_s <= 0:
         raise ConfigError("--runs and --during-s must be positive")
     return spec
@@ -313,6 +318,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"runs (default {AbuseSpec.runs}, --quick {QUICK['runs']})")
     parser.add_argument("--during-s", type=float, default=None,
                         help=f"seconds of flood per run (default {AbuseSpec.during_s:g}, --quick {QUICK['during_s']:g})")
+    parser.add_argument("--attribution", choices=("on", "off"), default="on",
+                        help="per-tenant attribution of the load level (off: overload.held_tenants_max = 0, "
+                             "to compare; default %(default)s)")
     bench_command.add_common_arguments(parser)
 
 

@@ -11,6 +11,9 @@ commits it with lua/overload/commit.lua.  The commit is a compare-and-set on the
 state's version with a least spacing of ``0.8 * tick_s``: however many workers
 run, one decision per tick wins and the others only read it.  Every change is
 logged, kept in the history list and counted (``gateway_overload_level_changes``).
+Each tick also attributes the pressure per tenant (``gateway_tasks.overload.attribution``):
+a few tenants over their fair share that alone raise the level are held at that level
+(``Keys.overload_held``) and the deployment's level is the one the others cause.
 The same thread runs ``gateway_tasks.upstream.rescue.Rescuer`` each tick (queued reserved-tier
 tasks off a drained or open pool), with the controller disabled too.
 """
@@ -215,12 +218,12 @@ def parse_held(raw: dict[bytes, bytes]) -> dict[str, Held]:
 
 def tenant_demand(settings: Settings, tenants: dict[str, PoolTenants], window_s: float,
                   latency_s: dict[str, float | None], ages: dict[tuple[str, str], float]) -> list[TenantDemand]:
-    """Each tenant's demand on each pool over the next window: its tasks in flight (their
-    estimated tokens, from the pool's dispatched hash) and those of its queue it can start
-    within the window (as ``levels.startable_tasks`` counts a
-    queue: at most its cap's slots, each window / latency tasks; nothing more while it is
-    parked at its cap), in estimated tokens.  A queue's tenants are read from its sample of
-    index entries, scaled to its depth; ``ages``: (pool, tenant) -> its oldest task's age."""
+    """Each tenant's demand on each pool over the next window, in estimated tokens: its
+    tasks in flight (from the pool's dispatched hash) and those of its queue it can start
+    within the window (as ``levels.startable_tasks`` counts a queue: at most its cap's
+    slots, each window / latency tasks; nothing more while it is parked at its cap).  A
+    queue's tenants are read from its sample of index entries, scaled to its depth;
+    ``ages``: (pool, tenant) -> its oldest queued task's age."""
     caps = {t.name: t.max_concurrency_per_tenant for t in settings.tiers}
     out = []
     for pool, pt in tenants.items():

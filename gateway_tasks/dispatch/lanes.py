@@ -23,10 +23,17 @@ waiting.  Inside each tier and pool:
   VIP cron runs all land on the boundary (a VIP jitter window is 0) and would otherwise
   drain the head-room a VIP user's request finds.
 * **Score encoding.** ``2 x tag`` for an interactive head, ``2 x (tag + D) + 1`` for a
-  scheduled one: the parity says whether a score carries D, so the scripts read a tenant's
-  real start tag back from its score alone (``start_tag``), without reading its head.
-  Scores stay whole numbers (cheap listpack compares).  With D = 0 every score is even
-  and no entry is marked: the order is exactly that of one lane.
+  scheduled one: the parity of the whole part says whether a score carries D, so the
+  scripts read a tenant's real start tag back from its score alone (``start_tag``), without
+  reading its head.  With D = 0 every whole part is even and no entry is marked: the order
+  is exactly that of one lane.
+* **Ties.** Start tags are whole weighted tokens and many tenants share one (every
+  newcomer joins at the tier's virtual time).  The score's fraction orders them by when
+  they took the tag -- the tier's counter ``n:<tier>`` in the fair hash, one step per tag
+  given (``tie``) -- so equal tags go first come first served, never by tenant id.  The
+  fraction has ``TIE_BITS`` bits (the counter wraps every 2^20 tags: only a tie group
+  spanning the wrap is misordered), fewer once the whole part is at 2^(52 - bits) or above,
+  so that the sum stays exact; at 2^52 none (ties by member name).
 
 lua/core/prelude.lua has the same functions for the scripts (``gt_lane_score``,
 ``gt_lane_start``, ``gt_scheduled``); these are the reference (tests, tools).
@@ -57,16 +64,34 @@ def marks_scheduled(lane: str, lag_tokens: int) -> bool:
     return lane == SCHEDULED and lag_tokens > 0
 
 
-def active_score(start: int, scheduled: bool, lag_tokens: int) -> int:
-    """A tenant's score in its tier's active set: its start tag, and whether its head is
-    scheduled (then + D).  Mirrors gt_lane_score in lua/core/prelude.lua."""
-    if scheduled and lag_tokens > 0:
-        return 2 * (start + lag_tokens) + 1
-    return 2 * start
+TIE_BITS = 20
 
 
-def start_tag(score: int, lag_tokens: int) -> int:
+def tie(n: int) -> float:
+    """The tie-breaker of the n-th tag given in a tier, in [0, 1).  Mirrors gt_tie."""
+    return (n % 2 ** TIE_BITS) / 2 ** TIE_BITS
+
+
+def active_score(start: int, scheduled: bool, lag_tokens: int, tie_fraction: float = 0.0) -> float:
+    """A tenant's score in its tier's active set: its start tag, whether its head is
+    scheduled (then + D), and its place among equal tags (a fraction in [0, 1), kept to
+    the bits that stay exact beside the whole part).  Mirrors gt_lane_score in
+    lua/core/prelude.lua."""
+    base = 2 * (start + lag_tokens) + 1 if scheduled and lag_tokens > 0 else 2 * start
+    if tie_fraction <= 0:
+        return base
+    bits, room = TIE_BITS, 2 ** (52 - TIE_BITS)
+    while bits > 0 and abs(base) >= room:
+        bits, room = bits - 1, room * 2
+    if bits == 0:
+        return base
+    span = 2 ** bits
+    return base + int(tie_fraction * span) / span
+
+
+def start_tag(score: float, lag_tokens: int) -> int:
     """A tenant's real start tag read back from its active score.  Mirrors gt_lane_start."""
-    if score % 2 == 1:
-        return (score - 1) // 2 - lag_tokens
-    return score // 2
+    base = int(score // 1)
+    if base % 2 == 1:
+        return (base - 1) // 2 - lag_tokens
+    return base // 2

@@ -47,16 +47,50 @@ end
 -- Lanes inside a tier (gateway_tasks/dispatch/lanes.py).  A tenant's score in its tier's
 -- active set is 2 * start tag when its head (next task) is interactive, 2 * (start tag +
 -- lag) + 1 when it is scheduled: scheduled heads go after interactive tenants by `lag`
--- weighted tokens of virtual time, and the parity says whether a score carries the lag.
-local function gt_lane_score(start, scheduled, lag)
-  if scheduled and lag > 0 then return 2 * (start + lag) + 1 end
-  return 2 * start
+-- weighted tokens of virtual time, and the parity of the score's whole part says whether
+-- it carried the lag.
+--
+-- Ties (gateway_tasks/dispatch/lanes.py, "Ties"): start tags are whole weighted tokens and many
+-- tenants share one (every newcomer joins at the tier's virtual time), so the score's
+-- fraction is the tie-breaker: the order in which tenants took their tags (the tier's
+-- counter 'n:<tier>' in the fair hash, one step per tag given), so equal tags go in arrival
+-- order, not by tenant id.  GT_TIE_BITS bits of the counter, fewer once the whole part is so
+-- large that the sum would not be exact (2^(52 - bits) and up): ties then fall back to
+-- the member name, the order stays exact.
+local GT_TIE_BITS = 20
+local GT_TIE_SPAN = 2 ^ GT_TIE_BITS
+
+-- The tie-breaker of the n-th tag given in a tier, in [0, 1).
+local function gt_tie(n)
+  return (n % GT_TIE_SPAN) / GT_TIE_SPAN
+end
+
+local function gt_lane_score(start, scheduled, lag, tie)
+  local base = 2 * start
+  if scheduled and lag > 0 then base = 2 * (start + lag) + 1 end
+  if not tie or tie <= 0 then return base end
+  local bits, room = GT_TIE_BITS, 2 ^ (52 - GT_TIE_BITS)
+  while bits > 0 and math.abs(base) >= room do bits, room = bits - 1, room * 2 end
+  if bits == 0 then return base end
+  local span = 2 ^ bits
+  return base + math.floor(tie * span) / span
+end
+
+-- Whether a score's head is in the scheduled lane (it carries the lag).
+local function gt_lane_carries_lag(score)
+  return math.floor(score) % 2 == 1
 end
 
 -- A tenant's real start tag, from its score in the active set.
 local function gt_lane_start(score, lag)
-  if score % 2 == 1 then return (score - 1) / 2 - lag end
-  return score / 2
+  local base = math.floor(score)
+  if base % 2 == 1 then return (base - 1) / 2 - lag end
+  return base / 2
+end
+
+-- A tenant's score moved to the other lane, its start tag and its place among ties kept.
+local function gt_lane_move(score, scheduled, lag)
+  return gt_lane_score(gt_lane_start(score, lag), scheduled, lag, score - math.floor(score))
 end
 
 -- Whether a tenant's index entry is in the scheduled lane: its seq starts with 's'.
@@ -67,8 +101,8 @@ end
 -- Tenant fair queuing inside a tier: make a tenant with queued work eligible.
 -- Under its cap it joins the tier's active set at start tag max(tier virtual
 -- time, its last finish tag) -- an idle tenant banks no credit, a busy one keeps
--- its place -- in its head's lane (scheduled: the tier's lag behind); at its cap
--- it is parked until a slot frees.
+-- its place -- behind the tenants already at that tag (gt_tie), in its head's lane
+-- (scheduled: the tier's lag behind); at its cap it is parked until a slot frees.
 --
 -- The one way into a tier's active set (every other ZADD re-scores a member): it clears
 -- the tier's empty flag ('e:<tier>' in the fair hash: until when pick.lua, which found the set
@@ -83,7 +117,8 @@ local function gt_activate(active_key, finish_key, parked_key, inflight_key, fai
   local fair = redis.call('HMGET', fair_key, 'tv:' .. tier, 'e:' .. tier)
   local v = tonumber(fair[1]) or 0
   local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
-  redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag), tenant)
+  local n = redis.call('HINCRBY', fair_key, 'n:' .. tier, 1)   -- its place among equal tags
+  redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag, gt_tie(n)), tenant)
   if (tonumber(fair[2]) or 0) > 0 then redis.call('HSET', fair_key, 'e:' .. tier, '0') end
   return true
 end

@@ -87,8 +87,8 @@ if ARGV[A_message_b] and ARGV[A_message_b] ~= '' then entry = entry .. '|' .. AR
 redis.call('ZADD', KEYS[K_index], '0', entry)
 local score = tonumber(redis.call('ZSCORE', KEYS[K_active], tenant))
 if score then
-  if not scheduled and score % 2 == 1 then   -- its head was scheduled: this task is its head now
-    redis.call('ZADD', KEYS[K_active], gt_lane_score(gt_lane_start(score, lag), false, lag), tenant)
+  if not scheduled and gt_lane_carries_lag(score) then   -- its head was scheduled: this task is its head now
+    redis.call('ZADD', KEYS[K_active], gt_lane_move(score, false, lag), tenant)
   end
 elseif redis.call('HEXISTS', KEYS[K_parked], tenant) == 0 then
   gt_activate(KEYS[K_active], KEYS[K_finish], KEYS[K_parked], KEYS[K_inflight], KEYS[K_fair], tier, tenant,

@@ -81,8 +81,8 @@ for t = 1, N_tier do
       end
     elseif lag > 0 and gt_scheduled(head, best_tenant) and not gt_scheduled(best, best_tenant) then
       local score = tonumber(redis.call('ZSCORE', active_key, best_tenant))
-      if score and score % 2 == 0 then
-        redis.call('ZADD', active_key, gt_lane_score(gt_lane_start(score, lag), true, lag), best_tenant)
+      if score and not gt_lane_carries_lag(score) then
+        redis.call('ZADD', active_key, gt_lane_move(score, true, lag), best_tenant)
       end
     end
     return {1, tier, tag, message}

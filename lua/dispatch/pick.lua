@@ -26,7 +26,8 @@
 -- KEYS[1] per pool (P): state messages finish parked inflight dispatched dispatched_at
 --   each pool's keys, all under the pool's hash tag:
 --   state: the bucket (tokens, requests, ts_ms, blocked_until_ms, debited_tokens, dispatches)
---     and the fair state beside it (v, f:<tier>, tv:<tier>, the empty flag e:<tier>; Keys.fair):
+--     and the fair state beside it (v, f:<tier>, tv:<tier>, the tie counter n:<tier>, the empty
+--     flag e:<tier>; Keys.fair):
 --     read by one HMGET, written by one HSET
 --   messages (tag -> message)   finish tags (tenant -> F)   parked tenants (tenant -> tier)
 --   inflight (tenant -> n)   dispatched (tag -> '<tier>|<dispatch ms>|<entry>')
@@ -34,7 +35,8 @@
 -- KEYS[..] per queue (Q): index active bell
 --   each queue's keys (a queue is one tier of one pool): the tier's index (sorted set of
 --   entries); its active tenants (zset tenant -> start tag, lane-encoded: 2 x tag, or
---   2 x (tag + lag) + 1 when the tenant's head is scheduled; prelude.lua); its bell
+--   2 x (tag + lag) + 1 when the tenant's head is scheduled, plus a fraction that orders
+--   equal tags by arrival; prelude.lua gt_lane_score); its bell
 --   (Keys.tier_bell): emptied when the tier is found empty -- its tokens were rung for work
 --   that is gone, and each would cost a waiting dispatcher an empty pick
 --
@@ -96,7 +98,7 @@ for q = 1, Q do
                bell = KEYS[k + K_queue_bell],
                lag = tonumber(ARGV[a + A_queue_lag_tokens]) or 0,
                ttl = tonumber(ARGV[a + A_queue_ttl_ms]) or 0, field_at = 0, boosts = false,
-               urgent_at = false, f = 0, tv0 = false,
+               urgent_at = false, f = 0, tv0 = false, n = 0, n_dirty = false,
                was_empty = false, empty = false, c = false, weight = 0, alpha = 0, share = 0,
                max_wait = 0, reserved = false, tenant_max = 0, taken = 0, score = 0, start = 0,
                bypass = false, tv = false, boosts_dirty = false, urgent_lines = false,

@@ -94,8 +94,8 @@ if head then
   if not score then
     woke = gt_activate(active_key, KEYS[K_finish], KEYS[K_parked], KEYS[K_inflight], KEYS[K_fair], tier, tenant, cap,
                        gt_scheduled(head, tenant), lag)
-  elseif score % 2 == 1 and not gt_scheduled(head, tenant) then
-    redis.call('ZADD', active_key, gt_lane_score(gt_lane_start(score, lag), false, lag), tenant)
+  elseif gt_lane_carries_lag(score) and not gt_scheduled(head, tenant) then
+    redis.call('ZADD', active_key, gt_lane_move(score, false, lag), tenant)
   end
 end
 if woke or mode == 'requeue' then gt_ring(bell_key, ARGV[A_bell_max]) end

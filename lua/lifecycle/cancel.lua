@@ -27,8 +27,8 @@ if ARGV[A_entry] ~= '' and redis.call('ZREM', KEYS[K_index], ARGV[A_entry]) == 1
     if redis.call('HGET', KEYS[K_parked], tenant) == tier then redis.call('HDEL', KEYS[K_parked], tenant) end
   elseif lag > 0 and gt_scheduled(head, tenant) and not gt_scheduled(ARGV[A_entry], tenant) then
     local score = tonumber(redis.call('ZSCORE', KEYS[K_active], tenant))
-    if score and score % 2 == 0 then
-      redis.call('ZADD', KEYS[K_active], gt_lane_score(gt_lane_start(score, lag), true, lag), tenant)
+    if score and not gt_lane_carries_lag(score) then
+      redis.call('ZADD', KEYS[K_active], gt_lane_move(score, true, lag), tenant)
     end
   end
   outcome = 1

@@ -54,13 +54,14 @@ local function dispatch(q, n, last)
     if not qd.bypass and not c.boost then pool.v = s end
     qd.f = s + est / qd.share
   end
-  -- tenant fair queuing: the tier's tenant virtual time moves to this start tag (never
-  -- back: a scheduled head served after interactive tenants that were ahead by at most the
-  -- lag leaves it where they took it), the tenant's next task starts where this one finishes
+  -- tenant fair queuing, start-time fair queuing's virtual time: the start tag of the task
+  -- in service -- dispatched in fair order, the smallest (tag, arrival) in line -- so the
+  -- tier's tenant virtual time moves to this start tag (never back: a scheduled head served
+  -- after interactive tenants that were ahead by at most the lag leaves it where they took
+  -- it), the tenant's next task starts where this one finishes
   -- ([lifecycle] a task taken out of fair order leaves the tier's tenant virtual time alone)
   if not (c.boost or c.urgent or c.stale) then qd.tv = math.max(qd.tv or qd.tv0 or start, start) end
-  -- whole tokens: a small sorted set (listpack) compares integer scores without
-  -- parsing them, so every ZADD/ZSCORE on the active set stays cheap
+  -- whole tokens (the score's fraction is the tie-breaker)
   local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))
   -- its next entry: read with its head (candidate), else now, with the one after it
   local next_entry, after_next = c.nxt, nil
@@ -70,7 +71,10 @@ local function dispatch(q, n, last)
   end
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
     -- its next task, in line at its finish tag, in that task's lane
-    redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag), c.tenant)
+    -- (behind the tenants that took the same tag before it: gt_tie)
+    qd.n, qd.n_dirty = qd.n + 1, true
+    redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag, gt_tie(qd.n)),
+               c.tenant)
     qd.empty = false   -- (a boosted dispatch may bring a tenant into a tier found empty)
   else
     -- out of line (no work left, or at its cap: parked until a slot frees, lua/dispatch/release.lua);

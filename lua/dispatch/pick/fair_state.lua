@@ -1,8 +1,8 @@
 -- dispatch/pick/fair_state.lua (part of pick.lua): each pool's state hash, read once.
 --
 -- [lifecycle: boosts] each queue's inheritance lines and first deadline-urgent time, with the
--- pool's fair state (virtual time, each tier's finish tag and tenant virtual time, its empty
--- flag) and its bucket's fields (used once the pool has a candidate): one HMGET of its state
+-- pool's fair state (virtual time, each tier's finish tag, tenant virtual time and tie
+-- counter, its empty flag) and its bucket's fields (used once the pool has a candidate): one HMGET of its state
 -- hash per pool.  pool_state[p]: the reply, the pool's fields at STATE_*; qd.field_at: where
 -- a queue's own fields start in it.
 local STATE_V, STATE_TOKENS, STATE_REQUESTS, STATE_TS_MS, STATE_BLOCKED_UNTIL_MS = 1, 2, 3, 4, 5
@@ -15,8 +15,8 @@ for p = 1, P do
     local qd = queues[q]
     if qd.pool == p then
       local n = #fields
-      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5] =
-        'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier, 'e:' .. qd.tier
+      fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4], fields[n + 5], fields[n + 6] =
+        'b:' .. qd.tier, 'dn:' .. qd.tier, 'f:' .. qd.tier, 'tv:' .. qd.tier, 'e:' .. qd.tier, 'n:' .. qd.tier
       qd.field_at = n + 1
       mine[#mine + 1] = qd
     end
@@ -29,6 +29,7 @@ for p = 1, P do
       qd.boosts, qd.urgent_at = got[j] or false, tonumber(got[j + 1])
       qd.f, qd.tv0 = tonumber(got[j + 2]) or 0, tonumber(got[j + 3])
       qd.was_empty = (tonumber(got[j + 4]) or 0) > now
+      qd.n = tonumber(got[j + 5]) or 0
       qd.empty = qd.was_empty
     end
   end

@@ -22,6 +22,7 @@ for p = 1, P do
         if wfq then fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f end
         -- [lifecycle] (tv stays unset when only out-of-fair-order tasks were taken)
         if qd.tv then fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv end
+        if qd.n_dirty then fields[#fields + 1], fields[#fields + 2] = 'n:' .. qd.tier, qd.n end
       end
     end
   end

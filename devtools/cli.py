@@ -23,6 +23,7 @@ examples:
   gateway-dev demo                      the whole system on an embedded Redis (make demo)
   gateway-dev bench --quick             the router benchmark at small sizes (make bench: full)
   gateway-dev bench-fairness --check    the noisy-neighbour bench, exit 1 on a missed target
+  gateway-dev bench-fairness --scenario zipf   10,000 Zipf tenants vs 10: small tenants' waits per quartile of ids
   gateway-dev cron-bench --storm        the cron storm end to end (make bench-beat)
   gateway-dev bench-abuse --quick       one tenant flooding beside a victim of each tier
   gateway-dev chaos --quick             the fault suite at test sizes (make chaos: full)

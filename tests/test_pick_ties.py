@@ -66,6 +66,17 @@ def test_a_tag_given_at_dispatch_and_a_newcomer_at_that_tag_go_in_the_order_they
     assert served(r, plan, 2) == ["mmm-y", "aaa-b"]
 
 
+def test_a_tenant_back_at_its_finish_tag_keeps_the_place_it_took_there(r, settings):
+    # 'a' runs dry after its task at tag 0: its finish tag EST is kept with its place there,
+    # taken before 'y' and 'w' took EST; when 'a' sends again it is back at EST ahead of them
+    s, plan = plan_of(settings)
+    for tenant in ("zzz-a", "mmm-y", "mmm-y", "aaa-w", "aaa-w"):
+        push(r, s, "normal", est=EST, tenant=tenant)
+    assert served(r, plan, 3) == ["zzz-a", "mmm-y", "aaa-w"]
+    push(r, s, "normal", est=EST, tenant="zzz-a")
+    assert served(r, plan, 3) == ["zzz-a", "mmm-y", "aaa-w"]
+
+
 def test_lua_and_python_agree_on_a_score_with_its_tie(r, settings):
     s, _ = plan_of(settings)
     push(r, s, "normal", est=EST, tenant="one")

@@ -11,6 +11,9 @@ else (the pool >= 95 % utilised during the flood).
 
     python -m devtools.bench.fairness [--quick] [--json] [--check]
 
+``--scenario zipf``: latency fairness at scale, 10,000 tenants of Zipf demand beside a
+10-tenant baseline (devtools/bench/fairness_zipf.py).
+
 Where each number comes from: queue waits and tokens per tenant from each
 task's result (``timing.queue_wait_ms`` = dispatched_ms - enqueued_ms, Redis
 TIME; ``tokens.total``, what the upstream reported); utilisation from the
@@ -38,7 +41,7 @@ from gateway_tasks.core.settings import Pool, Settings
 from devtools.quotas import for_load
 from devtools import processes
 from devtools.bench import command as bench_command
-from devtools.bench import fairness_report
+from devtools.bench import fairness_report, fairness_zipf
 from devtools.bench.load import TierLoad, count_results, read_results, served_in_window
 from devtools.bench.main import run_on_bench_redis
 from devtools.bench.utilisation import UpstreamPoint, window_utilisation
@@ -206,12 +209,18 @@ def spec_from_args(args: argparse.Namespace) -> FairnessSpec:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario == "zipf":
+        return fairness_zipf.run(args)
     spec = spec_from_args(args)
     return run_on_bench_redis(args, "bench-fairness", lambda base, url, **kw: run_fairness(base, url, spec, **kw),
                               fairness_report.format_report)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", choices=("noisy", "zipf"), default="noisy",
+                        help="noisy: one flooder beside quiet tenants (this module); zipf: 10,000 tenants of "
+                             "Zipf demand at 2x capacity beside a 10-tenant baseline, waits per quartile of ids "
+                             "(devtools/bench/fairness_zipf.py)")
     parser.add_argument("--flood", type=int, default=None,
                         help=f"the flooder's requests (default {FairnessSpec.flood_requests}, "
                              f"--quick {QUICK['flood_requests']})")
@@ -219,6 +228,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="upstream tokens per minute (default %(default)s)")
     parser.add_argument("--concurrency", type=int, default=FairnessSpec.concurrency,
                         help="worker threads (default %(default)s)")
+    fairness_zipf.add_arguments(parser)
     bench_command.add_common_arguments(parser)
 
 

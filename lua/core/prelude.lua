@@ -65,15 +65,20 @@ local function gt_tie(n)
   return (n % GT_TIE_SPAN) / GT_TIE_SPAN
 end
 
+-- A whole number with a tie-breaker as its fraction, kept to the bits that stay exact beside it.
+local function gt_with_tie(whole, tie)
+  if not tie or tie <= 0 then return whole end
+  local bits, room = GT_TIE_BITS, 2 ^ (52 - GT_TIE_BITS)
+  while bits > 0 and math.abs(whole) >= room do bits, room = bits - 1, room * 2 end
+  if bits == 0 then return whole end
+  local span = 2 ^ bits
+  return whole + math.floor(tie * span) / span
+end
+
 local function gt_lane_score(start, scheduled, lag, tie)
   local base = 2 * start
   if scheduled and lag > 0 then base = 2 * (start + lag) + 1 end
-  if not tie or tie <= 0 then return base end
-  local bits, room = GT_TIE_BITS, 2 ^ (52 - GT_TIE_BITS)
-  while bits > 0 and math.abs(base) >= room do bits, room = bits - 1, room * 2 end
-  if bits == 0 then return base end
-  local span = 2 ^ bits
-  return base + math.floor(tie * span) / span
+  return gt_with_tie(base, tie)
 end
 
 -- Whether a score's head is in the scheduled lane (it carries the lag).
@@ -101,8 +106,10 @@ end
 -- Tenant fair queuing inside a tier: make a tenant with queued work eligible.
 -- Under its cap it joins the tier's active set at start tag max(tier virtual
 -- time, its last finish tag) -- an idle tenant banks no credit, a busy one keeps
--- its place -- behind the tenants already at that tag (gt_tie), in its head's lane
--- (scheduled: the tier's lag behind); at its cap it is parked until a slot frees.
+-- its place: at its finish tag, among the tenants there in the order they took the tag
+-- (the finish hash keeps the tag's tie-breaker as its fraction); at the virtual time, behind
+-- the tenants there now (gt_tie) -- in its head's lane (scheduled: the tier's lag
+-- behind); at its cap it is parked until a slot frees.
 --
 -- The one way into a tier's active set (every other ZADD re-scores a member): it clears
 -- the tier's empty flag ('e:<tier>' in the fair hash: until when pick.lua, which found the set
@@ -117,8 +124,12 @@ local function gt_activate(active_key, finish_key, parked_key, inflight_key, fai
   local fair = redis.call('HMGET', fair_key, 'tv:' .. tier, 'e:' .. tier)
   local v = tonumber(fair[1]) or 0
   local f = tonumber(redis.call('HGET', finish_key, tenant)) or 0
-  local n = redis.call('HINCRBY', fair_key, 'n:' .. tier, 1)   -- its place among equal tags
-  redis.call('ZADD', active_key, gt_lane_score(math.max(v, f), scheduled, lag, gt_tie(n)), tenant)
+  local start, tie = math.floor(f), f - math.floor(f)
+  if start < v or tie <= 0 then
+    -- at the virtual time (or a finish tag without its place): behind the tenants there now
+    start, tie = math.max(v, start), gt_tie(redis.call('HINCRBY', fair_key, 'n:' .. tier, 1))
+  end
+  redis.call('ZADD', active_key, gt_lane_score(start, scheduled, lag, tie), tenant)
   if (tonumber(fair[2]) or 0) > 0 then redis.call('HSET', fair_key, 'e:' .. tier, '0') end
   return true
 end

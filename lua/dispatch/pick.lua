@@ -29,7 +29,7 @@
 --     and the fair state beside it (v, f:<tier>, tv:<tier>, the tie counter n:<tier>, the empty
 --     flag e:<tier>; Keys.fair):
 --     read by one HMGET, written by one HSET
---   messages (tag -> message)   finish tags (tenant -> F)   parked tenants (tenant -> tier)
+--   messages (tag -> message)   finish tags (tenant -> F, its tie as the fraction)   parked tenants (tenant -> tier)
 --   inflight (tenant -> n)   dispatched (tag -> '<tier>|<dispatch ms>|<entry>')
 --   dispatched_at (zset tag -> lease expiry, ms)
 -- KEYS[..] per queue (Q): index active bell

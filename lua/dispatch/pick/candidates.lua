@@ -1,7 +1,7 @@
 -- dispatch/pick/candidates.lua (part of pick.lua): a queue's next candidate by tenant fair queuing.
 
 -- a queue's candidate: the oldest task of the active tenant first in line, with
--- its real start tag (false: none) -- first in line by lane: a scheduled head's score
+-- its real start tag and its place among equal tags (c.tie; false: none) -- first in line by lane: a scheduled head's score
 -- carries the tier's lag.  A tenant in the active set is under its cap (it
 -- is parked when it reaches it) and has queued work (it leaves when it has none).
 -- The head is read with the tenant's next entry (c.nxt; false: none), which the
@@ -33,8 +33,9 @@ local function candidate(qd, known_tenant, known_head, known_next)
     known_tenant = nil
     if entry then
       local _, _, tag, est, enq, w, size = string.find(entry, ENTRY)
-      return mark_stale(qd, {entry = entry, nxt = nxt, tenant = tenant,
-              start = gt_lane_start(tonumber(top[2]), qd.lag), tag = tag, est = tonumber(est) or 0,
+      local score = tonumber(top[2])
+      return mark_stale(qd, {entry = entry, nxt = nxt, tenant = tenant, tie = score - math.floor(score),
+              start = gt_lane_start(score, qd.lag), tag = tag, est = tonumber(est) or 0,
               enq = tonumber(enq) or now, w = w, size = tonumber(size)})   -- [lifecycle]
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)

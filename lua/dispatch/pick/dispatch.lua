@@ -18,7 +18,7 @@ local function next_dispatch()
     redis.call('HINCRBY', pool.inflight, c.tenant, '-1')
     redis.call('ZREM', qd.active, c.tenant)
     redis.call('HSET', pool.parked, c.tenant, qd.tier)
-    redis.call('HSET', pool.finish, c.tenant, c.start)   -- back in line where it left
+    redis.call('HSET', pool.finish, c.tenant, gt_with_tie(c.start, c.tie))   -- back in line where it left
     qd.c = candidate(qd)
   end
   return nil, 0   -- MAX_ROUNDS tenants parked: more may be dispatchable, pick again at once
@@ -69,18 +69,18 @@ local function dispatch(q, n, last)
     local heads = gt_tenant_heads(qd.index, c.tenant, 2)
     next_entry, after_next = heads[1], heads[2] or false
   end
+  -- its place among the tenants at its finish tag: after those that took it before (gt_tie)
+  qd.n, qd.n_dirty = qd.n + 1, true
+  local tie = gt_tie(qd.n)
   if next_entry and not (qd.tenant_max > 0 and n >= qd.tenant_max) then
     -- its next task, in line at its finish tag, in that task's lane
-    -- (behind the tenants that took the same tag before it: gt_tie)
-    qd.n, qd.n_dirty = qd.n + 1, true
-    redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag, gt_tie(qd.n)),
-               c.tenant)
+    redis.call('ZADD', qd.active, gt_lane_score(finish, gt_scheduled(next_entry, c.tenant), qd.lag, tie), c.tenant)
     qd.empty = false   -- (a boosted dispatch may bring a tenant into a tier found empty)
   else
     -- out of line (no work left, or at its cap: parked until a slot frees, lua/dispatch/release.lua);
-    -- where it comes back in starts from its finish tag
+    -- where it comes back in starts from its finish tag, at the place it took there
     redis.call('ZREM', qd.active, c.tenant)
-    redis.call('HSET', pool.finish, c.tenant, finish)
+    redis.call('HSET', pool.finish, c.tenant, gt_with_tie(finish, tie))
     if next_entry then redis.call('HSET', pool.parked, c.tenant, qd.tier) end
     next_entry = nil
   end

@@ -15,7 +15,7 @@ local function entry_candidate(qd, entry)
   if not tenant then return nil end
   local score = tonumber(redis.call('ZSCORE', qd.active, tenant))
   local start = score and gt_lane_start(score, qd.lag)
-                or tonumber(redis.call('HGET', KEYS[K_per_pool * (qd.pool - 1) + K_pool_finish], tenant)) or 0
+                or math.floor(tonumber(redis.call('HGET', KEYS[K_per_pool * (qd.pool - 1) + K_pool_finish], tenant)) or 0)
   return {entry = entry, tenant = tenant, start = start, tag = tag, est = tonumber(est) or 0,
           enq = tonumber(enq) or now, w = w, size = tonumber(size)}
 end

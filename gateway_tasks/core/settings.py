@@ -24,6 +24,9 @@ MIN_SECRET_CHARS = 16
 # a tier's scheduled lag, at most: a tag this far ahead still compares exactly as an integer score
 MAX_SCHEDULED_LAG_TOKENS = 1_000_000_000
 POLICIES = ("fifo", "strict", "aging", "wfq")
+# the aging policy's score maths (gateway_tasks/dispatch/priority.py): linear = base_weight +
+# alpha x wait; capped = bands 1000 apart by tier rank, +100 per 60 s waited, at most 800
+AGING_PRESETS = ("linear", "capped")
 CHARGE_MODES = ("reserve", "actual")
 
 
@@ -378,6 +381,12 @@ class Settings:
     # a queued task with a deadline_s is promoted inside its tier once less than this is left
     # (lua/dispatch/deadline.lua, lua/dispatch/pick.lua); 0 = no deadline boost
     deadline_boost_s: float = 60.0
+    # ... and across tiers: an urgent task competes at its tier's band less 1500 (>= 0), so an
+    # urgent normal task goes with VIP work (the older first), an urgent batch one after VIP
+    # before normal (gateway_tasks/dispatch/priority.py); false: it stays inside its tier
+    deadline_boost_across_tiers: bool = True
+    # the aging policy's preset: "linear" or "capped" (gateway_tasks/dispatch/priority.py)
+    aging: str = "linear"
     overload: Overload = field(default_factory=Overload)
     circuit: Circuit = field(default_factory=Circuit)
     # where these settings were loaded from (set by load_settings, shown at each process's
@@ -406,6 +415,9 @@ class Settings:
                  self.redis_memory_reserve_mib, ">= 0 MiB")
         _require(self.deadline_boost_s >= 0, "settings", "deadline_boost_s", self.deadline_boost_s,
                  ">= 0 seconds (0 = no deadline boost)")
+        _require(isinstance(self.deadline_boost_across_tiers, bool), "settings", "deadline_boost_across_tiers",
+                 self.deadline_boost_across_tiers, "true or false")
+        _require(self.aging in AGING_PRESETS, "settings", "aging", self.aging, f"one of {AGING_PRESETS}")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
@@ -627,6 +639,7 @@ ENV_SETTINGS: dict[str, tuple[str, Any]] = {
     "REDIS_URL": ("redis_url", str),
     "GATEWAY_KEY_PREFIX": ("key_prefix", str),
     "GATEWAY_POLICY": ("policy", str),
+    "GATEWAY_AGING": ("aging", str),
     "GATEWAY_MAX_PROMPT_TOKENS": ("max_prompt_tokens", int),
     "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
     "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),

@@ -19,6 +19,7 @@ from gateway_tasks.dispatch.request import HEADER_DISPATCH
 from gateway_tasks.core.scripts import Scripts, layout, text
 from gateway_tasks.core.settings import Pool, Settings, Tier
 from gateway_tasks.bucket.calls import bucket_rates
+from gateway_tasks.dispatch import priority
 from gateway_tasks.dispatch.record import Dispatch
 
 # larger messages are not copied through Lua: the dispatcher fetches them.  Copying one costs
@@ -131,14 +132,24 @@ class PickPlan:
                              dispatched=k.dispatched(p.name), dispatched_at=k.dispatched_at(p.name),
                              **bucket_rates(p), reserve_tokens=p.token_capacity * reserve_share)
                         for p in pools]
+        prio = priority.priorities(priority.tier_weights(settings.tiers), settings.deadline_boost_across_tiers)
+
+        def aging(q: QueueRef) -> dict[str, float]:
+            # the aging policy's terms under its preset (the other policies read the tier's own)
+            weight, alpha, cap = priority.aging_terms(settings.aging, q.tier.base_weight, q.tier.aging_alpha_per_ms,
+                                                      prio[q.tier.name][0])
+            if settings.policy != "aging":
+                weight, alpha, cap = q.tier.base_weight, q.tier.aging_alpha_per_ms, priority.NO_CAP
+            return dict(base_weight=weight, alpha_per_ms=alpha, aging_cap=cap)
+
         queue_records = [dict(index=k.index(q.pool.name, q.tier.name), active=k.active(q.pool.name, q.tier.name),
                               bell=k.tier_bell(q.pool.name, q.tier.name),
-                              pool=pools.index(q.pool) + 1, tier=q.tier.name, base_weight=q.tier.base_weight,
-                              alpha_per_ms=q.tier.aging_alpha_per_ms, share=q.tier.share,
+                              pool=pools.index(q.pool) + 1, tier=q.tier.name, **aging(q), share=q.tier.share,
                               max_wait_ms=q.tier.max_wait_ms, reserved=1 if q.tier.reserved_share > 0 else 0,
                               tenant_max_inflight=q.tier.max_concurrency_per_tenant,
                               ttl_ms=int(q.tier.queue_ttl_s * 1000),   # [lifecycle] stale: no tokens taken
-                              lag_tokens=q.tier.scheduled_lag_tokens)  # gateway_tasks.dispatch.lanes
+                              lag_tokens=q.tier.scheduled_lag_tokens,  # gateway_tasks.dispatch.lanes
+                              priority=prio[q.tier.name][0], urgent_priority=prio[q.tier.name][1])
                          for q in self.queues]
         self._named_args = dict(policy=settings.policy, lease_ms=int(settings.lease_s * 1000),
                                 inline_max_b=INLINE_MESSAGE_MAX_B,

@@ -50,8 +50,12 @@
 -- ARGV[..] per pool (P): token_capacity tokens_per_ms request_capacity requests_per_ms reserve_tokens
 --   reserve_tokens: head-room only reserved tiers' interactive work may use
 -- ARGV[..] per queue (Q): pool tier base_weight alpha_per_ms share max_wait_ms reserved,
---                         tenant_max_inflight ttl_ms lag_tokens
+--                         tenant_max_inflight ttl_ms lag_tokens aging_cap priority urgent_priority
 --   pool: its pool's index (1-based); reserved: 1 = may use the reserve;
+--   base_weight alpha_per_ms aging_cap: the aging policy's score, weight + min(alpha x wait, cap)
+--   (cap < 0: none; gateway_tasks/dispatch/priority.py: the presets' terms);
+--   priority urgent_priority: the tier's band and its deadline-urgent tasks' band across tiers
+--   (lower first; urgent_priority -1: an urgent task stays inside its tier; pick/scoring: lift)
 --   [lifecycle] ttl_ms: the tier's queue TTL (0 = none): a candidate that waited longer is
 --   stale -- dispatched at once, taking no tokens, for its worker to fail it (Expired)
 --   without calling the upstream;
@@ -101,6 +105,7 @@ for q = 1, Q do
                urgent_at = false, f = 0, tv0 = false, n = 0, n_dirty = false,
                was_empty = false, empty = false, c = false, weight = 0, alpha = 0, share = 0,
                max_wait = 0, reserved = false, tenant_max = 0, taken = 0, score = 0, start = 0,
+               aging_cap = -1, prio = 0, urgent_prio = -1,
                bypass = false, tv = false, boosts_dirty = false, urgent_lines = false,
                urgent_dirty = false}
 end
@@ -120,6 +125,8 @@ for q = 1, Q do
     qd.share, qd.max_wait = tonumber(ARGV[a + A_queue_share]), tonumber(ARGV[a + A_queue_max_wait_ms])
     qd.reserved = ARGV[a + A_queue_reserved] == '1'
     qd.tenant_max = tonumber(ARGV[a + A_queue_tenant_max_inflight])
+    qd.aging_cap = tonumber(ARGV[a + A_queue_aging_cap]) or -1
+    qd.prio, qd.urgent_prio = tonumber(ARGV[a + A_queue_priority]) or 0, tonumber(ARGV[a + A_queue_urgent_priority]) or -1
     qd.taken = 0
   end
 end

@@ -51,7 +51,8 @@ local function dispatch(q, n, last)
     local s = math.max(pool.v, qd.f)
     -- a reserved tier going around a winner that waits for tokens leaves v alone
     -- ([lifecycle] and so does an inherited dispatch: charged to its own tier's tag only)
-    if not qd.bypass and not c.boost then pool.v = s end
+    -- (and a deadline-urgent one lifted across tiers: pick/scoring lift)
+    if not qd.bypass and not c.boost and not c.lifted then pool.v = s end
     qd.f = s + est / qd.share
   end
   -- tenant fair queuing, start-time fair queuing's virtual time: the start tag of the task

@@ -18,7 +18,12 @@ if policy == 'fifo' then
 elseif policy == 'strict' then
   policy_score = function(qd, c) return qd.weight * STRICT_WEIGHT_BAND - c.enq end
 elseif policy == 'aging' then
-  policy_score = function(qd, c, wait) return qd.weight + qd.alpha * wait end
+  -- weight + alpha x wait, the bonus capped when the preset caps it (gateway_tasks/dispatch/priority.py)
+  policy_score = function(qd, c, wait)
+    local bonus = qd.alpha * math.max(0, wait)
+    if qd.aging_cap >= 0 and bonus > qd.aging_cap then bonus = qd.aging_cap end
+    return qd.weight + bonus
+  end
 else   -- wfq (qd.start: set by score)
   policy_score = function(qd, c, wait, pool)
     -- promoted (past the tier's max wait) beats fair order, oldest promoted first --
@@ -41,10 +46,41 @@ local function score(qd, pool)
   return policy_score(qd, c, wait, pool)
 end
 
+-- Deadline boost across tiers (gateway_tasks/dispatch/priority.py): a deadline-urgent candidate
+-- (pick/lifecycle) competes at its urgent band, the others at their tier's band, lower first,
+-- the older first in one band.  Whether urgent candidate u goes before the policy's winner w
+-- (a stale or inherited winner keeps its place: those bands go first)
+local function lifted_before(u, w)
+  if w.c.stale or w.c.boost then return false end
+  local wp = w.prio
+  if w.c.urgent and w.urgent_prio >= 0 then wp = w.urgent_prio end
+  return u.urgent_prio < wp or (u.urgent_prio == wp and u.c.enq < w.c.enq)
+end
+
+-- the queue of a pool whose urgent candidate goes before its policy's winner win (else win);
+-- such a dispatch is charged to its own tier and leaves the pool's virtual time alone, takes
+-- no reserve unless its tier may, and needs one of the dispatcher's general slots (choose)
+local function lift(p, win)
+  local best = nil
+  for q = 1, Q do
+    local qd = queues[q]
+    if q ~= win and qd.pool == p and qd.c and qd.c.urgent and not qd.c.stale and qd.urgent_prio >= 0
+       and lifted_before(qd, queues[win])
+       and (best == nil or lifted_before(qd, queues[best])) then
+      best = q
+    end
+  end
+  if best then queues[best].c.lifted = true return best end
+  return win
+end
+
 -- the queue to dispatch from now (nil, wait_ms when none is admissible)
 local function choose()
   local best, best_score, wait_ms = nil, nil, nil
-  for q = 1, Q do queues[q].bypass = nil end
+  for q = 1, Q do
+    queues[q].bypass = nil
+    if queues[q].c then queues[q].c.lifted = nil end
+  end
   for p = 1, P do
     local pool = pools[p]
     pool.waits = nil
@@ -57,6 +93,8 @@ local function choose()
       end
     end
     if win then
+      win = lift(p, win)
+      win_score = queues[win].score
       local w = admit_wait(queues[win], pool)
       -- the winner needs one of the dispatcher's general slots and only slots kept for
       -- reserved interactive work are free (general_picks spent)

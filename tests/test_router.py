@@ -54,6 +54,12 @@ def push(r, settings: Settings, tier: str, *, est: int = 100, tenant: str | None
     return tag
 
 
+def vip_expected(r, settings: Settings, pool: str = "default") -> None:
+    """Vip work arrived on the pool just now (as enqueue.lua marks it): its reserve is held."""
+    now_s, now_us = r.time()
+    r.hset(Keys(settings.key_prefix).fair(pool), "rsv_ms", now_s * 1000 + now_us // 1000)
+
+
 def pick(r, plan: PickPlan):
     return pick_now(scripts_for(r), plan)
 
@@ -203,18 +209,29 @@ def test_bucket_admission_and_wait_hint(r, settings):
     assert 35_000 <= got.wait_ms <= 41_000
 
 
-def test_reserve_is_for_vip_only(r, settings):
-    small = Pool("default", base_url="http://127.0.0.1:1/v1", api_key="x", models=("m",),
-                 tpm=1_000, rpm=10_000)   # capacity 1000, vip reserves 20% = 200
-    s, plan = make(settings, "wfq", pools=(small,))
-    push(r, s, "batch", est=450)
-    push(r, s, "batch", est=450)
+def test_reserve_is_for_vip_only_and_held_only_while_vip_work_is_expected(r, settings):
+    def small(name: str) -> Pool:   # capacity 1000, vip reserves 20% = 200
+        return Pool(name, base_url="http://127.0.0.1:1/v1", api_key="x", models=(f"m{name}",),
+                    tpm=1_000, rpm=10_000)
+
+    # no vip work queued or seen on the pool: batch work may use the reserve too
+    s, plan = make(settings, "wfq", pools=(small("idle"),))
+    push(r, s, "batch", est=450, pool="idle")
+    push(r, s, "batch", est=450, pool="idle")
     assert isinstance(pick(r, plan), Picked)   # 1000 -> 550
+    assert isinstance(pick(r, plan), Picked)   # 550 -> 100: the reserve was not held back
+    # vip work arrived lately (within reserve_hold_s): the reserve is held back for it
+    s, plan = make(settings, "wfq", pools=(small("busy"),))
+    push(r, s, "vip", est=10, pool="busy")
+    assert isinstance(pick(r, plan), Picked)   # 1000 -> 990
+    push(r, s, "batch", est=450, pool="busy")
+    push(r, s, "batch", est=450, pool="busy")
+    assert isinstance(pick(r, plan), Picked)   # 990 -> 540
     got = pick(r, plan)
-    assert isinstance(got, Wait)     # 550 - 450 < 200 reserve
-    push(r, s, "vip", est=500)
+    assert isinstance(got, Wait)     # 540 - 450 < 200 reserve
+    push(r, s, "vip", est=500, pool="busy")
     got = pick(r, plan)
-    assert isinstance(got, Picked) and got.queue == "gt.vip.default"
+    assert isinstance(got, Picked) and got.queue == "gt.vip.busy"
 
 
 def test_saturated_pool_does_not_block_another(r, settings):
@@ -654,6 +671,7 @@ def test_a_batch_stops_at_a_tenants_cap_and_at_the_bucket(r, settings):
     assert isinstance(scripts_for(r).run(plan.batch(32)), Wait)     # hog capped, the rest empty
     for _ in range(100):
         push(r, s, "batch", est=5000)
+    vip_expected(r, s)
     got = scripts_for(r).run(plan.batch(32))
     # batch leaves the vip reserve alone: as many tasks of 5000 as fit beside it
     reserve = pool.token_capacity * max(t.reserved_share for t in s.tiers)
@@ -693,6 +711,7 @@ def test_a_batch_that_took_fewer_than_asked_says_what_its_other_slots_face(r, se
     assert rest(plan.batch(8)) == (2, -1)                  # the queue ran dry
     for _ in range(3):
         push(r, s, "batch", est=25_000)
+    vip_expected(r, s)                                     # (the reserve held back)
     taken, wait_ms = rest(plan.batch(8))                   # the second waits for tokens
     assert taken == 1 and 0 < wait_ms <= 25_000
 

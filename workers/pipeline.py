@@ -291,7 +291,9 @@ def call(job: Job, a: Admitted) -> Called:
         reply = _upstream(job, a, a.pool, a.model)
     except openai.RateLimitError as exc:
         wait_ms = retry_after_ms(dict(exc.response.headers))
-        PoolBucket(job.r, job.keys, a.pool).drain(wait_ms)
+        debit = job.reservation.debit_on(a.pool)
+        est = debit.tokens if debit else a.req.prompt_tokens + a.max_tokens
+        PoolBucket(job.r, job.keys, a.pool).drain(wait_ms, est)
         job.reservation.drained(a.pool)
         if not a.gate.clean:
             a.circuit.success()   # the upstream answers: alive (the drain handles the 429)

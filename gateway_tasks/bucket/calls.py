@@ -70,6 +70,7 @@ class SettleCall(PoolCall):
             learned_field=learned_field(self.tenant_id, self.model), completion_tokens=self.completion_tokens,
             learn_weight=self.learn_weight, bell_max=self.bell_max, unsent=1 if self.give_back_request else 0,
             actual_tokens_field=tier_field(ACTUAL_TOKENS, self.tier), completed_field=tier_field(COMPLETED, self.tier),
+            keep_unused=1 if self.pool.window == "strict" else 0,
             **remaining_args(self.remaining_tokens, self.remaining_requests, self.debited_tokens_at_dispatch,
                              self.dispatches_at_dispatch))
 
@@ -128,19 +129,22 @@ class SyncLimitsCall(PoolCall):
 
 @dataclass(frozen=True)
 class DrainCall(PoolCall):
-    """The upstream answered 429: empty the bucket and block the pool until Retry-After."""
+    """The upstream answered 429: block the pool until Retry-After, when the bucket holds what
+    the refused request needed (lua/bucket/drain.lua)."""
 
     SCRIPT: ClassVar[str] = "bucket/drain"
 
     retry_after_ms: int
+    est_tokens: int = 0   # the refused request's debit: the bucket holds it at Retry-After
 
     @property
     def script_keys(self) -> list[str]:
         return layout(self.SCRIPT).keys(bucket=self.bucket_key, stats=self.stats_key)
 
     @property
-    def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(retry_after_ms=self.retry_after_ms, stats_field=UPSTREAM_429)
+    def script_args(self) -> list[str | int | float]:
+        return layout(self.SCRIPT).args(retry_after_ms=self.retry_after_ms, stats_field=UPSTREAM_429,
+                                        est_tokens=min(float(self.est_tokens), self.pool.token_capacity))
 
     def parse(self, reply: Any) -> int:
         """The blocked-until time (ms since epoch, Redis clock)."""

@@ -139,8 +139,10 @@ class PoolBucket:
                                                  debited_tokens_at_dispatch, dispatches_at_dispatch))
         return levels.tokens, levels.requests
 
-    def drain(self, retry_after: float) -> int:
-        return self.scripts.run(DrainCall(self.keys, self.pool, int(retry_after)))
+    def drain(self, retry_after: float, est_tokens: int = 0) -> int:
+        """A 429: nothing dispatched to the pool for ``retry_after`` ms, then ``est_tokens`` (the
+        refused request's debit) there for it; returns the blocked-until time (Redis clock, ms)."""
+        return self.scripts.run(DrainCall(self.keys, self.pool, int(retry_after), int(est_tokens)))
 
     def level(self) -> dict[str, float]:
         raw = self.r.hgetall(self.keys.bucket(self.pool.name))

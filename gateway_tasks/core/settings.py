@@ -28,6 +28,13 @@ POLICIES = ("fifo", "strict", "aging", "wfq")
 # alpha x wait; capped = bands 1000 apart by tier rank, +100 per 60 s waited, at most 800
 AGING_PRESETS = ("linear", "capped")
 CHARGE_MODES = ("reserve", "actual")
+# how an upstream counts its quota (Pool.window; docs/rate-limits.md): "bucket" a continuous
+# token bucket as OpenAI describes, refunding what a reply did not use; "strict" a 60 s sliding
+# window charging prompt + max_tokens at admission, never refunded
+WINDOW_MODES = ("bucket", "strict")
+# window="strict": the burst comes out of the refill (any 60 s admits at most the quota), so it
+# is kept short -- quota used at steady state is 1 - burst_s / 60
+STRICT_MAX_BURST_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,11 @@ class Pool:
     rpm: int
     burst_s: float = 60.0
     charge: str = "reserve"
+    # how the upstream counts (WINDOW_MODES): "bucket" (default) or "strict" (docs/rate-limits.md)
+    window: str = "bucket"
+    # the tier reserve (Tier.reserved_share) is held back from other tiers only while a reserved
+    # tier has work queued on this pool or had a task dispatched here in the last reserve_hold_s
+    reserve_hold_s: float = 60.0
     timeout_s: float = 60.0
     # the model degradable tiers are routed to from Overload.fallback_from_level on, for a
     # model of this pool that Overload.fallback_models does not map ("" = none)
@@ -152,6 +164,15 @@ class Pool:
         _require(0 < self.burst_s <= 60, where, "burst_s", self.burst_s, "in (0, 60]")
         _require(self.charge in CHARGE_MODES, where, "charge", self.charge,
                  f"one of {CHARGE_MODES}")
+        _require(self.window in WINDOW_MODES, where, "window", self.window, f"one of {WINDOW_MODES}")
+        _require(self.window != "strict" or self.burst_s <= STRICT_MAX_BURST_S, where, "burst_s",
+                 self.burst_s, f"<= {STRICT_MAX_BURST_S:g} s with window = \"strict\" (a sliding window "
+                 f"admits at most tpm in any 60 s: the burst is taken out of the refill)")
+        _require(self.window != "strict" or self.charge == "reserve", where, "charge", self.charge,
+                 "\"reserve\" with window = \"strict\" (a strict upstream charges prompt + max_tokens)")
+        _require(self.window != "strict" or self.rpm > self.request_capacity, where, "rpm", self.rpm,
+                 "more than the request capacity (rpm * burst_s / 60, at least 1) with window = \"strict\"")
+        _require(self.reserve_hold_s >= 0, where, "reserve_hold_s", self.reserve_hold_s, ">= 0 s")
         _require(self.timeout_s > 0, where, "timeout_s", self.timeout_s, "> 0")
         _require(self.queue_capacity >= 0, where, "queue_capacity", self.queue_capacity,
                  ">= 0 tasks (0 = no shared limit)")
@@ -168,7 +189,7 @@ class Pool:
 
     def rates(self) -> tuple[float, float, float, float]:
         """(token capacity, tokens per ms, request capacity, requests per ms) of its bucket."""
-        return (self.token_capacity, self.tpm / 60_000.0, self.request_capacity, self.rpm / 60_000.0)
+        return bucket_rates_of(self.tpm, self.rpm, self.burst_s, self.window)
 
     def public(self) -> "Pool":
         """This pool without its secret: no API key, no credentials in the URL."""
@@ -190,6 +211,19 @@ class Pool:
 def bucket_capacity(per_minute: float, burst_s: float) -> float:
     """A per-minute quota's bucket size when it may burst for burst_s seconds."""
     return per_minute * burst_s / 60.0
+
+
+def bucket_rates_of(tpm: float, rpm: float, burst_s: float, window: str) -> tuple[float, float, float, float]:
+    """(token capacity, tokens per ms, request capacity, requests per ms) of a pool's bucket.
+
+    "bucket": capacity burst_s of quota, refilled at the quota.  "strict": a 60 s sliding
+    window admits at most the quota in any 60 s, and a bucket admits at most capacity + 60 s
+    of refill in any 60 s, so the refill is the quota less the capacity: the spend is smoothed
+    over the window."""
+    tcap, rcap = bucket_capacity(tpm, burst_s), request_bucket_capacity(rpm, burst_s)
+    if window == "strict":
+        return (tcap, max(0.0, tpm - tcap) / 60_000.0, rcap, max(0.0, rpm - rcap) / 60_000.0)
+    return (tcap, tpm / 60_000.0, rcap, rpm / 60_000.0)
 
 
 def request_bucket_capacity(rpm: float, burst_s: float) -> float:

@@ -130,7 +130,8 @@ class PickPlan:
         pool_records = [dict(state=k.fair(p.name), messages=k.messages(p.name), finish=k.finish(p.name),
                              parked=k.parked(p.name), inflight=k.inflight(p.name),
                              dispatched=k.dispatched(p.name), dispatched_at=k.dispatched_at(p.name),
-                             **bucket_rates(p), reserve_tokens=p.token_capacity * reserve_share)
+                             **bucket_rates(p), reserve_tokens=p.token_capacity * reserve_share,
+                             reserve_hold_ms=int(p.reserve_hold_s * 1000))
                         for p in pools]
         prio = priority.priorities(priority.tier_weights(settings.tiers), settings.deadline_boost_across_tiers)
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from gateway_tasks.core.errors import ApiError
-from gateway_tasks.simulator.bucket import (Clock, TokenBucket, ceil_ms, format_duration,
+from gateway_tasks.simulator.bucket import (Clock, SlidingWindow, TokenBucket, ceil_ms, format_duration,
                                             format_seconds)
 from gateway_tasks.simulator.config import SimConfig
 from gateway_tasks.simulator.stats import SimStats
@@ -41,8 +41,14 @@ class Simulator:
 
     def __init__(self, config: SimConfig, clock: Clock = time.monotonic) -> None:
         self.config = config
-        self.tokens = TokenBucket(config.token_capacity, config.tpm / 60.0, clock)
-        self.requests = TokenBucket(config.request_capacity, config.rpm / 60.0, clock)
+        self.tokens: TokenBucket | SlidingWindow
+        self.requests: TokenBucket | SlidingWindow
+        if config.window == "strict":   # a 60 s sliding window: charges kept, never given back
+            self.tokens = SlidingWindow(config.tpm, 60.0, clock)
+            self.requests = SlidingWindow(config.rpm, 60.0, clock)
+        else:
+            self.tokens = TokenBucket(config.token_capacity, config.tpm / 60.0, clock)
+            self.requests = TokenBucket(config.request_capacity, config.rpm / 60.0, clock)
         self.stats = SimStats(clock)
         self.rng = random.Random(config.seed)
         self.held_tokens = 0
@@ -67,6 +73,7 @@ class Simulator:
         if self.config.charge == "reserve":
             self.tokens.take(need)
             self.held_tokens += need
+        self.stats.record_admitted(need)
         return Admission(True, requested_tokens=need)
 
     def complete(self, prompt_tokens: int, max_tokens: int, completion_tokens: int) -> None:

@@ -1,5 +1,5 @@
-"""The simulator's rate-limit maths: a continuous-refill token bucket and
-OpenAI's duration format for the ``x-ratelimit-reset-*`` headers.
+"""The simulator's rate-limit maths: a continuous-refill token bucket, a strict
+sliding window, and OpenAI's duration format for the ``x-ratelimit-reset-*`` headers.
 
 Pure and synchronous: the clock is injected (``time.monotonic`` by default),
 so tests drive time by hand and the async simulator can check and debit a
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from typing import Callable
 
 from gateway_tasks.core.errors import ConfigError
@@ -140,3 +141,82 @@ def format_seconds(seconds: float) -> str:
     ms = ceil_ms(seconds)
     whole_s, frac_ms = divmod(ms, 1000)
     return f"{whole_s}" if frac_ms == 0 else f"{whole_s}.{frac_ms:03d}".rstrip("0")
+
+
+class SlidingWindow:
+    """At most ``limit`` units charged in any ``window_s`` seconds: a strict upstream's
+    per-minute quota (``SimConfig.window = "strict"``).
+
+    Each charge is kept with its time and counts until ``window_s`` after it; nothing is
+    given back (``give`` is a no-op: a strict upstream keeps what it charged at admission).
+    The same interface as ``TokenBucket``, so ``Simulator`` uses either: ``level`` is what
+    the window has left, ``wait_s`` the exact time until an amount fits (the oldest charges
+    expire), ``reset_s`` the time until the window is empty.
+    """
+
+    def __init__(self, limit: float, window_s: float = 60.0, clock: Clock = time.monotonic) -> None:
+        if not limit > 0:
+            raise ConfigError(f"window limit={limit!r} is invalid; expected > 0")
+        self.capacity = float(limit)
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._charges: deque[tuple[float, float]] = deque()
+        self._used = 0.0
+        self.wasted = 0.0   # (a window wastes nothing it could count: kept for the stats' shape)
+
+    def _expire(self) -> float:
+        now_s = self._clock()
+        while self._charges and self._charges[0][0] + self.window_s <= now_s:
+            self._used -= self._charges.popleft()[1]
+        if not self._charges:
+            self._used = 0.0
+        return now_s
+
+    @property
+    def level(self) -> float:
+        self._expire()
+        return self.capacity - self._used
+
+    def remaining(self) -> int:
+        return max(0, math.floor(self.level + _EPSILON))
+
+    def can_take(self, amount: float) -> bool:
+        return self.level + _EPSILON >= amount
+
+    def try_take(self, amount: float) -> bool:
+        if not self.can_take(amount):
+            return False
+        self.take(amount)
+        return True
+
+    def take(self, amount: float) -> None:
+        now_s = self._expire()
+        self._charges.append((now_s, float(amount)))
+        self._used += amount
+
+    def give(self, amount: float) -> None:
+        """Nothing: what a strict window charged stays charged until it expires."""
+
+    def wait_s(self, amount: float) -> float:
+        """Seconds until ``amount`` fits (inf if it exceeds the limit)."""
+        if amount > self.capacity + _EPSILON:
+            return math.inf
+        now_s = self._expire()
+        excess = self._used + amount - self.capacity
+        if excess <= _EPSILON:
+            return 0.0
+        freed = 0.0
+        for at_s, charged in self._charges:
+            freed += charged
+            if freed + _EPSILON >= excess:
+                return max(0.0, at_s + self.window_s - now_s)
+        return self.window_s   # (not reached: the charges sum to _used)
+
+    def reset_s(self) -> float:
+        now_s = self._expire()
+        return max(0.0, self._charges[-1][0] + self.window_s - now_s) if self._charges else 0.0
+
+    def fill(self) -> None:
+        self._charges.clear()
+        self._used = 0.0
+        self.wasted = 0.0

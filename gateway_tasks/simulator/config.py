@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.settings import CHARGE_MODES, Pool, bucket_capacity, request_bucket_capacity
+from gateway_tasks.core.settings import CHARGE_MODES, WINDOW_MODES, Pool, bucket_capacity, request_bucket_capacity
 
 # how the simulator serves HTTP (uvicorn's event loop, HTTP parser): "native" is uvloop and
 # httptools (C), "python" the pure-Python asyncio loop and h11.  One event loop serves every
@@ -25,6 +25,10 @@ class SimConfig:
     rpm: int = 6_000
     burst_s: float = 60.0
     charge: str = "reserve"
+    # "bucket": continuous-refill buckets of burst_s of quota; "strict": at most tpm tokens and
+    # rpm requests admitted in any 60 s (prompt + max_tokens charged at admission, never given
+    # back; Retry-After is the exact time until the request fits; burst_s is not used)
+    window: str = "bucket"
     base_latency_ms: float = 20.0
     ms_per_output_token: float = 0.05
     completion_fraction: float = 0.6
@@ -59,6 +63,9 @@ class SimConfig:
         _check(self.rpm > 0, "rpm", self.rpm, "> 0 requests per minute")
         _check(self.burst_s > 0, "burst_s", self.burst_s, "> 0 seconds")
         _check(self.charge in CHARGE_MODES, "charge", self.charge, f"one of {CHARGE_MODES}")
+        _check(self.window in WINDOW_MODES, "window", self.window, f"one of {WINDOW_MODES}")
+        _check(self.window == "bucket" or self.charge == "reserve", "charge", self.charge,
+               "'reserve' with window='strict' (it charges prompt + max_tokens at admission)")
         _check(self.base_latency_ms >= 0, "base_latency_ms", self.base_latency_ms, ">= 0")
         _check(self.ms_per_output_token >= 0, "ms_per_output_token",
                self.ms_per_output_token, ">= 0")
@@ -90,17 +97,17 @@ class SimConfig:
 
     @property
     def token_capacity(self) -> float:
-        return bucket_capacity(self.tpm, self.burst_s)
+        return float(self.tpm) if self.window == "strict" else bucket_capacity(self.tpm, self.burst_s)
 
     @property
     def request_capacity(self) -> float:
-        return request_bucket_capacity(self.rpm, self.burst_s)
+        return float(self.rpm) if self.window == "strict" else request_bucket_capacity(self.rpm, self.burst_s)
 
     @classmethod
     def for_pool(cls, pool: Pool, **overrides: Any) -> "SimConfig":
         """A simulator with the same quota, burst, charge mode and models as ``pool``."""
         base: dict[str, Any] = dict(tpm=pool.tpm, rpm=pool.rpm, burst_s=pool.burst_s,
-                                    charge=pool.charge, models=pool.models)
+                                    charge=pool.charge, window=pool.window, models=pool.models)
         base.update(overrides)
         return cls(**base)
 

@@ -8,7 +8,7 @@ import argparse
 import os
 
 from gateway_tasks.core.errors import ConfigError
-from gateway_tasks.core.settings import CHARGE_MODES
+from gateway_tasks.core.settings import CHARGE_MODES, WINDOW_MODES
 from gateway_tasks.simulator.config import SERVER_STACKS, SimConfig
 
 DEFAULT_HOST = "127.0.0.1"
@@ -31,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--charge", choices=CHARGE_MODES, default=d.charge,
                         help="reserve prompt+max_tokens at admission, or charge actual usage "
                              "at completion (default %(default)s)")
+    parser.add_argument("--window", choices=WINDOW_MODES, default=d.window,
+                        help="bucket = continuous-refill buckets of --burst-s; strict = at most "
+                             "tpm/rpm in any 60 s, charged at admission, never refunded "
+                             "(default %(default)s)")
     parser.add_argument("--base-latency-ms", type=float, default=d.base_latency_ms,
                         help="latency of every reply (default %(default)s)")
     parser.add_argument("--ms-per-output-token", type=float, default=d.ms_per_output_token,
@@ -82,7 +86,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     """Build a SimConfig from parsed flags; raise ConfigError if a value is invalid."""
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     return SimConfig(tpm=args.tpm, rpm=args.rpm, burst_s=args.burst_s, charge=args.charge,
-                     base_latency_ms=args.base_latency_ms,
+                     window=args.window, base_latency_ms=args.base_latency_ms,
                      ms_per_output_token=args.ms_per_output_token,
                      completion_fraction=args.completion_fraction,
                      default_max_tokens=args.default_max_tokens, models=models,
@@ -96,6 +100,7 @@ def config_to_argv(config: SimConfig) -> list[str]:
     api_key: that one goes in the environment (API_KEY_ENV), out of the process list."""
     return ["--tpm", str(config.tpm), "--rpm", str(config.rpm),
             "--burst-s", repr(config.burst_s), "--charge", config.charge,
+            "--window", config.window,
             "--base-latency-ms", repr(config.base_latency_ms),
             "--ms-per-output-token", repr(config.ms_per_output_token),
             "--completion-fraction", repr(config.completion_fraction),

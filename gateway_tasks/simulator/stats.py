@@ -32,6 +32,8 @@ class SimStats:
         self.tokens_completion = 0
         self.per_model: dict[str, dict[str, int]] = {}
         self._series: dict[int, list[int]] = {}   # monotonic second -> [tokens, requests]
+        # monotonic second -> [tokens charged at admission, requests admitted]
+        self._admitted: dict[int, list[int]] = {}
 
     def _model(self, model: str) -> dict[str, int]:
         return self.per_model.setdefault(model, {"requests_ok": 0, "requests_429": 0,
@@ -52,6 +54,14 @@ class SimStats:
         cell[1] += 1
         self._prune(second)
 
+    def record_admitted(self, charged_tokens: int) -> None:
+        """A request admitted, ``charged_tokens`` counted against the quota at admission."""
+        second = int(self._clock())
+        cell = self._admitted.setdefault(second, [0, 0])
+        cell[0] += charged_tokens
+        cell[1] += 1
+        self._prune(second)
+
     def record_429(self, model: str, kind: str) -> None:
         self.requests_429 += 1
         self.requests_429_by_type[kind] += 1
@@ -69,8 +79,9 @@ class SimStats:
 
     def _prune(self, now_second: int) -> None:
         oldest = now_second - SERIES_WINDOW_S + 1
-        for second in [s for s in self._series if s < oldest]:
-            del self._series[second]
+        for series in (self._series, self._admitted):
+            for second in [s for s in series if s < oldest]:
+                del series[second]
 
     def snapshot(self) -> dict[str, Any]:
         now_s = self._clock()
@@ -97,5 +108,12 @@ class SimStats:
                 "first_second": first,
                 "tokens": [self._series.get(s, (0, 0))[0] for s in seconds],
                 "requests": [self._series.get(s, (0, 0))[1] for s in seconds],
+            },
+            # admitted_per_s.tokens[i] = tokens charged at admission (prompt + max_tokens under
+            # charge="reserve") of the requests admitted during second first_second + i
+            "admitted_per_s": {
+                "first_second": first,
+                "tokens": [self._admitted.get(s, (0, 0))[0] for s in seconds],
+                "requests": [self._admitted.get(s, (0, 0))[1] for s in seconds],
             },
         }

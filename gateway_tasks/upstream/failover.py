@@ -61,7 +61,7 @@ def fail_over(client: redis.Redis, keys: Keys, settings: Settings, primary: Pool
         try:
             reply = call(backup, used_model)
         except openai.RateLimitError as exc:
-            PoolBucket(client, keys, backup).drain(retry_after_ms(dict(exc.response.headers)))
+            PoolBucket(client, keys, backup).drain(retry_after_ms(dict(exc.response.headers)), est)
             reservation.drained(backup)
             notes.append(f"{backup.name}: 429")
             continue

@@ -26,6 +26,9 @@
 -- ARGV[14] remaining_tokens: reported   ARGV[15] remaining_requests: reported (-1 = not reported)
 -- ARGV[16] debited_at_dispatch: the pool's debited_tokens and ARGV[17] dispatches_at_dispatch:
 --          its dispatches, right after this task was dispatched (-1 = unknown)
+-- ARGV[18] keep_unused: 1 = the pool's upstream counts a strict window (Pool.window): it keeps
+--          what it charged at admission (prompt + max_tokens), so a reply shorter than its
+--          estimate gives nothing back (a usage above it is still charged)
 --
 -- Returns {tokens, requests, now_ms} after the correction (as strings; now_ms on the Redis clock).
 
@@ -35,6 +38,7 @@ local est, actual = tonumber(ARGV[A_est_tokens]), tonumber(ARGV[A_actual_tokens]
 local now = gt_now_ms()
 local tokens, requests, _, wait_until = gt_bucket(KEYS[K_bucket], tcap, trate, rcap, rrate, now)
 local refund = est - actual
+if refund > 0 and ARGV[A_keep_unused] == '1' and ARGV[A_unsent] ~= '1' then refund = 0 end
 tokens = math.min(tcap, tokens + refund)
 if ARGV[A_unsent] == '1' then requests = math.min(rcap, requests + 1) end
 if ARGV[A_remaining_tokens] ~= '-1' or ARGV[A_remaining_requests] ~= '-1' then

@@ -13,7 +13,8 @@
 --                                         tier's queue length)
 -- KEYS[3] active: the tier's active tenants (zset)   KEYS[4] finish: tags (tenant -> F)
 -- KEYS[5] parked: tenants (tenant -> tier)    KEYS[6] inflight: (tenant -> n)
--- KEYS[7] seq: the enqueue sequence           KEYS[8] fair: hash (tv:<tier>)
+-- KEYS[7] seq: the enqueue sequence           KEYS[8] fair: hash (tv:<tier>; rsv_ms: a reserved
+--                                               tier's last interactive arrival)
 -- KEYS[9] bell: the tier's bell list (Keys.tier_bell)
 -- KEYS[10] reserved_bell: the reserved-work bell list (rung as well for a reserved tier's
 --          interactive task: dispatchers whose other slots are full wait on it)
@@ -97,7 +98,12 @@ end
 gt_ring(KEYS[K_bell], ARGV[A_bell_max])
 -- at most one token: nobody waits on it most of the time, and stale tokens would each cost a
 -- dispatcher that starts waiting on it an empty pick
-if ARGV[A_reserved] == '1' and not scheduled then gt_ring(KEYS[K_reserved_bell], 1) end
+-- a reserved tier's interactive arrival also marks when reserved work was last seen on the pool:
+-- pick.lua holds the pool's reserve back from other tiers only for Pool.reserve_hold_s after it
+if ARGV[A_reserved] == '1' and not scheduled then
+  gt_ring(KEYS[K_reserved_bell], 1)
+  redis.call('HSET', KEYS[K_fair], 'rsv_ms', now)
+end
 local ref = KEYS[K_task_ref]
 if ref then
   redis.call('SET', ref, ARGV[A_ref_pool] .. '|' .. tier .. '|' .. tenant .. '|' .. tag .. '|' .. entry,

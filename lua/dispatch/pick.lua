@@ -47,8 +47,10 @@
 -- ARGV[7] general_picks: most of them that may not use the reserve (-1: no limit): the
 --   dispatcher's free slots less those it keeps for reserved tiers' interactive work
 --   (Settings.reserved_worker_slots); at 0 only such work is a candidate
--- ARGV[..] per pool (P): token_capacity tokens_per_ms request_capacity requests_per_ms reserve_tokens
---   reserve_tokens: head-room only reserved tiers' interactive work may use
+-- ARGV[..] per pool (P): token_capacity tokens_per_ms request_capacity requests_per_ms reserve_tokens reserve_hold_ms
+--   reserve_tokens: head-room only reserved tiers' interactive work may use, held back while
+--   such work is a candidate here or arrived (rsv_ms in the state hash, lua/dispatch/enqueue.lua)
+--   less than reserve_hold_ms ago; else other work may use it too
 -- ARGV[..] per queue (Q): pool tier base_weight alpha_per_ms share max_wait_ms reserved,
 --                         tenant_max_inflight ttl_ms lag_tokens aging_cap priority urgent_priority
 --   pool: its pool's index (1-based); reserved: 1 = may use the reserve;

@@ -24,6 +24,16 @@ for p = 1, P do
     pool.rcap, pool.rrate = tonumber(ARGV[a + A_pool_request_capacity]), tonumber(ARGV[a + A_pool_requests_per_ms])
     pool.reserve = tonumber(ARGV[a + A_pool_reserve_tokens])
     local b = pool_state[p]   -- the bucket's fields, read with the fair state (pick/fair_state)
+    -- the reserve is held back only while reserved work is expected: it arrived lately ...
+    if now - (tonumber(b[STATE_RSV_MS]) or -math.huge) >= (tonumber(ARGV[a + A_pool_reserve_hold_ms]) or 0) then
+      pool.reserve = 0
+      for q = 1, Q do
+        local qd = queues[q]
+        if qd.pool == p and qd.c and ARGV[qd.a + A_queue_reserved] == '1' and not gt_scheduled(qd.c.entry, qd.c.tenant) then
+          pool.reserve = tonumber(ARGV[a + A_pool_reserve_tokens])   -- ... or is queued here now
+        end
+      end
+    end
     local tokens, requests, ts = tonumber(b[STATE_TOKENS]), tonumber(b[STATE_REQUESTS]), tonumber(b[STATE_TS_MS])
     if not tokens then tokens, requests, ts = pool.tcap, pool.rcap, now end
     local dt = math.max(0, now - ts)

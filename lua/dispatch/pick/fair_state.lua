@@ -6,11 +6,11 @@
 -- hash per pool.  pool_state[p]: the reply, the pool's fields at STATE_*; qd.field_at: where
 -- a queue's own fields start in it.
 local STATE_V, STATE_TOKENS, STATE_REQUESTS, STATE_TS_MS, STATE_BLOCKED_UNTIL_MS = 1, 2, 3, 4, 5
-local STATE_DEBITED_TOKENS, STATE_DISPATCHES, STATE_WAIT_UNTIL_MS = 6, 7, 8
+local STATE_DEBITED_TOKENS, STATE_DISPATCHES, STATE_WAIT_UNTIL_MS, STATE_RSV_MS = 6, 7, 8, 9
 local pool_state = {}
 for p = 1, P do
   local fields, mine = {'v', 'tokens', 'requests', 'ts_ms', 'blocked_until_ms', 'debited_tokens', 'dispatches',
-                        'wait_until_ms'}, {}
+                        'wait_until_ms', 'rsv_ms'}, {}
   for q = 1, Q do
     local qd = queues[q]
     if qd.pool == p then

@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "devtools.bench.inherit",    # bench-inherit
     "devtools.bench.overload",   # bench-overload
     "devtools.bench.abuse",      # bench-abuse
+    "devtools.bench.strict",     # bench-strict
     "devtools.bench.beat",       # cron-bench
     "devtools.bench.demand",     # bench-demand
     "devtools.chaos.command",    # chaos

@@ -10,7 +10,10 @@ the same run, then PASS/FAIL per target (``bench.dispatch_report``):
    vs as many RPOP loops (``bench.dispatch_rate``);
 3. Redis CPU per task end to end -- submit, dispatch, settle, result, task
    events on -- the gateway vs plain Celery, with the breakdown per command
-   (``bench.dispatch_cpu``).
+   (``bench.dispatch_cpu``);
+4. Redis CPU per dispatched task with the pool's bucket binding vs not, over many
+   tenants, several runs (``bench.dispatch_bucket``): waiting for the bucket costs Redis
+   (almost) nothing.
 
     python -m devtools.bench.dispatch [--quick] [--json] [--check]
 
@@ -31,13 +34,13 @@ import redis
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import load_settings
 from devtools.bench import command as bench_command
-from devtools.bench import dispatch_cpu, dispatch_rate, dispatch_report, dispatch_server
+from devtools.bench import dispatch_bucket, dispatch_cpu, dispatch_rate, dispatch_report, dispatch_server
 from gateway_tasks.local.redis_server import EmbeddedRedis, redis_server_binary
 
-PARTS = ("server", "rate", "cpu")
+PARTS = ("server", "rate", "cpu", "bucket")
 NO_AOF_REWRITE = ("--auto-aof-rewrite-percentage", "0")
-DEFAULTS = {"picks": 2000, "tenants": 10_000, "messages": 16_000, "dispatchers": 8, "tasks": 600}
-QUICK = {"picks": 300, "tenants": 2_000, "messages": 4_000, "dispatchers": 8, "tasks": 200}
+DEFAULTS = {"picks": 2000, "tenants": 10_000, "messages": 16_000, "dispatchers": 8, "tasks": 600, "runs": 3}
+QUICK = {"picks": 300, "tenants": 2_000, "messages": 4_000, "dispatchers": 8, "tasks": 200, "runs": 2}
 
 
 def run_dispatch(parts: list[str], sizes: dict[str, int], *, log_dir: str, breakdown: bool = True,
@@ -68,6 +71,10 @@ def run_dispatch(parts: list[str], sizes: dict[str, int], *, log_dir: str, break
                 result["cpu"] = dispatch_cpu.run(client, server.url, base, tasks=sizes["tasks"],
                                                  log_dir=log_dir, breakdown=breakdown,
                                                  progress=progress)
+            if "bucket" in parts:
+                progress(f"part 4: Redis CPU per dispatched task, bucket-bound vs unconstrained, {sizes['runs']} runs")
+                result["bucket"] = dispatch_bucket.run(client, server.url, base, tasks=sizes["tasks"],
+                                                       log_dir=log_dir, runs=sizes["runs"], progress=progress)
         finally:
             client.close()
     result["runtime_s"] = round(time.monotonic() - started, 1)
@@ -85,7 +92,7 @@ def sizes_from_args(args: argparse.Namespace) -> dict[str, int]:
     preset = QUICK if args.quick else DEFAULTS
     sizes = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in preset.items()}
     if any(v < 1 for v in sizes.values()):
-        raise ConfigError("--picks, --tenants, --messages, --dispatchers and --tasks must be positive")
+        raise ConfigError("--picks, --tenants, --messages, --dispatchers, --tasks and --runs must be positive")
     return sizes
 
 
@@ -106,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             ("tenants", "tenants queued in the many-tenant scenarios (part 1)"),
                             ("messages", "messages drained by the dispatchers (part 2)"),
                             ("dispatchers", "concurrent dispatcher processes (part 2)"),
-                            ("tasks", "tasks a run (part 3)")):
+                            ("tasks", "tasks a run (parts 3 and 4)"),
+                            ("runs", "runs of part 4")):
         parser.add_argument(f"--{name}", type=int, default=None,
                             help=f"{help_text} (default {DEFAULTS[name]}, --quick {QUICK[name]})")
     parser.add_argument("--no-breakdown", action="store_true",

@@ -37,6 +37,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +77,7 @@ class Flow:
     start_worker: Callable[[], processes.Child]
     send: Callable[[int], str]      # task number -> task id
     prefix: str
+    senders: int = 1                # threads sending (in task order per thread)
 
 
 def plain_flow(url: str, prompt: str, log_dir: str) -> Flow:
@@ -105,23 +107,25 @@ def gateway_noop_flow(url: str, base: Settings, prompt: str, log_dir: str) -> Fl
 
 
 def gateway_infer_flow(client: redis.Redis, url: str, base: Settings, prompt: str, sim_url: str,
-                       log_dir: str) -> Flow:
+                       log_dir: str, *, tpm: int = FAST, burst_s: float = 60.0, tenants: int = TENANTS,
+                       name: str = "gateway_infer") -> Flow:
+    """``tpm``/``burst_s``: the pool's (the default never waits: a bucket-bound flow sets less)."""
     prefix = f"gt-bench-cpu-infer-{uuid.uuid4().hex[:8]}:"
-    pool = Pool("default", base_url=sim_url, api_key="sk-bench", models=(MODEL,), tpm=FAST,
-                rpm=FAST, burst_s=60.0)
+    pool = Pool("default", base_url=sim_url, api_key="sk-bench", models=(MODEL,), tpm=tpm,
+                rpm=FAST, burst_s=burst_s)
     settings = for_load(base.with_(redis_url=url, key_prefix=prefix, pools=(pool,)))
     gw = Gateway(settings, client=client)
-    tenants = [f"infer-{k}" for k in range(TENANTS)]
-    for tenant in tenants:
+    names = [f"infer-{k}" for k in range(tenants)]
+    for tenant in names:
         gw.register_tenant(tenant, TIER)
 
     def send(i: int) -> str:
-        return gw.submit(tenants[i % TENANTS], prompt, max_tokens=2 * COMPLETION_TOKENS,
+        return gw.submit(names[i % tenants], prompt, max_tokens=2 * COMPLETION_TOKENS,
                          source="bench",
                          extra_body={"sim_completion_tokens": COMPLETION_TOKENS}).id
-    return Flow("gateway_infer", gw.app, lambda: processes.worker(
+    return Flow(name, gw.app, lambda: processes.worker(
         settings, concurrency=8, name="cpu-infer",
-        log_path=os.path.join(log_dir, "cpu-gateway-infer-worker.log")).start(), send, prefix)
+        log_path=os.path.join(log_dir, f"cpu-{name}-worker.log")).start(), send, prefix)
 
 
 def fast_simulator() -> SimulatorProcess:
@@ -144,9 +148,9 @@ def run_flow(client: redis.Redis, flow: Flow, tasks: int, *, timeout_s: float,
     try:
         processes.wait_for_workers(flow.app, 1, timeout_s=60.0)
         with redis_stats.recording(client) if record else contextlib.nullcontext():
-            p0 = redis_stats.point(client)
+            p0, t0 = redis_stats.point(client), time.monotonic()
             metas = _window(client, flow, tasks, timeout_s, worker)
-            p1 = redis_stats.point(client)
+            p1, t1 = redis_stats.point(client), time.monotonic()
             if record:
                 entries = redis_stats.slowlog_entries(client)
     finally:
@@ -154,8 +158,10 @@ def run_flow(client: redis.Redis, flow: Flow, tasks: int, *, timeout_s: float,
         discard_prefix(client, flow.prefix)
         flow.app.close()
     ok = sum(1 for m in metas if m.get("status") == "SUCCESS")
-    return cpu_of(flow.name, tasks, len(metas), ok, p1.cpu_s - p0.cpu_s,
-                  redis_stats.stats_delta(p0.commands, p1.commands), p1.reads - p0.reads), entries
+    row = cpu_of(flow.name, tasks, len(metas), ok, p1.cpu_s - p0.cpu_s,
+                 redis_stats.stats_delta(p0.commands, p1.commands), p1.reads - p0.reads)
+    row["window_s"] = round(t1 - t0, 3)
+    return row, entries
 
 
 def wait_all(client: redis.Redis, keys: list[str], timeout_s: float,
@@ -186,7 +192,11 @@ def wait_all(client: redis.Redis, keys: list[str], timeout_s: float,
 
 def _window(client: redis.Redis, flow: Flow, tasks: int, timeout_s: float,
             worker: processes.Child) -> list[dict[str, Any]]:
-    ids = [flow.send(i) for i in range(tasks)]
+    if flow.senders > 1:
+        with ThreadPoolExecutor(flow.senders) as pool:
+            ids = list(pool.map(flow.send, range(tasks)))
+    else:
+        ids = [flow.send(i) for i in range(tasks)]
     return wait_all(client, [flow.app.backend.get_key_for_task(t) for t in ids], timeout_s,
                     worker.alive)
 
@@ -225,7 +235,8 @@ def cpu_of(flow: str, tasks: int, done: int, ok: int, cpu_s: float,
             "round_trips_per_task": round(reads / tasks, 2) if tasks else None,
             "evalsha_per_task": round(evalsha.calls / tasks, 2) if tasks else None,
             "evalsha_us_per_task": round(evalsha.usec / tasks, 1) if tasks else None,
-            "evalsha_usec": evalsha.usec}
+            "evalsha_usec": evalsha.usec,
+            "commands_us_per_task": round(sum(c.usec for c in commands.values()) / tasks, 1) if tasks else None}
 
 
 def run(client: redis.Redis, url: str, base: Settings, *, tasks: int, log_dir: str,

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from devtools.bench import dispatch_bucket
 from devtools.bench import targets as bench_targets
 
 PICK_MAX_US = 30.0
 DISPATCHES_MIN_PER_S = 15_000
 CPU_MAX_X = 1.3
+BUCKET_BOUND_MAX_X = dispatch_bucket.TARGET_X
 TOP_COMMANDS = 8
 
 
@@ -68,6 +70,14 @@ def evaluate(result: dict[str, Any]) -> dict[str, Any]:
         targets.append(bench_targets.at_most(
             "cpu_per_task_x", worst_x, CPU_MAX_X,
             f"end-to-end Redis CPU per task <= {CPU_MAX_X}x plain Celery's: {shown or '-'}"))
+    if "bucket" in result:
+        ratio = result["bucket"]["ratio"]
+        median = ratio["median"] if ratio else None
+        targets.append(bench_targets.at_most(
+            "bucket_bound_cpu_x", median, BUCKET_BOUND_MAX_X,
+            f"Redis CPU per dispatched task bucket-bound <= {BUCKET_BOUND_MAX_X}x unconstrained: median "
+            f"{_v(median, '.2f')}x (runs {_v(ratio['min'], '.2f') if ratio else '-'} .. "
+            f"{_v(ratio['max'], '.2f') if ratio else '-'})"))
     result["targets"] = targets
     result["all_targets_pass"] = bench_targets.all_pass(targets)
     return result
@@ -169,6 +179,8 @@ def format_report(result: Mapping[str, Any]) -> str:
         lines += format_rate(result["rate"]) + [""]
     if "cpu" in result:
         lines += format_cpu(result["cpu"]) + [""]
+    if "bucket" in result:
+        lines += dispatch_bucket.format_part(result["bucket"]) + [""]
     lines += bench_targets.format_targets(result["targets"])
     lines.append(f"total bench time {result['runtime_s']:.0f} s")
     return "\n".join(lines)

@@ -161,6 +161,7 @@ class PickPlan:
         self.bell_keys = [*(k.tier_bell(q.pool.name, q.tier.name) for q in self.queues),
                           *(k.bell(pool.name) for pool in pools)]
         self.reserved_bell_keys = [k.reserved_bell(pool.name) for pool in pools]   # ... with kept slots only
+        self.pool_bell_keys = [k.bell(pool.name) for pool in pools]   # ... and waiting for a bucket
         # encoded once: a dispatcher sends the same KEYS and ARGV on every poll
         self.script_keys = [k.encode() for k in keys]
         self.script_args = self.args(max_picks=1, general_picks=NO_LIMIT)

@@ -36,7 +36,8 @@ from gateway_tasks.dispatch.dead_letters import DeadLetterer, problem_of
 from gateway_tasks.dispatch.stats import DispatchTally
 from gateway_tasks.core.faults import AFTER_ACK, AFTER_PICK, kill_point
 from gateway_tasks.dispatch.leases import LeaseKeeper, sweep_expired
-from gateway_tasks.dispatch.poll_step import PICK, WAIT, next_step
+from gateway_tasks.dispatch.poll_step import (PICK, RESERVED_AND_OWN, RESERVED_AND_POOL, WAIT, next_step,
+                                              wait_bells)
 from gateway_tasks.core.redis_retry import through_restarts
 from gateway_tasks.dispatch.release import ACK, REQUEUE, ReleaseCall
 from gateway_tasks.dispatch.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
@@ -163,6 +164,7 @@ class Channel(broker.Channel):
         self._gt_fair_merged: set[str] = set()   # pools whose old fair hash this channel merged
         self._gt_mode = PICK
         self._gt_wait_s = 0.0
+        self._gt_wait_ms = -1   # pick.lua's wait behind the next WAIT (-1: none known)
         self._gt_tally = DispatchTally(self._gt_keys)
         self._gt_refused = 0     # picks refused in a row by Redis at its maxmemory
         # slots kept for reserved tiers' interactive work (Settings.reserved_worker_slots):
@@ -248,8 +250,12 @@ class Channel(broker.Channel):
             self._gt_count(DISPATCH_WAITS)
             # with only kept slots free: woken by reserved interactive work or a slot of its own
             # freeing -- never taking the wake-up of other work it could not pick
-            bells = ([*plan.reserved_bell_keys, *self._gt_own_bells(plan)] if self._gt_slot_limited
-                     else plan.bell_keys)
+            # waiting for the bucket: woken by reserved interactive work or refunds that end the
+            # wait, not by each arrival that could not be dispatched sooner (poll_step.wait_bells)
+            which = wait_bells(self._gt_slot_limited, self._gt_wait_ms, len(plan.pools))
+            bells = (plan.bell_keys if which not in (RESERVED_AND_OWN, RESERVED_AND_POOL)
+                     else [*plan.reserved_bell_keys, *(self._gt_own_bells(plan) if which == RESERVED_AND_OWN
+                                                       else plan.pool_bell_keys)])
             conn.send_command("BLPOP", *bells, bell_timeout(self._gt_wait_s))
         else:
             self._gt_mode = PICK
@@ -321,6 +327,7 @@ class Channel(broker.Channel):
     def _gt_wait(self, wait_ms: int) -> None:
         """Wait on the bells next, for ``wait_ms`` (-1: MAX_WAIT_S, until a bell rings)."""
         self._gt_wait_s = MAX_WAIT_S if wait_ms < 0 else min(MAX_WAIT_S, max(0.001, wait_ms / 1000.0))
+        self._gt_wait_ms = wait_ms
         self._gt_mode = WAIT
 
     def _gt_full(self, exc: BaseException) -> None:
@@ -333,6 +340,7 @@ class Channel(broker.Channel):
                            self._gt_refused + 1)
         self._gt_refused += 1
         self._gt_mode = WAIT
+        self._gt_wait_ms = -1
         self._gt_wait_s = FULL_PAUSE_S
 
     def get_message(self, queue: str) -> Any:

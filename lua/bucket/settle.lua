@@ -3,7 +3,7 @@
 -- estimate debited at dispatch to the usage the upstream reported, lower it to
 -- what the reply's rate-limit headers say is left (as lua/bucket/sync_limits.lua: one
 -- call where there used to be two), update the tenant's learned completion
--- length, and ring the bell when tokens came back while a dispatcher waits for them.
+-- length, and ring the bell when tokens that came back end a dispatcher's wait for them.
 --
 -- KEYS[1] bucket: the pool's bucket hash (tokens, requests, ts_ms, blocked_until_ms)
 -- KEYS[2] stats: the pool's stats hash
@@ -65,9 +65,13 @@ if w > 0 then
   if old then new = old + w * (c - old) end
   redis.call('HSET', KEYS[K_learned], ARGV[A_learned_field], new)
 end
--- the bell only while a dispatcher waits for the bucket (pick.lua's wait_until_ms): a refund
--- nobody waits for would wake an idle one for an empty pick
+-- the bell only while a dispatcher waits for the bucket (pick.lua's wait_until_ms), and only once
+-- the refunds bring that wait to an end: the waiting winner is admitted refund / rate sooner, so
+-- wait_until_ms moves that much earlier, and the bell rings when it is due -- a refund that only
+-- shortens the wait would wake the dispatcher for an empty pick (it wakes at its timer anyway)
 if refund > 0 and wait_until >= now then
-  gt_ring(KEYS[K_bell], ARGV[A_bell_max])
+  local sooner = wait_until - refund / trate
+  redis.call('HSET', KEYS[K_bucket], 'wait_until_ms', sooner)
+  if sooner <= now then gt_ring(KEYS[K_bell], ARGV[A_bell_max]) end
 end
 return {tostring(tokens), tostring(requests), tostring(now)}

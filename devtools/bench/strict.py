@@ -121,7 +121,7 @@ def run_once(base: Settings, redis_url: str, spec: StrictSpec, log_dir: str, pro
             tenants = [f"t{k}" for k in range(spec.tenants)]
             for tenant in tenants:
                 gw.register_tenant(tenant, "normal")
-            per_task = gw.estimate(tenants[0], "summarise item 0").prompt_tokens + spec.max_tokens
+            per_task = gw.estimate(tenants[0], "summarise item 0", max_tokens=spec.max_tokens).est_tokens
             rate = spec.load * spec.tpm / 60.0 / per_task
             worker = processes.worker(settings, concurrency=spec.concurrency, name="bench-strict",
                                       log_path=os.path.join(log_dir, f"worker-{prefix[:-1]}.log")).start()

@@ -34,6 +34,7 @@ import redis
 
 from devtools.bench import redis_stats
 from gateway_tasks.core.settings import Settings
+from gateway_tasks.core.tokens import count_prompt_tokens
 from devtools.bench import dispatch_cpu
 from devtools.bench.dispatch_server import prompt_of
 
@@ -46,9 +47,8 @@ SENDERS = 4              # threads submitting (one is too slow for that rate on 
 IDLE_S = 3.0             # how long the server's idle CPU is measured before each flow
 
 
-def tokens_per_task(client: redis.Redis, base: Settings) -> int:
+def tokens_per_task() -> int:
     """What one of the flow's tasks is debited (its prompt's tokens + max_tokens)."""
-    from gateway_tasks.core.tokens import count_prompt_tokens
     return count_prompt_tokens([{"role": "user", "content": prompt_of(PROMPT_B)}]) \
         + 2 * dispatch_cpu.COMPLETION_TOKENS
 
@@ -81,7 +81,7 @@ def net_cpu_us_per_task(row: dict[str, Any], idle_cpu_per_s: float, tasks: int) 
 
 def run(client: redis.Redis, url: str, base: Settings, *, tasks: int, log_dir: str, runs: int = 3,
         timeout_s: float = 180.0, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    per_task = tokens_per_task(client, base)
+    per_task = tokens_per_task()
     tpm = int(RATE_PER_S * per_task * 60)
     prompt = prompt_of(PROMPT_B)
     rows = []

@@ -127,7 +127,7 @@ def test_after_a_429_dispatch_resumes_at_retry_after_reserve_or_not(r, settings)
     assert isinstance(pick_now(scripts, plan), Picked)
     # vip work arrived lately: the reserve is held back from normal work again
     now_s, now_us = r.time()
-    r.hset(keys.bucket("default"), mapping={"tokens": 6_000, "ts_ms": now_s * 1000 + now_us // 1000})
+    r.hset(keys.bucket("default"), mapping={"tokens": 6_000, "requests": 100, "ts_ms": now_s * 1000 + now_us // 1000})
     _push(r, s, keys, "vip", est=10)
     assert isinstance(pick_now(scripts, plan), Picked)                  # the vip task
     _push(r, s, keys, "normal", est=500)

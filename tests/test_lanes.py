@@ -389,11 +389,13 @@ def test_the_vip_reserve_is_for_interactive_vip_work_not_vip_cron_runs(r, settin
     small = replace(BIG, tpm=1_000, rpm=10_000)   # capacity 1000 tokens, vip reserves 20% = 200
     s = lane_settings(settings).with_(pools=(small,))
     plan = plan_of(s)
+    early, _ = push(r, s, "early-user", tier="vip", est=10)    # interactive vip work seen lately:
+    assert served(r, plan, 1)[0].tag == early                   # the reserve is held (1000 -> 990)
     push(r, s, "cron-a", SCHEDULED, tier="vip", est=450)
     push(r, s, "cron-b", SCHEDULED, tier="vip", est=450)
-    assert served(r, plan, 1)[0].tenant == "cron-a"            # 1000 -> 550
+    assert served(r, plan, 1)[0].tenant == "cron-a"            # 990 -> 540
     got = pick_now(scripts_for(r), plan)
-    assert not isinstance(got, Picked) and got.wait_ms > 0      # 550 - 450 < the 200 reserve
+    assert not isinstance(got, Picked) and got.wait_ms > 0      # 540 - 450 < the 200 reserve
     user, _ = push(r, s, "user", tier="vip", est=500)           # interactive: may use the reserve
     assert served(r, plan, 1)[0].tag == user
     # with no lanes (D = 0) nothing is marked scheduled: vip crons use the reserve as before

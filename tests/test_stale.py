@@ -56,3 +56,28 @@ def test_a_stale_task_expires_without_calling_the_upstream(settings, r, tmp_path
     # its quota back: the tenant's TPM bucket full again (it held `taken` tokens less, and
     # refills 1 token/s), the pool's bucket never debited for it
     assert taken > 5 and tenant_tokens == TENANT_TPM and bucket_debited == 0
+
+
+@pytest.mark.slow
+def test_scheduled_work_never_goes_stale(settings, r, tmp_path):
+    """The TTL drops interactive work nobody waits for any more; a cron run (the scheduled
+    lane) that waited as long is still run."""
+    with SimulatorThread(SimConfig(base_latency_ms=5)) as sim:
+        pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",), tpm=600_000, rpm=6_000)
+        tiers = tuple(replace(t, queue_ttl_s=0.3) if t.name == "normal" else t for t in settings.tiers)
+        s = settings.with_(pools=(pool,), tiers=tiers)
+        gw = Gateway(s, client=r)
+        gw.register_tenant("acme", "normal")
+        interactive = gw.submit("acme", "waits too long", max_tokens=5)
+        scheduled = gw.submit("acme", "a background run waits as long", max_tokens=5, lane="scheduled")
+        time.sleep(0.6)                                 # no worker yet: both past the TTL
+        worker = processes.worker(s, concurrency=2, log_path=str(tmp_path / "w.log")).start()
+        try:
+            processes.wait_for_workers(gw.app, 1)
+            with pytest.raises(Expired):
+                interactive.get(timeout=30)
+            ran = scheduled.get(timeout=30)
+        finally:
+            worker.stop()
+        upstream = sim.stats()["requests_ok"]
+    assert ran["lane"] == "scheduled" and ran["timing"]["queue_wait_ms"] > 300 and upstream == 1

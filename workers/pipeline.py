@@ -33,6 +33,7 @@ from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, I
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.overload.actions import degrade, record
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.dispatch.lanes import SCHEDULED
 from gateway_tasks.dispatch.request import InferenceRequest
 from gateway_tasks.core.result_backend import HeldStarted, take_started
 from gateway_tasks.core.scripts import scripts_for
@@ -215,7 +216,8 @@ def _check_wait(job: Job, req: InferenceRequest, tier: Tier, pool: Pool) -> None
     """Expired / DeadlineExceeded when the task waited past the tighter of its tier's queue
     TTL and its deadline."""
     d = job.dispatch
-    limit_s, why = effective_deadline_s(req.deadline_s, tier.queue_ttl_s)
+    # scheduled work never goes stale (pick.lua's mark_stale): only its own deadline applies
+    limit_s, why = effective_deadline_s(req.deadline_s, 0.0 if req.lane == SCHEDULED else tier.queue_ttl_s)
     if not (limit_s and d and d.enqueued_ms and d.dispatched_ms and d.queue_wait_ms > limit_s * 1000):
         return
     job.r.hincrby(job.keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)

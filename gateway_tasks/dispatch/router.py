@@ -76,9 +76,10 @@ class Wait:
 
 
 def picked_stale(enq_ms: int, disp_ms: int, queue_ttl_s: float) -> bool:
-    """Whether pick.lua dispatched a task as stale -- past its tier's queue TTL, on the same
-    Redis clock readings -- and so took none of its tokens (its est_tokens reads 0).  Read
-    once, where the pick's reply is parsed (``Picked.stale``)."""
+    """Whether a task dispatched at ``disp_ms`` waited past its tier's queue TTL, on the same
+    Redis clock readings.  pick.lua dispatches such a task as stale, taking none of its
+    tokens (its est_tokens reads 0), unless it is scheduled work, which never goes stale;
+    the reply's parse reads both (``Picked.stale``)."""
     return queue_ttl_s > 0 and disp_ms - enq_ms > queue_ttl_s * 1000
 
 
@@ -204,7 +205,8 @@ class PickPlan:
                             tier=queue.tier.name, pool=queue.pool.name, enqueued_ms=int(enq_ms),
                             pool_debited=float(text(debited)), pool_dispatches=int(dispatches),
                             message_b=int(size),
-                            stale=picked_stale(int(enq_ms), int(now_ms), queue.tier.queue_ttl_s))
+                            stale=int(est) == 0 and picked_stale(int(enq_ms), int(now_ms),
+                                                                 queue.tier.queue_ttl_s))
             out.append(self.with_message(picked, message) if message else picked)
         return out
 

@@ -75,8 +75,10 @@ local function boosted_candidate(qd)
   return nil
 end
 
--- a candidate past its tier's queue TTL is stale (dispatched at once, no tokens taken)
+-- an interactive candidate past its tier's queue TTL is stale (dispatched at once, no tokens
+-- taken): nobody waits for it any more.  Scheduled work (cron runs, lane="scheduled") has no
+-- caller waiting on the answer's latency, so it never goes stale
 local function mark_stale(qd, c)
-  if c and qd.ttl > 0 and now - c.enq > qd.ttl then c.stale = true end
+  if c and qd.ttl > 0 and now - c.enq > qd.ttl and not gt_scheduled(c.entry, c.tenant) then c.stale = true end
   return c
 end

@@ -32,10 +32,14 @@ def meta(wait_ms, changed=False, capped=False, fallback=False, status="SUCCESS")
 
 def test_tier_row_counts_every_outcome():
     metas = [meta(10), meta(30, True, True, True), meta(0, status="FAILURE")]
-    row = rep.tier_row("batch", 4, {"L3: retry after 600 s": 5}, [600.0], {"QueueFull": 1}, metas)
-    assert row["offered"] == 10 and row["completed"] == 2 and row["failed"] == 1 and row["pending"] == 1
-    assert row["deferred"] == 5 and row["degraded"] == 1 and row["capped"] == 1 and row["fallback_model"] == 1
+    held = rep.deferral_row(2, [meta(10)])                   # 2 held: 1 later run, 1 never ended
+    assert held == {"deferred": 2, "later_run": 1, "failed": 0, "lost": 1}
+    row = rep.tier_row("batch", 4, {"L3 capacity_pressure: held up to 300 s": 2}, [300.0], {"QueueFull": 1},
+                       metas, deferral=held)
+    assert row["offered"] == 5 and row["completed"] == 2 and row["failed"] == 1 and row["pending"] == 1
+    assert row["deferred"] == 2 and row["degraded"] == 1 and row["capped"] == 1 and row["fallback_model"] == 1
     assert row["failed_by"] == {"UpstreamError": 1} and row["p99_wait_ms"] == 30.0
+    assert row["deferral"]["lost"] == 1
 
 
 def result(changes, drop_s=60.0, **kw):
@@ -67,11 +71,12 @@ def test_targets_pass_and_fail():
                               r429=5, pending=1))
     assert {k for k, t in bad["targets"].items() if not t["pass"]} == {
         "vip_served", "vip_p99_wait", "upstream_429", "back_to_l0", "none_lost"}
-    assert "FAIL" in rep.format_report({**bad, "runtime_s": 1, "tiers": {"vip": {
+    text = rep.format_report({**bad, "runtime_s": 1, "tiers": {"vip": {
         **bad["tiers"]["vip"], "submitted": 1, "failed": 0, "failed_by": {}, "deferred_by": {}, "refused": {},
         "degraded": 0, "capped": 0, "fallback_model": 0, "p50_wait_ms": 1.0}},
         "config": {**bad["config"], "overload_factor": 3, "overload_s": 60, "recovery_factor": 0.5,
                    "recovery_s": 75, "tpm": 1, "window_s": 10}, "timeline": [[0, 0], [5, 3]], "end_s": 135})
+    assert "FAIL" in text and "  vip            0         0      0     0" in text
 
 
 def test_compact_timeline_one_mark_per_step():

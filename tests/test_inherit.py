@@ -129,7 +129,8 @@ def test_on_behalf_of_is_judged_at_the_higher_tier_and_charged_to_its_own_tenant
     gw.r.hset(gw.keys.overload_state, mapping={"level": 3, "reason": "test: pool saturated"})
     parent = gw.submit("acme", "the agent's request", max_tokens=5)
     with pytest.raises(Deferred):
-        gw.submit("bulk", "plain batch work", max_tokens=5000)
+        gw.submit("bulk", "plain batch work", max_tokens=5000, on_defer="refuse")
+    assert gw.submit("bulk", "plain batch work", max_tokens=5).deferral is not None   # held instead
     hour = hour_of(redis_now_ms(gw.r))
     counts = lambda: [int(gw.r.get(gw.keys.quota(t, hour)) or 0) for t in ("bulk", "acme")]  # noqa: E731
     before = counts()

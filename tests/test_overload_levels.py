@@ -1,15 +1,18 @@
 """Load levels as pure functions: signals -> target level, hysteresis, measurement windows,
-and each level's actions (caps, model fallback, deferral).  No Redis."""
+and each level's actions: the degradation table (the design document's, the presets,
+configured cells), dispatch-time actions, deferral times.  No Redis."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway_tasks.core.errors import ConfigError, Deferred, Rejected
-from gateway_tasks.overload.actions import degrade, deferral, record
+from gateway_tasks.overload.actions import (Action, Request, action_for, degrade, deferral_error,
+                                            dispatch_action, record)
+from gateway_tasks.overload.deferral import deferred_until_ms, in_window, release_room, within_room
 from gateway_tasks.overload.levels import (NEVER, QueuedWork, Signals, backlog_seconds, baseline, hysteresis, measure,
                                            pool_backlog_tokens, startable_tasks, target_level, tier_latency_s)
-from gateway_tasks.core.settings import Overload, Pool, Settings, load_settings
+from gateway_tasks.core.settings import LevelAction, Overload, Pool, Settings, load_settings
 
 O = Overload()
 MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
@@ -18,12 +21,14 @@ MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
 @pytest.mark.parametrize("signals, level, why", [
     (Signals(), 0, "below"),
     (Signals(utilisation={"p": 0.74}), 0, "below"),
-    (Signals(utilisation={"p": 0.75}), 1, "utilisation 0.75"),
-    (Signals(utilisation={"p": 0.86}), 2, ">= 0.85"),
-    (Signals(utilisation={"p": 0.95}), 3, ">= 0.95"),
+    (Signals(utilisation={"p": 0.75}), 0, "below"),            # > 0.75, not >= (the document)
+    (Signals(utilisation={"p": 0.76}), 1, "utilisation 0.76"),
+    (Signals(utilisation={"p": 0.86}), 2, "> 0.85"),
+    (Signals(utilisation={"p": 0.95}), 2, "> 0.85"),
+    (Signals(utilisation={"p": 0.951}), 3, "> 0.95"),
     (Signals(utilisation={"a": 0.2, "b": 1.3}), 3, "pool b"),
     (Signals(error_rate={"p": 0.1}), 0, "below"),              # > 0.1, not >=
-    (Signals(error_rate={"p": 0.11}), 3, "error rate 0.11"),
+    (Signals(error_rate={"p": 0.11}), 4, "error rate 0.11"),  # the document: error rate > 0.1 -> L4
     (Signals(error_rate={"p": None}), 0, "below"),             # too few calls to judge
     (Signals(queue_depth=10_000), 0, "below"),
     (Signals(queue_depth=10_001), 4, "10001 tasks queued"),
@@ -35,8 +40,9 @@ MAX_WAIT = {"vip": 2_000, "normal": 30_000, "batch": 300_000}
     # the queue's backlog, seconds of the pool's TPM, over the 10 s window: the utilisation
     # the pool is committed to before the window has seen any of it
     (Signals(backlog_s={"p": 7.4}), 0, "below"),
-    (Signals(backlog_s={"p": 7.5}), 1, "pool p's queue holds 7.5 s of its TPM: utilisation 0.75"),
-    (Signals(backlog_s={"p": 9.5}), 3, "utilisation 0.95 of the next 10 s >= 0.95"),
+    (Signals(backlog_s={"p": 7.5}), 0, "below"),
+    (Signals(backlog_s={"p": 7.6}), 1, "pool p's queue holds 7.6 s of its TPM: utilisation 0.76"),
+    (Signals(backlog_s={"p": 9.6}), 3, "utilisation 0.96 of the next 10 s > 0.95"),
     (Signals(backlog_s={"a": 1.0, "b": 60.0}), 3, "pool b's queue holds 60.0 s"),
     (Signals(utilisation={"p": 0.9}, backlog_s={"p": 1.0}), 2, "pool p utilisation 0.90"),
 ])
@@ -46,7 +52,7 @@ def test_target_level_table(signals, level, why):
 
 
 @pytest.mark.parametrize("window_s, backlog_s, level", [
-    (10.0, 9.5, 3), (20.0, 9.5, 0), (20.0, 17.0, 2), (5.0, 4.0, 1), (5.0, 4.3, 2),
+    (10.0, 9.6, 3), (20.0, 9.5, 0), (20.0, 17.5, 2), (5.0, 4.0, 1), (5.0, 4.3, 2),
 ])
 def test_backlog_is_judged_against_the_window(window_s, backlog_s, level):
     overload = Overload(window_s=window_s)
@@ -162,24 +168,86 @@ def test_baseline_table(stored, now, window, expected):
     assert (got["ts_ms"] if got else None) == expected
 
 
-# -- actions per level --------------------------------------------------------------
+# -- actions per level: the degradation table ---------------------------------------
 S = Settings()
 VIP, NORMAL, BATCH = S.tier("vip"), S.tier("normal"), S.tier("batch")
 SERVED = {"gpt-4o", "gpt-4o-mini"}
+X, D = "execute", "defer"
 
 
-def act(tier, level, model="gpt-4o", max_tokens=4_000):
-    return degrade(O, tier, level, model, max_tokens, lambda m: O.fallback_for(m), lambda m: m in SERVED)
+@pytest.mark.parametrize("level, tier, requested, kind, max_tokens, fallback, retry_s, reason", [
+    # the design document's table, cell by cell (free = batch, pro = normal, enterprise = vip)
+    *[(0, t, 4096, X, 4096, False, 0, "") for t in (VIP, NORMAL, BATCH)],
+    (1, VIP, 4096, X, 4096, False, 0, ""), (1, NORMAL, 4096, X, 4096, False, 0, ""),
+    (1, BATCH, 4096, X, 2048, False, 0, ""), (1, BATCH, 100, X, 100, False, 0, ""),   # min(requested, 2048)
+    (2, VIP, 4096, X, 4096, False, 0, ""),
+    (2, NORMAL, 4096, X, 2048, False, 0, ""), (2, NORMAL, 500, X, 500, False, 0, ""),
+    (2, BATCH, 4096, X, 1024, True, 0, ""), (2, BATCH, 100, X, 1024, True, 0, ""),    # fixed 1024, fallback
+    (3, VIP, 4096, X, 4096, False, 0, ""),
+    (3, NORMAL, 4096, D, 4096, False, 300, "capacity_pressure"),
+    (3, BATCH, 4096, D, 4096, False, 300, "capacity_pressure"),
+    (4, VIP, 4096, X, 2048, False, 0, ""), (4, VIP, 64, X, 64, False, 0, ""),
+    (4, NORMAL, 4096, D, 4096, False, 600, "system_overload"),
+    (4, BATCH, 4096, D, 4096, False, 600, "system_overload"),
+])
+def test_the_design_documents_table_is_the_default(level, tier, requested, kind, max_tokens, fallback,
+                                                    retry_s, reason):
+    assert action_for(O, level, tier, Request(requested, "gpt-4o")) == Action(
+        kind, level, tier.name, max_tokens, fallback, float(retry_s), reason)
+
+
+@pytest.mark.parametrize("level, tier, kind, max_tokens, fallback, retry_s", [
+    (1, NORMAL, X, 2048, False, 0), (1, BATCH, X, 2048, False, 0),
+    (2, NORMAL, X, 1024, True, 0), (3, NORMAL, X, 1024, True, 0),
+    (3, BATCH, D, 4096, False, 600), (4, NORMAL, D, 4096, False, 300), (4, VIP, X, 4096, False, 0),
+])
+def test_the_project_preset_keeps_the_earlier_table(level, tier, kind, max_tokens, fallback, retry_s):
+    o = Overload(degradation="project")
+    degradable = {"normal": NORMAL.__class__(**{**NORMAL.__dict__, "can_degrade": True})}
+    t = degradable.get(tier.name, tier)
+    a = action_for(o, level, t, Request(4096))
+    assert (a.kind, a.max_tokens, a.fallback, a.retry_after_s) == (kind, max_tokens, fallback, retry_s)
+    with pytest.raises(ConfigError, match=r"\[overload.actions.L2.pro\]: model='fallback'.*can_degrade"):
+        S.with_(overload=o)                           # normal keeps can_degrade = false: refused
+    S.with_(overload=o, tiers=(VIP, degradable["normal"], BATCH))
+
+
+def test_a_configured_cell_replaces_the_presets_and_none_degrades_nothing():
+    o = Overload(actions=(LevelAction(3, "batch", "defer", retry_after_s=86_400, reason="night_batch"),
+                          LevelAction(1, "enterprise", max_tokens_cap=512)))
+    assert action_for(o, 3, BATCH, Request(10)) == Action(D, 3, "batch", 10, False, 86_400.0, "night_batch")
+    assert action_for(o, 1, VIP, Request(4096)).max_tokens == 512         # matched by alias
+    assert action_for(o, 3, NORMAL, Request(10)).reason == "capacity_pressure"   # the preset's still
+    assert all(action_for(Overload(degradation="none"), k, t, Request(9)).kind == X
+               for k in range(5) for t in (VIP, NORMAL, BATCH))
+
+
+@pytest.mark.parametrize("level, tier, requested, max_tokens, fallback", [
+    (0, BATCH, 4096, 4096, False),
+    (2, BATCH, 100, 100, True),          # fixed 1024 at dispatch never raises a request's max_tokens
+    (3, BATCH, 4096, 1024, True),        # L3 defers batch: work already accepted gets L2's execute
+    (4, NORMAL, 4096, 2048, False),      # L4 and L3 defer pro: L2's cap
+    (4, VIP, 4096, 2048, False),
+])
+def test_dispatch_action_table(level, tier, requested, max_tokens, fallback):
+    a = dispatch_action(O, level, tier, Request(requested))
+    assert (a.kind, a.max_tokens, a.fallback, a.level) == (X, max_tokens, fallback, level)
+
+
+def act(tier, level, model="gpt-4o", max_tokens=4_000, at_dispatch=False):
+    return degrade(O, tier, level, model, max_tokens, lambda m: O.fallback_for(m), lambda m: m in SERVED,
+                   at_dispatch=at_dispatch)
 
 
 @pytest.mark.parametrize("tier, level, model, max_tokens, exp_model, exp_tokens", [
-    (NORMAL, 0, "gpt-4o", 4_000, "gpt-4o", 4_000),
-    (NORMAL, 1, "gpt-4o", 4_000, "gpt-4o", 2_048),            # L1: cap 2048
-    (NORMAL, 1, "gpt-4o", 100, "gpt-4o", 100),                # a cap never raises
-    (NORMAL, 2, "gpt-4o", 4_000, "gpt-4o-mini", 1_024),       # L2: tighter cap + fallback model
-    (BATCH, 3, "gpt-4o", 4_000, "gpt-4o-mini", 1_024),
-    (NORMAL, 2, "gpt-4o-mini", 4_000, "gpt-4o-mini", 1_024),  # no fallback of the fallback
-    (VIP, 4, "gpt-4o", 4_000, "gpt-4o", 4_000),               # vip: as requested at every level
+    (BATCH, 0, "gpt-4o", 4_000, "gpt-4o", 4_000),
+    (BATCH, 1, "gpt-4o", 4_000, "gpt-4o", 2_048),             # L1: cap 2048
+    (BATCH, 1, "gpt-4o", 100, "gpt-4o", 100),                 # a cap never raises
+    (BATCH, 2, "gpt-4o", 4_000, "gpt-4o-mini", 1_024),        # L2: 1024 + fallback model
+    (NORMAL, 2, "gpt-4o", 4_000, "gpt-4o", 2_048),            # pro: cap, its model kept
+    (BATCH, 2, "gpt-4o-mini", 4_000, "gpt-4o-mini", 1_024),   # no fallback of the fallback
+    (BATCH, 3, "gpt-4o", 4_000, "gpt-4o", 4_000),             # a defer changes nothing
+    (VIP, 3, "gpt-4o", 4_000, "gpt-4o", 4_000),
 ])
 def test_degrade_table(tier, level, model, max_tokens, exp_model, exp_tokens):
     d = act(tier, level, model, max_tokens)
@@ -188,7 +256,7 @@ def test_degrade_table(tier, level, model, max_tokens, exp_model, exp_tokens):
 
 
 def test_fallback_only_to_a_model_the_caller_can_route_to():
-    d = degrade(O, NORMAL, 2, "gpt-4o", 10, lambda m: O.fallback_for(m), lambda m: m == "gpt-4o")
+    d = degrade(O, BATCH, 2, "gpt-4o", 10, lambda m: O.fallback_for(m), lambda m: m == "gpt-4o")
     assert d.model == "gpt-4o"
 
 
@@ -200,18 +268,32 @@ def test_fallback_map_then_the_pools_fallback_model():
     assert o.fallback_for("mid") == ""
 
 
-@pytest.mark.parametrize("tier, level, deferred, retry_s", [
-    (BATCH, 2, False, None), (BATCH, 3, True, 600), (BATCH, 4, True, 600),
-    (NORMAL, 3, False, None), (NORMAL, 4, True, 300),
-    (VIP, 4, False, None),                                    # never deferred
+def test_a_refused_deferral_carries_the_code_the_sentence_and_the_retry():
+    a = action_for(O, 4, NORMAL, Request(10))
+    got = deferral_error(a, "pool p utilisation 1.00 > 0.95")
+    assert isinstance(got, Rejected) and isinstance(got, Deferred)
+    assert (got.reason, got.retry_after_s, got.level) == ("system_overload", 600.0, 4)
+    assert str(got) == ("load level L4: new normal work is deferred (system_overload): pool p utilisation "
+                        "1.00 > 0.95; retry after 600 s")
+    assert got.details() == {"reason": "system_overload", "retry_after_s": 600.0, "level": 4}
+
+
+H = 3_600_000
+MIDNIGHT = 1_767_225_600_000          # 2026-01-01T00:00:00Z
+
+
+@pytest.mark.parametrize("now_ms, retry_s, window, tz, expected", [
+    (MIDNIGHT + 12 * H, 300, "", "UTC", MIDNIGHT + 12 * H + 300_000),            # no window: the retry time
+    (MIDNIGHT + 12 * H, 86_400, "00:00-06:00", "UTC", MIDNIGHT + 24 * H),       # the window opens first
+    (MIDNIGHT + 12 * H, 300, "00:00-06:00", "UTC", MIDNIGHT + 12 * H + 300_000),  # the retry comes first
+    (MIDNIGHT + 3 * H, 86_400, "00:00-06:00", "UTC", MIDNIGHT + 3 * H),         # inside it: at once
+    (MIDNIGHT + 6 * H, 86_400, "00:00-06:00", "UTC", MIDNIGHT + 24 * H),        # its end is outside
+    (MIDNIGHT + 23 * H, 86_400, "22:00-02:00", "UTC", MIDNIGHT + 23 * H),       # spans midnight
+    (MIDNIGHT + 12 * H, 86_400, "00:00-06:00", "Asia/Shanghai", MIDNIGHT + 16 * H),   # 00:00 +08:00
 ])
-def test_deferral_table(tier, level, deferred, retry_s):
-    got = deferral(tier, level, "pool p utilisation 1.00 >= 0.95")
-    assert (got is not None) == deferred
-    if got is not None:
-        assert isinstance(got, Rejected) and isinstance(got, Deferred)
-        assert got.retry_after_s == retry_s and got.level == level
-        assert f"L{level}" in str(got) and tier.name in got.reason and "utilisation" in got.reason
+def test_deferred_until_table(now_ms, retry_s, window, tz, expected):
+    assert deferred_until_ms(now_ms, retry_s, window, tz) == expected
+    assert in_window(now_ms, window, tz) == (expected == now_ms)
 
 
 def test_record_says_what_changed():
@@ -226,7 +308,20 @@ def test_record_says_what_changed():
 
 @pytest.mark.parametrize("text, names", [
     ("[overload]\nutilisation_thresholds = [0.9, 0.8, 0.95]\n", "utilisation_thresholds"),
-    ("[overload]\nmax_tokens_caps = [1, 2]\n", "max_tokens_caps"),
+    ("[overload]\nmax_tokens_caps = [1, 2]\n", "unknown keys"),
+    ("[overload]\ndegradation = \"doc\"\n", "degradation='doc'"),
+    ("[overload.actions.L3.batch]\naction = \"defer\"\n", r"\[overload.actions.L3.batch\]: retry_after_s=0"),
+    ("[overload.actions.L3.batch]\naction = \"defer\"\nretry_after_s = 60\nreason = \"Busy now\"\n",
+     r"\[overload.actions.L3.batch\]: reason='Busy now'"),
+    ("[overload.actions.L2.pro]\nmax_tokens_cap = 100\nmax_tokens = 50\n", r"\[overload.actions.L2.pro\]: max_tokens=50"),
+    ("[overload.actions.L2.pro]\nmodel = \"fallback\"\n", r"\[overload.actions.L2.pro\]: model='fallback'.*can_degrade"),
+    ("[overload.actions.L2.gold]\nmax_tokens_cap = 100\n", r"\[overload.actions.L2.gold\]: tier='gold'"),
+    ("[overload.actions.L5.batch]\nmax_tokens_cap = 100\n", r"\[overload.actions.L5.batch\]: level=5"),
+    ("[overload.actions.L2.batch]\nmax_tokens_cap = 100\nspeed = 1\n", r"\[overload.actions.L2.batch\]: unknown keys"),
+    ("[overload]\noff_peak_timezone = \"Mars/Olympus\"\n", "off_peak_timezone"),
+    ("[[tiers]]\nname = \"t\"\nbase_weight = 1\naging_alpha_per_ms = 0\nshare = 100\njitter_window_s = 0\n"
+     "max_wait_ms = 1\nmax_concurrency_per_tenant = 1\nmax_tasks_per_hour = 1\nretry_budget_ratio = 0\n"
+     "can_degrade = false\noff_peak = \"25:00-06:00\"\n", "off_peak='25:00-06:00'"),
     ("[overload]\nhold_s = 0\n", "hold_s"),
     ("[overload]\nbogus = 1\n", "unknown keys"),
     ("[overload]\nbacklog_signal = \"yes\"\n", "backlog_signal"),
@@ -240,10 +335,7 @@ def test_bad_overload_settings_fail_fast(tmp_path, text, names):
         load_settings(env={"GATEWAY_CONFIG": str(path)})
 
 
-def test_reserved_tier_cannot_be_deferred_and_backups_must_exist():
-    with pytest.raises(ConfigError, match="never deferred"):
-        S.with_(tiers=(S.tiers[0].__class__(**{**VIP.__dict__, "defer_from_level": 3,
-                                                "defer_retry_after_s": 5}), NORMAL, BATCH))
+def test_backups_must_exist():
     pool = Pool("a", base_url="http://x/v1", api_key="k", models=("m",), tpm=1, rpm=1, backup_pools=("zz",))
     with pytest.raises(ConfigError, match="backup_pools"):
         S.with_(pools=(pool,))
@@ -256,9 +348,11 @@ def test_overload_settings_round_trip_through_toml_and_json(tmp_path):
     from gateway_tasks.core.settings import settings_to_json
     path = tmp_path / "gw.toml"
     path.write_text("[overload]\nhold_s = 12\nfallback_models = { \"gpt-4o\" = \"gpt-4o-mini\" }\n"
+                    "[overload.actions.L3.free]\naction = \"defer\"\nretry_after_s = 900\nreason = \"night\"\n"
                     "[circuit]\nopen_s = 1.5\n")
     s = load_settings(env={"GATEWAY_CONFIG": str(path)})
     assert s.overload.hold_s == 12 and s.circuit.open_s == 1.5
+    assert s.overload.actions == (LevelAction(3, "free", "defer", retry_after_s=900, reason="night"),)
     assert load_settings(env={"GATEWAY_SETTINGS_JSON": settings_to_json(s)}) == s
 
 
@@ -268,3 +362,24 @@ def test_the_documents_fallback_map_is_the_default():
                                        "gpt-4o": "gpt-4o-mini", "deepseek-r1": "deepseek-v3"}
     assert [o.fallback_for(m) for m in ("claude-sonnet-4-6", "deepseek-r1", "gpt-4o-mini")] == \
         ["claude-haiku-4-5-20251001", "deepseek-v3", ""]
+
+
+@pytest.mark.parametrize("candidates, room, expected", [
+    ([("a", "p", 100), ("b", "p", 100), ("c", "p", 100)], {"p": 250.0}, ["a", "b"]),
+    ([("a", "p", 900), ("b", "p", 10)], {"p": 250.0}, ["a"]),         # the first goes even if larger
+    ([("a", "p", 100), ("b", "q", 100)], {"p": 0.0, "q": 100.0}, ["b"]),   # no room: none of p
+    ([("a", "", 0)], {"p": 10.0}, []),                                  # its record is gone
+])
+def test_within_room_table(candidates, room, expected):
+    assert within_room(candidates, room) == expected
+
+
+@pytest.mark.parametrize("util, backlog_s, expected", [
+    (0.0, 0.0, 0.75 * 10_000),          # idle: 0.75 of one 1 s tick of a 600k TPM pool
+    (0.5, 0.0, 0.25 * 10_000),
+    (0.2, 6.0, 0.15 * 10_000),          # the larger of the two counts (6 s of a 10 s window)
+    (0.9, 0.0, 0.0),
+])
+def test_release_room_table(util, backlog_s, expected):
+    signals = Signals(utilisation={"default": util}, backlog_s={"default": backlog_s})
+    assert release_room(signals, S)["default"] == pytest.approx(expected)

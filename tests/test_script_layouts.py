@@ -31,6 +31,7 @@ from beat.lock import LockReleaseCall, LockRenewCall
 from gateway_tasks.bucket.calls import DrainCall, SettleCall, SyncLimitsCall, TakeCall
 from gateway_tasks.upstream.circuit import CircuitCall
 from gateway_tasks.overload.controller import OverloadCommitCall
+from gateway_tasks.overload.deferral import DeferHoldCall, DeferReleaseCall
 from gateway_tasks.dispatch.release import ReleaseCall, RenewCall
 from gateway_tasks.upstream.rescue import WithdrawCall
 from gateway_tasks.dispatch.router import PickPlan
@@ -41,7 +42,7 @@ CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadli
                 "gateway_tasks.tenants.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
                 "gateway_tasks.bucket.calls", "gateway_tasks.upstream.circuit", "gateway_tasks.upstream.failover",
                 "gateway_tasks.overload.controller", "gateway_tasks.dispatch.release", "gateway_tasks.upstream.rescue",
-                "gateway_tasks.dispatch.router")
+                "gateway_tasks.dispatch.router", "gateway_tasks.overload.deferral")
 NAME = re.compile(r"\b([KAN]_\w+)")
 LITERAL_POSITION = re.compile(r"\b(?:KEYS|ARGV)\[\s*\d")
 
@@ -104,6 +105,8 @@ def samples(settings) -> list:
         RenewCall(k, pool.name, (("a", "1"), ("b", "2")), 1000, 5000),
         plan, plan.batch(4, 2),
         OverloadCommitCall(k, 0, 100, 1, 0, "ok", {}, {}, 5, (None,) * MAX_LEVEL),
+        DeferHoldCall(k, "t1", tier.name, "{}", 1000, "capacity_pressure", 3, 5000),
+        DeferReleaseCall(k, tier.name, ("t1", "t2")),
         CircuitCall(k, pool.name, "allow", settings.circuit),
         TakeCall(k, pool, 10),
         SettleCall(k, pool, tier.name, "acme", "m", 10, 12, 2, 0.5, False),

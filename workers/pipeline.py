@@ -207,7 +207,8 @@ def admit(job: Job, req: InferenceRequest) -> Admitted:
     # the level may have risen since submit: degrade again (never un-degrade)
     judged = settings.tier(req.effective_tier) if req.effective_tier else tier   # on behalf of a higher tier
     changed = degrade(overload, judged, before.level, req.model, req.max_tokens,
-                      lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models)
+                      lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models,
+                      at_dispatch=True)
     backups = tuple(settings.pool(n) for n in pool.backup_pools) if tier.reserved_share > 0 else ()
     return Admitted(req, pool, tier, before.level, changed.model, changed.max_tokens, circuit, gate, backups)
 

@@ -9,12 +9,14 @@ offer 15 / 35 / 50 % of it (vip / normal / batch), normal and batch asking for
 ``gpt-4o`` with a large max_tokens, so L1/L2 caps and the model fallback show.
 The controller runs with the deployment's default settings (hold 30 s).
 
-Printed per tier: submitted, completed, deferred (with the reasons), failed,
-degraded, p99 queue wait, then the upstream's 429s and the level timeline, and
+Printed per tier: submitted, completed, deferred (held by the load level, with the
+reasons), failed, degraded, p99 queue wait; the deferral section: deferred, later run
+(released and completed), lost (never ended; target 0); then the upstream's 429s and the
+level timeline, and
 the issue's targets: vip served >= 99.9 % with p99 wait < 50 ms, upstream 429s
 <= 0.1 % of calls, the level back at L0 within 2 hold times after the load
-drops, no request lost (every submitted one completed, failed with a reason or
-deferred with retry_after_s).
+drops, no request lost (every submitted one -- deferred ones included -- completed or
+failed with a reason).
 
     python -m devtools.bench.overload [--quick] [--json] [--check]
 """
@@ -31,7 +33,7 @@ from typing import Any, Callable
 
 import redis
 
-from gateway_tasks.core.errors import ConfigError, Deferred, GatewayError
+from gateway_tasks.core.errors import ConfigError, GatewayError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.overload.state import read_history, read_level
 from gateway_tasks.core.settings import Pool, Settings
@@ -101,6 +103,7 @@ class Offered:
         self.ids: dict[str, list[str]] = {m.tier: [] for m in MIX}
         self.deferred: dict[str, dict[str, int]] = {m.tier: {} for m in MIX}
         self.deferred_retry_s: dict[str, set[float]] = {m.tier: set() for m in MIX}
+        self.deferred_ids: dict[str, list[str]] = {m.tier: [] for m in MIX}   # held, run later
         self.refused: dict[str, dict[str, int]] = {m.tier: {} for m in MIX}
         self.count = {m.tier: 0 for m in MIX}
 
@@ -111,16 +114,17 @@ class Offered:
         try:
             h = self.gw.submit(tenant, mix.prompt.format(i=i), model=mix.model, max_tokens=mix.max_tokens,
                                source="bench")
-        except Deferred as exc:
-            key = f"L{exc.level}: retry after {exc.retry_after_s:g} s"
-            self.deferred[mix.tier][key] = self.deferred[mix.tier].get(key, 0) + 1
-            self.deferred_retry_s[mix.tier].add(exc.retry_after_s)
-            return
         except GatewayError as exc:
             name = type(exc).__name__
             self.refused[mix.tier][name] = self.refused[mix.tier].get(name, 0) + 1
             return
         self.ids[mix.tier].append(h.id)
+        if h.deferral is not None:        # accepted and held: released later
+            d = h.deferral
+            key = f"L{d.level} {d.reason}: held up to {d.retry_after_s:g} s"
+            self.deferred[mix.tier][key] = self.deferred[mix.tier].get(key, 0) + 1
+            self.deferred_retry_s[mix.tier].add(d.retry_after_s)
+            self.deferred_ids[mix.tier].append(h.id)
 
     def phase(self, factor: float, seconds: float, on_tick: Callable[[], None]) -> None:
         """Offer factor x TPM for seconds: each tier its share, evenly spaced."""
@@ -194,9 +198,10 @@ def run_overload(base: Settings, redis_url: str, spec: OverloadSpec, *, log_dir:
             history = read_history(client, keys, 500)
             wall_ms = time.time() * 1000.0
             mono_now = time.monotonic() - t0
-            metas = {}
+            metas, held_metas = {}, {}
             for tier, ids in load.ids.items():
                 metas[tier] = result_metas(client, [keys_of[t] for t in ids])
+                held_metas[tier] = result_metas(client, [keys_of[t] for t in load.deferred_ids[tier]])
             worker.stop()
             worker = None
     finally:
@@ -216,7 +221,9 @@ def run_overload(base: Settings, redis_url: str, spec: OverloadSpec, *, log_dir:
                    "mix": [asdict(m) for m in MIX], "request_tokens": sizes},
         "tiers": {m.tier: overload_report.tier_row(m.tier, len(load.ids[m.tier]), load.deferred[m.tier],
                                                    sorted(load.deferred_retry_s[m.tier]),
-                                                   load.refused[m.tier], metas[m.tier])
+                                                   load.refused[m.tier], metas[m.tier],
+                                                   deferral=overload_report.deferral_row(
+                                                       len(load.deferred_ids[m.tier]), held_metas[m.tier]))
                   for m in MIX},
         "upstream": {k: upstream[k] for k in ("requests_ok", "requests_429", "requests_error")},
         "drop_s": round(drop_s, 1), "end_s": round(end_s, 1),

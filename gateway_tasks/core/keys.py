@@ -292,6 +292,11 @@ class Keys:
         tier (the tier it waits at: its effective tier), deps (the ids it waits on, one a line)."""
         return f"{self.prefix}{{deps}}:held:{task_id}"
 
+    def deferred(self, tier: str) -> str:
+        """Sorted set: task id -> deferred_until_ms of a tier's tasks the load level deferred and
+        holds (each one's ``held`` record says how to send it; lua/overload/defer_hold.lua)."""
+        return f"{self.prefix}{{deps}}:deferred:{tier}"
+
     def waiters(self, task_id: str) -> str:
         """Set (TTL): ids of the held tasks that depend on this task."""
         return f"{self.prefix}{{deps}}:waiters:{task_id}"

@@ -50,6 +50,8 @@ class Tier:
     max_concurrency_per_tenant: int
     max_tasks_per_hour: int
     retry_budget_ratio: float
+    # whether the load level may lower the quality of its model (an action's model =
+    # "fallback"); caps and deferral of Overload.actions apply to any tier
     can_degrade: bool
     reserved_share: float = 0.0
     queue_max_len: int = 100_000
@@ -61,10 +63,10 @@ class Tier:
     # each tenant's own token bucket (TPM, checked at submit next to its hourly quota);
     # 0 = none.  A tenant's own ``tpm`` (gateway tenant add --tpm) overrides it.
     tenant_tpm: int = 0
-    # overload (Settings.overload): from this load level on, new work of the tier is
-    # refused at submit with Deferred(retry_after_s=defer_retry_after_s); 0 = never deferred
-    defer_from_level: int = 0
-    defer_retry_after_s: float = 0.0
+    # overload (Settings.overload.actions): a held deferral of this tier is released at the
+    # latest when this daily window opens, "HH:MM-HH:MM" in Overload.off_peak_timezone (the
+    # night's low traffic), and work deferred inside it is released at once ("" = none)
+    off_peak: str = ""
     # lanes (gateway_tasks/dispatch/lanes.py): inside the tier, a tenant whose next task is
     # scheduled (a cron run) waits behind interactive work by this many weighted tokens of
     # virtual time at most, then goes in fair order; 0 = no lanes (one fair order for all)
@@ -96,13 +98,8 @@ class Tier:
         _require(self.max_retries >= 0, where, "max_retries", self.max_retries, ">= 0")
         _require(self.tenant_tpm >= 0, where, "tenant_tpm", self.tenant_tpm,
                  ">= 0 tokens per minute (0 = no per-tenant TPM quota)")
-        _require(self.defer_from_level in range(0, MAX_LEVEL + 1), where, "defer_from_level",
-                 self.defer_from_level, f"an integer in [0, {MAX_LEVEL}] (0 = never deferred)")
-        _require(self.defer_from_level == 0 or self.defer_retry_after_s > 0, where,
-                 "defer_retry_after_s", self.defer_retry_after_s,
-                 "> 0 seconds when defer_from_level is set")
-        _require(self.defer_from_level == 0 or self.reserved_share == 0, where, "defer_from_level",
-                 self.defer_from_level, "0 for a tier with reserved_share (reserved tiers are never deferred)")
+        _require(isinstance(self.off_peak, str) and (not self.off_peak or daily_window(self.off_peak) is not None),
+                 where, "off_peak", self.off_peak, "\"HH:MM-HH:MM\" (a daily window; \"\" = none)")
         _require(isinstance(self.scheduled_lag_tokens, int) and not isinstance(self.scheduled_lag_tokens, bool)
                  and 0 <= self.scheduled_lag_tokens <= MAX_SCHEDULED_LAG_TOKENS, where, "scheduled_lag_tokens",
                  self.scheduled_lag_tokens, f"a whole number of tokens in [0, {MAX_SCHEDULED_LAG_TOKENS:_}] "
@@ -130,7 +127,7 @@ class Pool:
     # tier has work queued on this pool or had a task dispatched here in the last reserve_hold_s
     reserve_hold_s: float = 60.0
     timeout_s: float = 60.0
-    # the model degradable tiers are routed to from Overload.fallback_from_level on, for a
+    # the model a level's action with model = "fallback" routes to (Overload.actions), for a
     # model of this pool that Overload.fallback_models does not map ("" = none)
     fallback_model: str = ""
     # tasks queued on this pool, all tiers together: when full, an arrival evicts the newest
@@ -240,14 +237,14 @@ def default_tiers() -> tuple[Tier, ...]:
         # interactive tiers drop work that waited past 15 s before dispatch: its caller has gone
         Tier("normal", base_weight=20, aging_alpha_per_ms=0.02, share=20, jitter_window_s=120,
              max_wait_ms=30_000, max_concurrency_per_tenant=10, max_tasks_per_hour=60,
-             retry_budget_ratio=0.1, can_degrade=True, max_retries=3, aliases=("pro",),
-             queue_ttl_s=15.0, defer_from_level=4, defer_retry_after_s=300, max_crons_per_tenant=20),
+             retry_budget_ratio=0.1, can_degrade=False, max_retries=3, aliases=("pro",),
+             queue_ttl_s=15.0, max_crons_per_tenant=20),
         # no queue TTL for batch (queue_ttl_s 0): batch work of any age is still useful -- nobody
         # is waiting on the other end, the caller polls or is called back for the result
         Tier("batch", base_weight=1, aging_alpha_per_ms=0.005, share=10, jitter_window_s=600,
              max_wait_ms=300_000, max_concurrency_per_tenant=2, max_tasks_per_hour=10,
              retry_budget_ratio=0.05, can_degrade=True, max_retries=1, aliases=("free",),
-             defer_from_level=3, defer_retry_after_s=600, max_crons_per_tenant=5),
+             max_crons_per_tenant=5),
     )
 
 
@@ -259,6 +256,104 @@ def default_pools() -> tuple[Pool, ...]:
 
 
 MAX_LEVEL = 4  # load levels L0 (normal) .. L4 (the most degraded)
+EXECUTE, DEFER = "execute", "defer"
+REQUESTED, FALLBACK = "requested", "fallback"
+# the design document's reason codes (any lower-case code of letters, digits and _ is accepted)
+CAPACITY_PRESSURE, SYSTEM_OVERLOAD = "capacity_pressure", "system_overload"
+_REASON_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_WINDOW = re.compile(r"([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)")
+
+
+def daily_window(text: str) -> tuple[int, int] | None:
+    """"HH:MM-HH:MM" as (start, end) in minutes after midnight (end < start: it spans
+    midnight); None when malformed or empty (start == end)."""
+    m = _WINDOW.fullmatch(text)
+    if m is None:
+        return None
+    start, end = int(m[1]) * 60 + int(m[2]), int(m[3]) * 60 + int(m[4])
+    return None if start == end else (start, end)
+
+
+@dataclass(frozen=True)
+class LevelAction:
+    """One cell of the degradation table: what new work of ``tier`` (a tier's name or
+    alias) gets at load ``level`` (gateway_tasks/overload/actions.py applies it).
+
+    ``execute``: run it, with ``max_tokens_cap`` (max_tokens = min(requested, cap)) or a
+    fixed ``max_tokens`` (0 = as requested), on the ``model`` requested or its fallback.
+    ``defer``: do not run it now; ``retry_after_s`` and the ``reason`` code say when and why
+    (held and released later, or refused when the caller asks for a refusal)."""
+
+    level: int
+    tier: str
+    action: str = EXECUTE
+    max_tokens_cap: int = 0
+    max_tokens: int = 0
+    model: str = REQUESTED
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"[overload.actions.L{self.level}.{self.tier}]"
+
+    def validate(self) -> "LevelAction":
+        w = self.where
+        _require(isinstance(self.level, int) and 1 <= self.level <= MAX_LEVEL, w, "level", self.level,
+                 f"L1..L{MAX_LEVEL} (L0 always executes as requested)")
+        _require(self.action in (EXECUTE, DEFER), w, "action", self.action, f"{EXECUTE!r} or {DEFER!r}")
+        for name in ("max_tokens_cap", "max_tokens"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, w, name, value,
+                     "a whole number of tokens >= 0 (0 = none)")
+        _require(self.model in (REQUESTED, FALLBACK), w, "model", self.model, f"{REQUESTED!r} or {FALLBACK!r}")
+        if self.action == EXECUTE:
+            _require(not (self.max_tokens_cap and self.max_tokens), w, "max_tokens", self.max_tokens,
+                     "0 when max_tokens_cap is set (a cap, or a fixed max_tokens, not both)")
+            _require(not self.retry_after_s and not self.reason, w, "retry_after_s",
+                     (self.retry_after_s, self.reason), "unset for an execute (retry_after_s and reason "
+                     "belong to a defer)")
+        else:
+            _require(isinstance(self.retry_after_s, (int, float)) and not isinstance(self.retry_after_s, bool)
+                     and 0 < self.retry_after_s <= 7 * 86_400, w, "retry_after_s", self.retry_after_s,
+                     "> 0 seconds (at most 7 days) for a defer")
+            _require(isinstance(self.reason, str) and bool(_REASON_CODE.fullmatch(self.reason)), w, "reason",
+                     self.reason, "a reason code of lower-case letters, digits and _ (e.g. "
+                     f"{CAPACITY_PRESSURE!r}, {SYSTEM_OVERLOAD!r})")
+            _require(not self.max_tokens_cap and not self.max_tokens and self.model == REQUESTED, w, "action",
+                     self.action, "an execute when max_tokens_cap, max_tokens or model is set")
+        return self
+
+
+def _cells(table: dict[str, dict[str, dict[str, Any]]]) -> tuple[LevelAction, ...]:
+    return tuple(LevelAction(level, tier, **cell) for level in range(1, MAX_LEVEL + 1)
+                 for tier, cell in table.get(f"L{level}", {}).items())
+
+
+_DEFER_300 = {"action": DEFER, "retry_after_s": 300.0, "reason": CAPACITY_PRESSURE}
+_DEFER_600 = {"action": DEFER, "retry_after_s": 600.0, "reason": SYSTEM_OVERLOAD}
+# the degradation presets (Overload.degradation); a tier a preset does not name executes as
+# requested at every level, and so does every tier at L0
+DEGRADATION_PRESETS: dict[str, tuple[LevelAction, ...]] = {
+    # the design document's table (free = batch, pro = normal, enterprise = vip)
+    "design": _cells({
+        "L1": {"free": {"max_tokens_cap": 2048}},
+        "L2": {"pro": {"max_tokens_cap": 2048}, "free": {"max_tokens": 1024, "model": FALLBACK}},
+        "L3": {"pro": _DEFER_300, "free": _DEFER_300},
+        "L4": {"enterprise": {"max_tokens_cap": 2048}, "pro": _DEFER_600, "free": _DEFER_600},
+    }),
+    # the table this project shipped before the design's (normal needs can_degrade = true)
+    "project": _cells({
+        "L1": {"pro": {"max_tokens_cap": 2048}, "free": {"max_tokens_cap": 2048}},
+        "L2": {"pro": {"max_tokens_cap": 1024, "model": FALLBACK},
+               "free": {"max_tokens_cap": 1024, "model": FALLBACK}},
+        "L3": {"pro": {"max_tokens_cap": 1024, "model": FALLBACK},
+               "free": {"action": DEFER, "retry_after_s": 600.0, "reason": CAPACITY_PRESSURE}},
+        "L4": {"pro": {"action": DEFER, "retry_after_s": 300.0, "reason": SYSTEM_OVERLOAD},
+               "free": {"action": DEFER, "retry_after_s": 600.0, "reason": SYSTEM_OVERLOAD}},
+    }),
+    "none": (),   # no degradation: every tier executes as requested at every level
+}
 
 
 @dataclass(frozen=True)
@@ -271,22 +366,23 @@ class Overload:
     window_s: float = 10.0         # rates (tokens used, errors) are measured over this window
     hold_s: float = 30.0           # a level falls only after its trigger stayed off this long
     # pool utilisation (tokens the upstream reported over the window / the pool's TPM)
-    # at or above which the level is at least L1, L2, L3
+    # above which the level is at least L1, L2, L3
     utilisation_thresholds: tuple[float, ...] = (0.75, 0.85, 0.95)
     # the same thresholds applied ahead of time: the tasks queued for a pool (estimated
     # tokens / its TPM) commit it to at least that utilisation over the next window
     backlog_signal: bool = True
     error_rate_threshold: float = 0.1   # upstream (5xx, timeouts, 429) / calls over the window
-    error_rate_level: int = 3
+    error_rate_level: int = 4
     error_min_calls: int = 20           # fewer calls in the window: the error rate is not judged
     queue_depth_threshold: int = 10_000  # tasks queued, all tiers and pools: above it -> L4
     queue_depth_level: int = 4
     # a tier whose dispatched tasks waited past its max_wait_ms (mean over the window), or
     # whose oldest queued task (among the tenants next in line) is older than that
     wait_level: int = 3
-    # the max_tokens cap of degradable tiers at L1, L2, L3, L4 (0 = no cap)
-    max_tokens_caps: tuple[int, ...] = (2048, 1024, 1024, 1024)
-    fallback_from_level: int = 2   # degradable tiers go to the model's fallback from this level
+    # what each level does to each tier: a preset of DEGRADATION_PRESETS ...
+    degradation: str = "design"
+    # ... with these cells in place of the preset's (TOML: [overload.actions.L3.batch] tables)
+    actions: tuple[LevelAction, ...] = ()
     # model -> fallback model (a pool's fallback_model covers the models not listed)
     fallback_models: tuple[tuple[str, str], ...] = (("claude-sonnet-4-6", "claude-haiku-4-5-20251001"),
                                                     ("gpt-4o", "gpt-4o-mini"), ("deepseek-r1", "deepseek-v3"))
@@ -295,6 +391,10 @@ class Overload:
     # held at the level they cause instead of the deployment (0 = off)
     held_tenants_max: int = 1
     held_demand_share: float = 0.5
+    # the IANA time zone of the tiers' off_peak windows
+    off_peak_timezone: str = "UTC"
+    # held deferrals released at most per tick (the controller's; oldest first)
+    deferred_release_per_tick: int = 500
 
     def validate(self) -> "Overload":
         w = "overload"
@@ -306,7 +406,7 @@ class Overload:
                  "utilisation_thresholds", th, "three increasing fractions > 0 (L1, L2, L3)")
         _require(0 < self.error_rate_threshold <= 1, w, "error_rate_threshold",
                  self.error_rate_threshold, "in (0, 1]")
-        for name in ("error_rate_level", "queue_depth_level", "wait_level", "fallback_from_level"):
+        for name in ("error_rate_level", "queue_depth_level", "wait_level"):
             value = getattr(self, name)
             _require(isinstance(value, int) and 0 <= value <= MAX_LEVEL, w, name, value,
                      f"an integer in [0, {MAX_LEVEL}] (0 = off)")
@@ -315,15 +415,25 @@ class Overload:
                  "true or false")
         _require(self.queue_depth_threshold > 0, w, "queue_depth_threshold",
                  self.queue_depth_threshold, "> 0 tasks")
-        _require(len(self.max_tokens_caps) == MAX_LEVEL and all(c >= 0 for c in self.max_tokens_caps),
-                 w, "max_tokens_caps", self.max_tokens_caps,
-                 f"{MAX_LEVEL} caps >= 0 (L1..L4; 0 = no cap)")
         _require(isinstance(self.held_tenants_max, int) and self.held_tenants_max >= 0, w, "held_tenants_max",
                  self.held_tenants_max, "an integer >= 0 (0 = no tenant is held apart)")
         _require(0 < self.held_demand_share <= 1, w, "held_demand_share", self.held_demand_share, "in (0, 1]")
+        _require(self.degradation in DEGRADATION_PRESETS, w, "degradation", self.degradation,
+                 f"one of {sorted(DEGRADATION_PRESETS)}")
+        seen: set[tuple[int, str]] = set()
+        for cell in self.actions:
+            _require(isinstance(cell, LevelAction), w, "actions", cell, "tables of level actions")
+            cell.validate()
+            _require((cell.level, cell.tier) not in seen, cell.where, "tier", cell.tier, "one cell per level and tier")
+            seen.add((cell.level, cell.tier))
         for pair in self.fallback_models:
             _require(len(pair) == 2 and all(isinstance(m, str) and m for m in pair) and pair[0] != pair[1],
                      w, "fallback_models", pair, "model = \"another model\"")
+        _require(isinstance(self.off_peak_timezone, str) and _timezone_ok(self.off_peak_timezone), w,
+                 "off_peak_timezone", self.off_peak_timezone, "an IANA time zone such as \"UTC\" or "
+                 "\"Asia/Shanghai\"")
+        _require(isinstance(self.deferred_release_per_tick, int) and self.deferred_release_per_tick >= 1, w,
+                 "deferred_release_per_tick", self.deferred_release_per_tick, ">= 1 task")
         return self
 
     def fallback_for(self, model: str, pool_fallback: str = "") -> str:
@@ -333,9 +443,24 @@ class Overload:
                 return dst
         return pool_fallback if pool_fallback != model else ""
 
-    def cap_at(self, level: int) -> int:
-        """The max_tokens cap of degradable tiers at a level (0 = none)."""
-        return self.max_tokens_caps[level - 1] if level >= 1 else 0
+    def cell(self, level: int, tier: "Tier") -> LevelAction | None:
+        """The table's cell for ``tier`` (matched by name or alias) at ``level``: the
+        configured one, else the preset's; None = execute as requested."""
+        names = (tier.name, *tier.aliases)
+        for cells in (self.actions, DEGRADATION_PRESETS.get(self.degradation, ())):
+            for c in cells:
+                if c.level == level and c.tier in names:
+                    return c
+        return None
+
+
+def _timezone_ok(name: str) -> bool:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -488,6 +613,15 @@ class Settings:
             if pool.fallback_model:
                 _require(pool.fallback_model in served, f"pool {pool.name!r}", "fallback_model",
                          pool.fallback_model, f"a model some pool serves ({sorted(served)})")
+        for cell in self.overload.actions:
+            _require(any(cell.tier in (t.name, *t.aliases) for t in self.tiers), cell.where, "tier", cell.tier,
+                     f"a tier's name or alias ({[n for t in self.tiers for n in (t.name, *t.aliases)]})")
+        for tier in self.tiers:
+            for level in range(1, MAX_LEVEL + 1):
+                cell = self.overload.cell(level, tier)
+                _require(cell is None or cell.model != FALLBACK or tier.can_degrade, cell.where if cell else "",
+                         "model", FALLBACK, f"'requested': tier {tier.name!r} has can_degrade = false (set it "
+                         f"true to let the load level lower its model)")
         for src, dst in self.overload.fallback_models:
             # a map entry for a model no pool serves is harmless (never requested); its target
             # must be served, else degrading would turn a servable request into a failing one
@@ -651,9 +785,10 @@ def _overload(data: Any) -> Overload:
         raise ConfigError(f"[overload]: expected a table, got {data!r}")
     _check_keys(Overload, data, "[overload]")
     kwargs = dict(data)
-    for key in ("utilisation_thresholds", "max_tokens_caps"):
-        if key in kwargs:
-            kwargs[key] = tuple(kwargs[key])
+    if "utilisation_thresholds" in kwargs:
+        kwargs["utilisation_thresholds"] = tuple(kwargs["utilisation_thresholds"])
+    if "actions" in kwargs:
+        kwargs["actions"] = _actions(kwargs["actions"])
     if "fallback_models" in kwargs:
         raw = kwargs["fallback_models"]
         pairs = raw.items() if isinstance(raw, Mapping) else raw
@@ -666,6 +801,41 @@ def _overload(data: Any) -> Overload:
         return Overload(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"[overload]: {exc}") from None
+
+
+def _actions(raw: Any) -> tuple[LevelAction, ...]:
+    """[overload.actions] as TOML writes it ({"L3": {"batch": {...}}}) or as settings_to_json
+    does (a list of cells with their level and tier)."""
+    if isinstance(raw, Mapping):
+        cells = []
+        for level_name, tiers in raw.items():
+            where = f"[overload.actions.{level_name}]"
+            if not (isinstance(level_name, str) and re.fullmatch(r"L[1-9]", level_name)):
+                raise ConfigError(f"{where}: expected a level L1..L{MAX_LEVEL}")
+            if not isinstance(tiers, Mapping):
+                raise ConfigError(f"{where}: expected a table of tiers, got {tiers!r}")
+            for tier, cell in tiers.items():
+                if not isinstance(cell, Mapping):
+                    raise ConfigError(f"{where[:-1]}.{tier}]: expected a table, got {cell!r}")
+                cells.append(_cell({**cell, "level": int(level_name[1:]), "tier": tier}))
+        return tuple(cells)
+    if isinstance(raw, (list, tuple)):
+        return tuple(c if isinstance(c, LevelAction) else _cell(c) for c in raw)
+    raise ConfigError(f"[overload]: actions={raw!r} is invalid; expected tables [overload.actions.L3.batch]")
+
+
+def _cell(data: Any) -> LevelAction:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[overload.actions]: expected a table, got {data!r}")
+    where = f"[overload.actions.L{data.get('level')}.{data.get('tier')}]"
+    allowed = {f.name for f in fields(LevelAction)}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed - {'level', 'tier'})}")
+    try:
+        return LevelAction(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 # environment variables that set one setting each, over the file's (see load_settings)

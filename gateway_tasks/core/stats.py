@@ -29,11 +29,21 @@ UPSTREAM_MS = "upstream_ms"        # workers.tasks: upstream call time of the co
 EXPIRED = "expired"                # workers.tasks: tasks dispatched past their deadline or queue TTL
 EVICTED = "evicted"                # producer: queued tasks evicted for a higher tier (lua/dispatch/evict.lua)
 CANCELLED = "cancelled"            # producer: tasks cancelled while queued or running (lua/lifecycle/cancel.lua)
+DEFERRED = "deferred"              # producer: tasks the load level deferred and held (lua/overload/defer_hold.lua)
+DEFERRED_RELEASED = "deferred_released"  # overload.deferral: held deferred tasks sent on their queue
+DEFERRED_REFUSED = "deferred_refused"    # producer: deferred submits refused (the caller asked for a refusal)
+DEFERRAL_REASON = "deferral"       # producer: deferrals by reason code and outcome (``deferral_field``)
 
 
 def tier_field(counter: str, tier: str) -> str:
     """The stats hash field of one tier's counter: 'dispatched:vip'."""
     return f"{counter}:{tier}"
+
+
+def deferral_field(reason: str, outcome: str, tier: str) -> str:
+    """The stats hash field counting one tier's deferrals of one reason code and outcome
+    ('held' | 'refused'): 'deferral:capacity_pressure:held:batch'."""
+    return tier_field(f"{DEFERRAL_REASON}:{reason}:{outcome}", tier)
 
 
 # -- pool-wide counters of a pool's stats hash ----------------------------------

@@ -30,7 +30,8 @@ from gateway_tasks.dispatch.index_entry import backlog_tokens
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, CANCELLED, CIRCUIT_CLOSES, CIRCUIT_OPENS, COMPLETED,
-                                      DEAD_LETTERED, DEGRADED, DISPATCHED, EST_TOKENS, EVICTED, EXPIRED,
+                                      DEAD_LETTERED, DEFERRED, DEFERRED_REFUSED, DEFERRED_RELEASED,
+                                      DEFERRAL_REASON, DEGRADED, DISPATCHED, EST_TOKENS, EVICTED, EXPIRED,
                                       FAILOVERS, RESCUED, RETRIES, UPSTREAM_429, UPSTREAM_ERRORS, UPSTREAM_MS,
                                       WAIT_MS, tier_field)
 
@@ -65,6 +66,12 @@ _TIER_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Queued tasks evicted to make room for a higher tier's arrival (shared queue capacity full)."),
     (CANCELLED, "gateway_cancelled_tasks",
      "Tasks cancelled by their owner (or a synchronous caller that went away), queued or running."),
+    (DEFERRED, "gateway_deferred_tasks",
+     "Tasks the load level deferred and held (accepted, released later), per tier and pool."),
+    (DEFERRED_RELEASED, "gateway_deferred_released_tasks",
+     "Held deferred tasks released onto their queue (their retry time came, or the level fell)."),
+    (DEFERRED_REFUSED, "gateway_deferred_refused_tasks",
+     "Deferred submits refused (Deferred, 429) because their caller asked for a refusal."),
     (DEGRADED, "gateway_degraded_tasks",
      "Tasks completed with a capped max_tokens or a fallback model (overload), per tier and serving pool."),
 )
@@ -96,6 +103,7 @@ class Snapshot:
     backlog_tokens: dict[tuple[str, str], float] = field(default_factory=dict)  # (tier, pool) ->
     forecast: Forecast | None = None
     overload: dict[str, str] = field(default_factory=dict)                # the load-level state hash
+    deferred_held: dict[str, int] = field(default_factory=dict)           # tier -> deferred tasks held
     circuits: dict[str, str] = field(default_factory=dict)                # pool -> circuit state
     demand: list[DemandForecast] = field(default_factory=list)            # per (pool, tier)
 
@@ -136,6 +144,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         pipe.hmget(keys.overload_state, "level", "changes")
         for read in demand_reads:
             pipe.hmget(read.key, read.fields)
+        for tier in settings.tiers:
+            pipe.zcard(keys.deferred(tier.name))
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -166,8 +176,10 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             snap.forecast = None
     level, changes = replies[i + 3]
     snap.overload = {"level": (level or b"0").decode(), "changes": (changes or b"0").decode()}
-    snap.demand = forecasts(cells, minutes, parse_reads(demand_reads, replies[i + 4:]), snap.forecast,
+    held_at = len(replies) - len(settings.tiers)     # the deferred sets' sizes come last
+    snap.demand = forecasts(cells, minutes, parse_reads(demand_reads, replies[i + 4:held_at]), snap.forecast,
                             snap.now_ms)
+    snap.deferred_held = {t.name: int(n) for t, n in zip(settings.tiers, replies[held_at:])}
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 
@@ -241,6 +253,22 @@ def families(snap: Snapshot, settings: Settings) -> Iterator[Metric]:
     yield GaugeMetricFamily("gateway_overload_level",
                             "The deployment's load level in force (0 = L0 normal .. 4 = L4).",
                             value=float(snap.overload.get("level", 0) or 0))
+    reasons = CounterMetricFamily("gateway_deferrals_by_reason",
+                                  "Deferrals by the table's reason code: held (accepted, run later) or "
+                                  "refused (the caller asked for a refusal).",
+                                  labels=["tier", "pool", "reason", "outcome"])
+    for pool, stats in snap.stats.items():
+        for name, value in sorted(stats.items()):
+            parts = name.split(":")
+            if len(parts) == 4 and parts[0] == DEFERRAL_REASON:
+                reasons.add_metric([parts[3], pool, parts[1], parts[2]], value)
+    yield reasons
+    held = GaugeMetricFamily("gateway_deferred_held_tasks",
+                             "Deferred tasks held now (not queued), released at their retry time or "
+                             "when the level falls.", labels=["tier"])
+    for tier, n in snap.deferred_held.items():
+        held.add_metric([tier], float(n))
+    yield held
     yield CounterMetricFamily("gateway_overload_level_changes",
                               "Changes of the load level (each one logged and kept in `gateway status`).",
                               value=float(snap.overload.get("changes", 0) or 0))

@@ -15,7 +15,8 @@ Each tick also attributes the pressure per tenant (``gateway_tasks.overload.attr
 a few tenants over their fair share that alone raise the level are held at that level
 (``Keys.overload_held``) and the deployment's level is the one the others cause.
 The same thread runs ``gateway_tasks.upstream.rescue.Rescuer`` each tick (queued reserved-tier
-tasks off a drained or open pool), with the controller disabled too.
+tasks off a drained or open pool) and releases held deferred work
+(``gateway_tasks.overload.deferral.release_deferred``), with the controller disabled too.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 
 from gateway_tasks.core.celery_app import settings_of
+from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.dispatch.index_entry import IndexEntry, mean_est_tokens, tenant_range
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.overload.attribution import Held, TenantDemand, attribute, hold_tenants
+from gateway_tasks.overload.deferral import release_deferred, release_room
 from gateway_tasks.overload.levels import QueuedWork, Signals, baseline, hysteresis, measure, tier_latency_s
-from gateway_tasks.overload.state import HISTORY_MAX, LoadState, parse_state
+from gateway_tasks.overload.state import HISTORY_MAX, LoadState, parse_state, read_level
 from gateway_tasks.core.scripts import Scripts, layout, scripts_for
 from gateway_tasks.core.settings import Settings
 from gateway_tasks.upstream.rescue import Rescuer
@@ -296,8 +299,10 @@ def head_ages(client: redis.Redis, keys: Keys, settings: Settings, now_ms: int,
 class OverloadController:
     """One worker's share of the controller (thread-safe ``tick``; ``start`` runs it)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, scripts: Scripts | None = None):
+    def __init__(self, client: redis.Redis, settings: Settings, scripts: Scripts | None = None,
+                 app: Any = None):
         self.client = client
+        self.app = app     # the worker's Celery app: releases held deferred work (None: not)
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.scripts = scripts or scripts_for(client)
@@ -342,6 +347,18 @@ class OverloadController:
             log("load level L%d -> L%d: %s", decision.old_level, decision.level, decision.reason)
         return decision
 
+    def release(self, level: int | None = None, room: dict[str, float] | None = None, early: bool = True) -> None:
+        """Release the held deferred work that is due, and (``early``) the work of tiers the
+        level no longer defers, within ``room`` (``deferral.release_room``; None = unpaced)."""
+        if self.app is None:
+            return
+        if level is None:
+            level = read_level(self.client, self.keys) if self.settings.overload.enabled else 0
+        report = release_deferred(self.client, self.app, self.settings, level, redis_now_ms(self.client),
+                                  room, early)
+        if report.released:
+            logger.info("released held deferred tasks at L%d: %s", level, report.released)
+
     def start(self) -> "OverloadController":
         """The controller's thread; it also moves reserved-tier tasks off blocked pools
         (gateway_tasks/upstream/rescue.py), so it runs even with the controller disabled."""
@@ -358,9 +375,13 @@ class OverloadController:
         rescuer = Rescuer(self.client, self.settings, self.scripts)
         while not self._stop.wait(interval):
             try:
-                if self.settings.overload.enabled:
-                    self.tick()
+                decision = self.tick() if self.settings.overload.enabled else None
                 rescuer.tick()
+                if decision is None:
+                    self.release(0)
+                else:       # early releases paced by the signals, by the tick's one winner
+                    self.release(decision.level, release_room(decision.signals, self.settings)
+                                 if decision.committed else None, early=decision.committed)
             except redis.RedisError:
                 logger.warning("load-level tick failed; retrying in %.1f s", interval, exc_info=True)
             except Exception:  # a controller bug must never take the worker down
@@ -377,7 +398,8 @@ def _start_with_the_worker(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     settings = settings_of(app)
-    controller = OverloadController(redis.Redis.from_url(app.conf.broker_url, **connection_kwargs()), settings).start()
+    controller = OverloadController(redis.Redis.from_url(app.conf.broker_url, **connection_kwargs()), settings,
+                                    app=app).start()
     _running.append(controller)
 
 

@@ -165,17 +165,17 @@ def target_level(signals: Signals, overload: Overload,
 
     for pool, u in sorted(signals.utilisation.items()):
         for k, threshold in enumerate(overload.utilisation_thresholds, start=1):
-            if u >= threshold:
-                ask(k, f"pool {pool} utilisation {u:.2f} >= {threshold:g}")
+            if u > threshold:
+                ask(k, f"pool {pool} utilisation {u:.2f} > {threshold:g}")
     if overload.backlog_signal:
         # the queue already holds this much of the pool's next window: it will be used at
         # least this fully (the utilisation window only sees it once it has been served)
         for pool, backlog_s in sorted(signals.backlog_s.items()):
             committed = backlog_s / overload.window_s
             for k, threshold in enumerate(overload.utilisation_thresholds, start=1):
-                if committed >= threshold:
+                if committed > threshold:
                     ask(k, f"pool {pool}'s queue holds {backlog_s:.1f} s of its TPM: utilisation "
-                           f"{committed:.2f} of the next {overload.window_s:g} s >= {threshold:g}")
+                           f"{committed:.2f} of the next {overload.window_s:g} s > {threshold:g}")
     for pool, rate in sorted(signals.error_rate.items()):
         if rate is not None and rate > overload.error_rate_threshold and overload.error_rate_level:
             ask(overload.error_rate_level,

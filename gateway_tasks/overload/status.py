@@ -11,21 +11,29 @@ import redis
 
 from gateway_tasks.upstream.health import read_health
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.overload.actions import Request, action_for
+from gateway_tasks.overload.deferral import held_counts
 from gateway_tasks.overload.state import read_held, read_history, read_state
 from gateway_tasks.core.settings import Settings
 
 
-def tier_actions(settings: Settings, level: int) -> dict[str, dict[str, Any]]:
-    """What new work of each tier gets at ``level``."""
+def tier_actions(settings: Settings, level: int, held: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
+    """What new work of each tier gets at ``level`` (its cell of the degradation table), and
+    how many of its deferred tasks are held now."""
     o = settings.overload
     out = {}
     for tier in settings.tiers:
-        degradable = tier.can_degrade and level >= 1
+        cell = o.cell(level, tier) if level >= 1 else None
+        a = action_for(o, level, tier, Request(0))
         out[tier.name] = {
-            "deferred": bool(tier.defer_from_level and level >= tier.defer_from_level),
-            "retry_after_s": tier.defer_retry_after_s if tier.defer_from_level else None,
-            "max_tokens_cap": (o.cap_at(level) or None) if degradable else None,
-            "model_fallback": bool(degradable and o.fallback_from_level and level >= o.fallback_from_level),
+            "action": a.kind,
+            "deferred": a.deferred,
+            "retry_after_s": a.retry_after_s if a.deferred else None,
+            "reason": a.reason or None,
+            "max_tokens_cap": (cell.max_tokens_cap or None) if cell else None,
+            "max_tokens": (cell.max_tokens or None) if cell else None,
+            "model_fallback": a.fallback,
+            "held": (held or {}).get(tier.name, 0),
         }
     return out
 
@@ -65,7 +73,8 @@ def deployment_status(client: redis.Redis, settings: Settings, history: int = 20
         "decided_s_ago": round((now_ms - state.ts_ms) / 1000, 3) if state.ts_ms else None,
         "changes": state.changes,
         "signals": state.signals,
-        "tiers": tier_actions(settings, state.level),
+        "degradation": settings.overload.degradation,
+        "tiers": tier_actions(settings, state.level, held_counts(client, keys, settings.tiers)),
         "pools": pools,
         "history": read_history(client, keys, history),
         "held": {t: h for t, h in read_held(client, keys).items() if tenant_id is None or t == tenant_id},
@@ -95,12 +104,15 @@ def format_status(status: dict[str, Any]) -> str:
     for name, a in status["tiers"].items():
         what = []
         if a["deferred"]:
-            what.append(f"deferred (retry after {a['retry_after_s']:g} s)")
+            what.append(f"deferred ({a['reason']}, retry after {a['retry_after_s']:g} s)")
         if a["max_tokens_cap"]:
             what.append(f"max_tokens <= {a['max_tokens_cap']}")
+        if a["max_tokens"]:
+            what.append(f"max_tokens = {a['max_tokens']}")
         if a["model_fallback"]:
             what.append("fallback model")
-        lines.append(f"  {name:<10} {', '.join(what) or 'as requested'}")
+        held = f"; {a['held']} deferred held" if a["held"] else ""
+        lines.append(f"  {name:<10} {', '.join(what) or 'as requested'}{held}")
     lines.append("pools:")
     for name, p in status["pools"].items():
         extra = ""

@@ -1,7 +1,8 @@
 """Cancelling a task from the producer side (``Gateway.cancel``).
 
 Queued: its index entry and message go together (lua/lifecycle/cancel.lua), so it never reaches
-the upstream.  Held on its depends_on: its held record is dropped.  Running: revoked,
+the upstream.  Held on its depends_on, or held as deferred by the load level: its held record
+is dropped (and its place in its tier's deferred set).  Running: revoked,
 and marked so the worker discards its result and no requeue or lease sweep puts it back
 (the worker's own settle gives its tokens back).  A task that never runs gives its
 estimate back to its tenant's TPM bucket here.
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from gateway_tasks.producer.gateway import Gateway
 
 CANCEL_TRIES = 3      # a task caught between dispatch and requeue is looked for again
-ALREADY_CANCELLED, FINISHED, WAITING = "already_cancelled", "finished", "waiting"
+ALREADY_CANCELLED, FINISHED, WAITING, DEFERRED = "already_cancelled", "finished", "waiting", "deferred"
 MESSAGES = {QUEUED: "cancelled while queued; it never reached the upstream",
             RUNNING: "cancelled while running; it was revoked and its result is discarded",
             GONE: "cancelled before it was queued or after it was lost; it will not run"}
@@ -35,7 +36,8 @@ MESSAGES = {QUEUED: "cancelled while queued; it never reached the upstream",
 @dataclass(frozen=True)
 class Cancelled:
     """What ``Gateway.cancel`` did: ``was`` is 'queued' (removed: it never reaches the
-    upstream), 'waiting' (held on its depends_on: dropped), 'running' (revoked: a call in
+    upstream), 'waiting' (held on its depends_on: dropped), 'deferred' (held by the load level:
+    dropped), 'running' (revoked: a call in
     flight finishes and its result is discarded),
     'gone' (neither queued nor running yet -- being published, or lost -- marked so it never
     runs), 'already_cancelled', or 'finished' (nothing to cancel: ``status`` says how it ended)."""
@@ -58,11 +60,12 @@ def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None, why: 
     status = _status(gw, task_id)
     if status in states.READY_STATES:
         return Cancelled(task_id, FINISHED, status)
-    if _drop_held(gw, task_id):     # held on its depends_on: never queued
-        gw.r.set(gw.keys.cancelled(task_id), WAITING, ex=gw.settings.result_ttl_s)
-        _store_cancelled(gw, task_id, WAITING, "cancelled while it waited on its depends_on; it was never queued"
-                         + why)
-        return Cancelled(task_id, WAITING, states.FAILURE)
+    held = _drop_held(gw, task_id)
+    if held:     # held on its depends_on, or deferred: never queued
+        gw.r.set(gw.keys.cancelled(task_id), held, ex=gw.settings.result_ttl_s)
+        where = ("while the load level held it deferred" if held == DEFERRED else "while it waited on its depends_on")
+        _store_cancelled(gw, task_id, held, f"cancelled {where}; it was never queued" + why)
+        return Cancelled(task_id, held, states.FAILURE)
     ref = read_refs(gw.r, gw.keys, gw._pool_names, [task_id]).get(task_id)
     was, entry = GONE, ""
     if ref is not None:
@@ -87,15 +90,19 @@ def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None, why: 
     return Cancelled(task_id, was, states.FAILURE)
 
 
-def _drop_held(gw: "Gateway", task_id: str) -> bool:
-    """Drop a task held on its depends_on (True if it was), its TPM tokens given back."""
+def _drop_held(gw: "Gateway", task_id: str) -> str:
+    """Drop a held task, its TPM tokens given back: WAITING (it was held on its depends_on),
+    DEFERRED (held by the load level), '' (it was not held)."""
     key = gw.keys.held(task_id)
     with gw.r.pipeline() as pipe:
-        pipe.hget(key, "send")
+        pipe.hmget(key, "send", "tier", "deferred_until_ms")
         pipe.delete(key)
-        spec, dropped = pipe.execute()
+        (spec, tier, until), dropped = pipe.execute()
     if not dropped:
-        return False
+        return ""
+    deferred_tier = tier if until is not None else None     # a deferral's record says until when
+    if deferred_tier:
+        gw.r.zrem(gw.keys.deferred(deferred_tier.decode()), task_id)
     try:
         body = json.loads(spec)["body"] if spec else {}
     except (ValueError, KeyError, TypeError):
@@ -103,7 +110,7 @@ def _drop_held(gw: "Gateway", task_id: str) -> bool:
     tenant, est, tpm = body.get("tenant_id"), body.get("est_tokens"), body.get("tenant_tpm")
     if isinstance(tenant, str) and isinstance(est, int) and isinstance(tpm, int) and tpm > 0 and est > 0:
         scripts_for(gw.r).run(tpm_settle(gw.keys, tenant, est, tpm))
-    return True
+    return DEFERRED if deferred_tier else WAITING
 
 
 def _give_back_queued(gw: "Gateway", ref: TaskRef, entry: str) -> None:

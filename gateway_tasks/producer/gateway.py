@@ -23,6 +23,7 @@ from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.dispatch.lanes import INTERACTIVE
 from gateway_tasks.dispatch.request import InferenceRequest
+from gateway_tasks.overload.deferral import HOLD, Deferral
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.core.packer import connection_kwargs
@@ -47,6 +48,9 @@ class TaskHandle:
     est_tokens: int
     app: Celery
     lane: str = INTERACTIVE   # interactive | scheduled (gateway_tasks.dispatch.lanes)
+    # accepted but deferred by the load level: held, not queued, until deferral.until_ms at
+    # the latest (sooner when the level falls); None = queued (or held on its depends_on)
+    deferral: Deferral | None = None
 
     @property
     def async_result(self) -> AsyncResult:
@@ -122,7 +126,8 @@ class Gateway:
                idempotency_key: str | None = None,
                extra_body: dict[str, Any] | None = None, stream: bool = False,
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
-               lane: str | None = None, on_behalf_of: str | None = None) -> TaskHandle:
+               lane: str | None = None, on_behalf_of: str | None = None,
+               on_defer: str = HOLD) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -152,14 +157,14 @@ class Gateway:
         with redis_errors("submit", "nothing was enqueued"):
             return Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                           idempotency_key, extra_body, stream, count_quota, depends_on,
-                                          lane, on_behalf_of)).run()
+                                          lane, on_behalf_of, on_defer)).run()
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)
 
-    def _handle(self, task_id: str, req: InferenceRequest) -> TaskHandle:
+    def _handle(self, task_id: str, req: InferenceRequest, deferral: Deferral | None = None) -> TaskHandle:
         return TaskHandle(task_id, req.tenant_id, req.tier, self._queue(req), req.model,
-                          req.prompt_tokens, req.est_tokens, self.app, req.lane)
+                          req.prompt_tokens, req.est_tokens, self.app, req.lane, deferral)
 
     def result(self, task_id: str) -> AsyncResult:
         return AsyncResult(task_id, app=self.app)

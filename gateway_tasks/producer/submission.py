@@ -11,14 +11,16 @@ runs named steps, in order:
     behalf        on_behalf_of: the live task this work is for, its tier and owner
     estimate      messages checked, tokens estimated, the load level's actions (defer,
                   degrade) at the effective tier (its own, or the higher one it works on
-                  behalf of), the pool (a reserved tier's failover) -- ``estimate_request``
+                  behalf of), the pool (a reserved tier's failover) -- ``estimate_request``;
+                  a deferred request is refused here when its caller asked for a refusal
     dependencies  depends_on checked: the tenant's own tasks (or shared with it), not itself
     remember      an idempotency key's first submit (a repeat returns the first's handle)
     take_quota    the tenant's hourly count and TPM tokens, both or neither
     enqueue       published on its tier's queue, evicting a lower tier's newest task when the
                   pool is full (in the same publish: ``gateway_tasks.dispatch.evict.evicting``),
                   or held on its dependencies (with transitive priority inheritance:
-                  ``gateway_tasks.lifecycle.inherit``; a cycle through it is refused)
+                  ``gateway_tasks.lifecycle.inherit``; a cycle through it is refused), or held
+                  as deferred until its release (gateway_tasks.overload.deferral)
 
 Each step that takes something registers how to give it back; when a later step fails,
 ``run`` undoes exactly the steps that ran, newest first, in one place (``_undo``).
@@ -47,13 +49,14 @@ from gateway_tasks.dispatch.enqueue import throttle_retry_after_s
 from gateway_tasks.upstream.health import choose_pool, read_health
 from gateway_tasks.core.keys import learned_field
 from gateway_tasks.dispatch.lanes import lane_for
-from gateway_tasks.overload.actions import degrade, deferral
+from gateway_tasks.overload.actions import Action, Request, action_for, degrade, deferral_error
+from gateway_tasks.overload import deferral
 from gateway_tasks.overload.state import tenant_level
 from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
 from gateway_tasks.dispatch.request import MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Tier
-from gateway_tasks.core.stats import EVICTED, tier_field
+from gateway_tasks.core.stats import DEFERRED, DEFERRED_REFUSED, EVICTED, deferral_field, tier_field
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry, tenant_of_tag
 from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
 from gateway_tasks.producer.memory_guard import submit_bytes
@@ -84,6 +87,7 @@ class Asked:
     depends_on: Sequence[str] | None = None
     lane: str | None = None
     on_behalf_of: str | None = None
+    on_defer: str = deferral.HOLD   # a deferred request: held (later) or refused (Deferred)
 
 
 @dataclass(frozen=True)
@@ -105,12 +109,17 @@ class Submission:
         self.deps: tuple[str, ...] = ()
         self.behalf: Behalf | None = None
         self.effective = ""      # the tier it is admitted and judged at (its own or a lent one)
+        self.deferred: Action | None = None    # the defer action of a request held as deferred
+        self.deferral: deferral.Deferral | None = None
+        self.level_reason = ""
+        self.level = 0
         self._undos: list[Callable[[], Any]] = []
 
     def run(self) -> "TaskHandle":
         try:
             self.validate()
             record, level, reason = self.claim()
+            self.level = level
             self.behalf_of()
             self.estimate(record, level, reason)
             self.dependencies()
@@ -124,7 +133,7 @@ class Submission:
         req = self.req
         # counted against the memory limit until the guard's next INFO read sees it
         self.gw.memory.charge(submit_bytes(len(json.dumps(req.messages)) + len(json.dumps(req.extra_body))))
-        return self.gw._handle(self.task_id, req)
+        return self.gw._handle(self.task_id, req, self.deferral)
 
     def _undo(self) -> None:
         """Give back what the steps that ran took, newest first (Redis may be what failed)."""
@@ -154,6 +163,8 @@ class Submission:
             raise InvalidRequest(f"on_behalf_of must be a task id (a non-empty string of at most "
                                  f"{MAX_TASK_ID_CHARS} characters)")
         self.lane = lane_for(a.source, a.lane)
+        if a.on_defer not in deferral.ON_DEFER:
+            raise InvalidRequest(f"on_defer must be one of {list(deferral.ON_DEFER)}, got {a.on_defer!r}")
         self.gw.memory.check()
 
     def claim(self) -> tuple[dict[Any, Any], int, str]:
@@ -236,10 +247,15 @@ class Submission:
         own = self.settings.tier(tenant.tier).name
         lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
         self.effective = lent or own
-        req = estimate_request(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
-                               tenant, level, reason, judged_at=lent, extra_body=a.extra_body)
+        req, deferred = _estimate(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
+                                  tenant, level, reason, judged_at=lent, extra_body=a.extra_body)
         self.req = replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
                            lane=self.lane, effective_tier=lent)
+        if deferred is not None:
+            if a.on_defer == deferral.REFUSE:
+                self._count(DEFERRED_REFUSED, deferred.reason, "refused")
+                raise deferral_error(deferred, reason)
+            self.deferred, self.level_reason = deferred, reason
 
     def dependencies(self) -> None:
         """depends_on names the tenant's own tasks (this generation's: its owner tag), or tasks
@@ -299,6 +315,9 @@ class Submission:
             self._lend_from_behalf()
         if self.deps and self._hold():
             return
+        if self.deferred is not None:
+            self._defer(self.deferred)
+            return
         req = self.req
         below = tiers_below(self.settings, self.effective or req.tier)
         eviction = Eviction(tuple(t.name for t in below), tuple(t.scheduled_lag_tokens for t in below))
@@ -352,6 +371,28 @@ class Submission:
                 pipe.srem(self.keys.waiters(dep), self.task_id)
             pipe.execute()
 
+    def _defer(self, action: Action) -> None:
+        """Hold the deferred task until its tier's retry time (or off-peak window), or until
+        the level falls: ``gateway_tasks.overload.deferral`` releases it."""
+        req, o = self.req, self.settings.overload
+        tier = self.settings.tier(self.effective or req.tier)      # the tier it was judged at
+        now_ms = int(time.time() * 1000)
+        until = deferral.deferred_until_ms(now_ms, action.retry_after_s, tier.off_peak, o.off_peak_timezone)
+        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
+                                 req.argsrepr())
+        deferral.hold(self.r, self.keys, self.task_id, tier.name, spec, action, until, now_ms,
+                      self.settings.result_ttl_s)
+        self._count(DEFERRED, action.reason, "held")
+        self.deferral = deferral.Deferral.of(action, until, self.level_reason)
+
+    def _count(self, counter: str, reason: str, outcome: str) -> None:
+        """Count a deferral (a counter lost to a Redis error must not undo an accepted task)."""
+        req = self.req
+        with contextlib.suppress(redis.RedisError), self.r.pipeline(transaction=False) as pipe:
+            pipe.hincrby(self.keys.stats(req.pool), tier_field(counter, req.tier), 1)
+            pipe.hincrby(self.keys.stats(req.pool), deferral_field(reason, outcome, req.tier), 1)
+            pipe.execute()
+
     def _inherit(self, deps: tuple[str, ...]) -> None:
         """Transitive priority inheritance: every task down its chain of a lower tier than its
         own is lent its tier while it waits (``gateway_tasks.lifecycle.inherit``), and the task
@@ -370,6 +411,16 @@ class Submission:
             lent = inherit.lend(self.r, self.keys, self.settings, pools, origin, tier, chain.nodes, ttl_s)
             self._undos.append(lambda o=origin, t=lent: inherit.take_back(self.r, self.keys, self.settings,
                                                                           pools, o, t))
+        self._release_deferred_below(chain.nodes, [t for _, t in lenders])
+
+    def _release_deferred_below(self, nodes: Sequence[Any], lender_tiers: Sequence[str]) -> None:
+        """Held deferred tasks down the chain wait no longer when a tier the level does not
+        defer waits on them (it lends them its tier): released now, then boosted."""
+        if not any(not deferral.tier_defers(self.settings, self.settings.tier(t), self.level) for t in lender_tiers):
+            return
+        held = [(n.task_id, n.tier) for n in nodes if n.held and not n.deps]
+        for task_id in deferral.release_now(self.r, self.gw.app, self.settings, held):
+            inherit.boost_released(self.r, self.keys, self.settings, self.gw._pool_names, task_id)
 
 
 def _dependency_failed(task_id: str) -> DependencyFailed:
@@ -430,6 +481,17 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
     higher tier's task: ``Submission.behalf_of``); routing and quotas stay the tenant's.
     The prompt is every forwarded field, ``extra_body``'s too (``count_prompt_tokens``); the
     completion reserve is max_tokens times the choices asked for (``n``)."""
+    req, deferred = _estimate(gw, tenant_id, messages, model, max_tokens, tenant, level, reason, judged_at,
+                              extra_body)
+    if deferred is not None:
+        raise deferral_error(deferred, reason)
+    return req
+
+
+def _estimate(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
+              tenant: Tenant, level: int, reason: str, judged_at: str = "",
+              extra_body: dict[str, Any] | None = None) -> tuple[InferenceRequest, Action | None]:
+    """``estimate_request``, a deferral returned (the defer action) instead of raised."""
     settings = gw.settings
     tier = settings.tier(tenant.tier)
     judged = settings.tier(judged_at) if judged_at else tier
@@ -444,7 +506,8 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
     except Exception as exc:  # ConfigError -> the caller's mistake here
         raise InvalidRequest(str(exc)) from None
     model = model or pool.model
-    pool, model, max_tokens, changes = _overload(gw, judged, pool, model, max_tokens, level, reason)
+    deferred = action_for(settings.overload, level, judged, Request(max_tokens, model))
+    pool, model, max_tokens, changes = _overload(gw, judged, pool, model, max_tokens, level)
     n = choices_of(extra, pool)
     reserve = max_tokens * n
     # counted only as far as the larger prompt that could fit: beyond, it is refused
@@ -478,16 +541,14 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
                             messages=msgs, max_tokens=max_tokens, prompt_tokens=prompt_tokens,
                             est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
                             tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm),
-                            degradation=changes, extra_body=extra)
+                            degradation=changes, extra_body=extra), (deferred if deferred.deferred else None)
 
 
-def _overload(gw: "Gateway", tier: Tier, pool: Pool, model: str, max_tokens: int, level: int,
-              reason: str) -> tuple[Pool, str, int, dict[str, Any]]:
-    """The level's actions on a valid request: deferral (raises), max_tokens cap and model
-    fallback of degradable tiers.  Returns (pool, model, max_tokens, what changed)."""
-    refused = deferral(tier, level, reason)
-    if refused is not None:
-        raise refused
+def _overload(gw: "Gateway", tier: Tier, pool: Pool, model: str, max_tokens: int,
+              level: int) -> tuple[Pool, str, int, dict[str, Any]]:
+    """The level's execute action on a valid request: max_tokens cap (or fixed max_tokens)
+    and model fallback (a defer leaves it as it is).  Returns (pool, model, max_tokens, what
+    changed)."""
     settings = gw.settings
     served = {m for p in settings.pools for m in p.models}
     d = degrade(settings.overload, tier, level, model, max_tokens,

@@ -1,7 +1,9 @@
 """The REST trigger: submit tasks over HTTP, read their results, and an
 OpenAI-compatible synchronous endpoint so the openai SDK can point at the gateway.
 
-    POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url}
+    POST /v1/tasks              202 {task_id, tier, queue, model, prompt_tokens, est_tokens, status_url[,
+                                deferred: {deferred_until, reason, message, ...}]}; 429 Deferred when
+                                the caller asked for a refusal (on_defer / X-Gateway-On-Defer: refuse)
     GET  /v1/tasks/{task_id}    {task_id, status, result? | error?}  (own tasks only)
     DELETE /v1/tasks/{task_id}  cancel it: 200 queued (removed) / 202 running (revoked) / 409 finished
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
@@ -49,6 +51,7 @@ from gateway_tasks.core.tokens import encoding
 # give up at; a client that says its own timeout (the openai SDK's X-Stainless-Timeout) or
 # a deadline_s is waited for that long, less a margin to answer before it gives up
 DEFAULT_SYNC_TIMEOUT_S = 30.0
+ON_DEFER_HEADER = "X-Gateway-On-Defer"
 CLIENT_TIMEOUT_HEADERS = ("X-Gateway-Timeout", "X-Stainless-Timeout")
 CLIENT_TIMEOUT_MARGIN_S = 0.5
 
@@ -103,12 +106,16 @@ def create_app(gateway: Gateway) -> FastAPI:
             tenant.tenant_id, [m.model_dump() for m in body.messages], model=body.model,
             max_tokens=body.max_tokens, deadline_s=body.deadline_s, source="api",
             idempotency_key=body.idempotency_key, extra_body=body.extra_body, depends_on=body.depends_on,
-            lane=body.lane, on_behalf_of=body.on_behalf_of)
+            lane=body.lane, on_behalf_of=body.on_behalf_of,
+            on_defer=body.on_defer or request.headers.get(ON_DEFER_HEADER) or "hold")
         status_url = _status_url(request, handle.id)
         response.headers["Location"] = status_url
-        return {"task_id": handle.id, "tier": handle.tier, "lane": handle.lane, "queue": handle.queue,
-                "model": handle.model, "prompt_tokens": handle.prompt_tokens,
-                "est_tokens": handle.est_tokens, "status_url": status_url}
+        out = {"task_id": handle.id, "tier": handle.tier, "lane": handle.lane, "queue": handle.queue,
+               "model": handle.model, "prompt_tokens": handle.prompt_tokens,
+               "est_tokens": handle.est_tokens, "status_url": status_url}
+        if handle.deferral is not None:    # accepted and held: it runs later
+            out["deferred"] = handle.deferral.to_json()
+        return out
 
     @app.get("/v1/tasks/{task_id}", name="get_task")
     def get_task(task_id: str, tenant: TenantDep) -> dict[str, Any]:
@@ -151,7 +158,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             gateway.submit, tenant.tenant_id, [m.model_dump() for m in body.messages],
             model=body.model, max_tokens=body.max_tokens,
             deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
-            extra_body=extras or None, stream=body.stream)
+            extra_body=extras or None, stream=body.stream,
+            on_defer="refuse")   # its caller waits for the answer: a deferral is a 429 here
         timeout_s = sync_timeout_s(body.deadline_s, request.headers)
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
             return streaming_response(gateway, handle, body.include_usage(), timeout_s)

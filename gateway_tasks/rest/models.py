@@ -72,6 +72,12 @@ class TaskRequest(BaseModel):
                     "tolerates seconds of delay: inside its tier it yields to interactive work, "
                     "by a bounded lag)")
 
+    on_defer: Literal["hold", "refuse"] | None = Field(
+        default=None,
+        description="when the load level defers the tier: hold (default: accepted, 202 with "
+                    "`deferred`, run later) or refuse (429 Deferred with Retry-After); also the "
+                    "X-Gateway-On-Defer header")
+
     _messages = field_validator("messages", mode="before")(_prompt_to_messages)
 
 

@@ -11,6 +11,7 @@ from celery import states
 from fastapi.concurrency import run_in_threadpool
 
 from gateway_tasks.core.errors import ApiError
+from gateway_tasks.overload.deferral import iso_utc
 from gateway_tasks.tenants.registry import Tenant
 from gateway_tasks.producer.gateway import Gateway
 
@@ -80,7 +81,8 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
     generation, ``Tenant.owner_tag``); a stored result that outlived that record is owned
     by the tenant id stored with it, if it was stored after the tenant's generation began
     (an id registered again never reads what the deleted one left).  A queued task of the
-    tenant has no stored state yet: PENDING.
+    tenant has no stored state yet: PENDING (held by the load level: with ``deferred``,
+    until when at the latest and why).
     """
     owner = gateway.r.get(gateway.keys.task_owner(task_id))
     meta = gateway.app.backend.get_task_meta(task_id)
@@ -96,6 +98,11 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
         view["result"] = meta.get("result")
     elif status in states.EXCEPTION_STATES:
         view["error"] = error_of(meta)
+    else:
+        until, reason, level = gateway.r.hmget(gateway.keys.held(task_id), "deferred_until_ms", "reason", "level")
+        if until is not None:     # held by the load level: released by then at the latest
+            view["deferred"] = {"deferred_until": iso_utc(int(until)), "deferred_until_ms": int(until),
+                                "reason": (reason or b"").decode(), "level": int(level or 0)}
     return view
 
 

@@ -130,7 +130,7 @@ def test_a_vip_flood_within_quota_defers_no_other_tenant(make_gateway, settings)
     gw_off, decision_off = flooded(Overload(held_tenants_max=0), "off:")
     assert decision_off.level == 3
     with pytest.raises(Deferred):
-        gw_off.submit("small", "a small batch job", max_tokens=50)
+        gw_off.submit("small", "a small batch job", max_tokens=50, on_defer="refuse")
     for g in (gw, gw_off):
         for k in g.r.scan_iter(match=f"{g.settings.key_prefix}*"):
             g.r.delete(k)
@@ -150,5 +150,5 @@ def test_a_held_batch_flooder_is_deferred_itself(make_gateway, settings):
     assert decision.level < 3, decision.reason
     assert read_held(gw.r, gw.keys)["bulk"]["level"] == 3
     with pytest.raises(Deferred, match="bulk"):
-        gw.submit("bulk", "more", max_tokens=20)
+        gw.submit("bulk", "more", max_tokens=20, on_defer="refuse")
     gw.submit("pro", "still taken", max_tokens=20)

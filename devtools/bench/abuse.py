@@ -92,7 +92,8 @@ class Victim(threading.Thread):
             i += 1
             started = time.monotonic()
             try:
-                h = self.gw.submit(self.tenant, f"short question {i} from {self.tenant}", max_tokens=30)
+                h = self.gw.submit(self.tenant, f"short question {i} from {self.tenant}", max_tokens=30,
+                                   on_defer="refuse")   # a victim waits for its answer: deferral counted
                 h.get(timeout=120)
                 self.samples.append((started, (time.monotonic() - started) * 1000.0))
             except Deferred:

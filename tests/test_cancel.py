@@ -31,7 +31,7 @@ from gateway_tasks.local.ports import free_port
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from gateway_tasks.producer.gateway import IDEMPOTENCY_NAMESPACE, Gateway
 from gateway_tasks.rest.app import create_app, sync_timeout_s
-from gateway_tasks.rest.results import wait_for_meta
+from gateway_tasks.rest.result_waiter import ResultWaiter
 
 
 @pytest.fixture
@@ -157,13 +157,20 @@ def test_sync_timeout_follows_the_client(deadline_s, headers, expected):
     assert sync_timeout_s(deadline_s, headers) == expected
 
 
-def test_wait_for_meta_stops_when_the_client_is_gone(gw):
+def test_result_wait_stops_when_the_client_is_gone(gw):
     h = gw.submit("acme", "nobody waits", max_tokens=5)
 
     async def gone() -> bool:
         return True
+
+    async def wait() -> object:
+        waiter = ResultWaiter.for_backend(gw.app.backend, gw.settings.redis_url)
+        try:
+            return await waiter.wait(h.id, 30.0, gone)
+        finally:
+            await waiter.close()
     started = time.monotonic()
-    assert asyncio.run(wait_for_meta(gw, h.id, 30.0, gone)) is None
+    assert asyncio.run(wait()) is None
     assert time.monotonic() - started < 5
 
 

@@ -43,7 +43,8 @@ from gateway_tasks.rest.errors import error_body, install_error_handlers, retry_
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
-from gateway_tasks.rest.results import error_of, task_view, wait_for_meta
+from gateway_tasks.rest.result_waiter import waiter_for
+from gateway_tasks.rest.results import error_of, task_view
 from gateway_tasks.rest.streaming import streaming_response
 from gateway_tasks.core.tokens import encoding
 
@@ -164,7 +165,8 @@ def create_app(gateway: Gateway) -> FastAPI:
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
             return streaming_response(gateway, handle, body.include_usage(), timeout_s)
         status_url = _status_url(request, handle.id)
-        meta = await wait_for_meta(gateway, handle.id, timeout_s, request.is_disconnected)
+        waiter = waiter_for(gateway.app.backend, gateway.settings.redis_url)
+        meta = await waiter.wait(handle.id, timeout_s, request.is_disconnected)
         headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
         if meta is None:
             # the client timed out or went away: nobody will read the answer, so the task

@@ -1,23 +1,17 @@
 """Reading a task's state from the Celery result backend: its public view,
-its owner, its error, and waiting for it to finish."""
+its owner and its error (waiting for it: gateway_tasks.rest.result_waiter)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from celery import states
-from fastapi.concurrency import run_in_threadpool
 
 from gateway_tasks.core.errors import ApiError
 from gateway_tasks.overload.deferral import iso_utc
 from gateway_tasks.tenants.registry import Tenant
 from gateway_tasks.producer.gateway import Gateway
-
-POLL_FIRST_S = 0.02
-POLL_MAX_S = 0.5
-
 
 def _done_ms(meta: dict[str, Any]) -> float:
     """When a stored result was written (ms since the epoch; 0 when it says nothing)."""
@@ -104,21 +98,3 @@ def task_view(gateway: Gateway, tenant: Tenant, task_id: str) -> dict[str, Any]:
             view["deferred"] = {"deferred_until": iso_utc(int(until)), "deferred_until_ms": int(until),
                                 "reason": (reason or b"").decode(), "level": int(level or 0)}
     return view
-
-
-async def wait_for_meta(gateway: Gateway, task_id: str, timeout_s: float,
-                        gone: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any] | None:
-    """Poll the result backend until the task is ready; None on timeout, or as soon as
-    ``gone()`` says the client disconnected."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    delay = POLL_FIRST_S
-    while True:
-        meta = await run_in_threadpool(gateway.app.backend.get_task_meta, task_id)
-        if meta.get("status") in states.READY_STATES:
-            return meta
-        remaining = deadline - loop.time()
-        if remaining <= 0 or (gone is not None and await gone()):
-            return None
-        await asyncio.sleep(min(delay, remaining))
-        delay = min(delay * 1.5, POLL_MAX_S)

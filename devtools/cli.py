@@ -44,6 +44,7 @@ COMMAND_MODULES = (
     "devtools.bench.beat",       # cron-bench
     "devtools.bench.demand",     # bench-demand
     "devtools.chaos.command",    # chaos
+    "devtools.bench.overhead",   # bench-overhead
 )
 
 

@@ -107,6 +107,13 @@ class ResultBackend(RedisBackend):
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         return bool(super().exception_safe_to_retry(exc)) or is_out_of_memory(exc)
 
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        """Nothing: Celery's Redis backend subscribes to every task's result channel as the
+        task is sent, a round trip per submit and, in a producer that never waits (the REST
+        API, beat), a pub/sub connection whose unread results pile up in Redis's output
+        buffer.  A caller that waits (``TaskHandle.get``) subscribes then, and reads the
+        stored result after subscribing, so a task that finished first is not missed."""
+
     def _store_result(self, task_id: Any, result: Any, state: str, traceback: Any = None,
                       request: Any = None, **kwargs: Any) -> Any:
         """Celery's ``_store_result`` (the meta, its size limit, the failure expiry) in one

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
+.PHONY: install docs demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
 
 # the runtime (gateway-tasks, with the embedded Redis and the test tools) and, next to it,
 # the dev tools (devtools/: gateway-tasks-devtools, the `gateway-dev` command), both editable
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m devtools demo
+
+# the manual (docs/, MkDocs Material) in strict mode: a broken link or a missing page fails;
+# the reference pages are generated from the code as it builds (devtools/mkdocs_hooks.py)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # the suite spread over TEST_PROCESSES processes (pytest-xdist): most of its time is spent
 # waiting on real workers, Redis servers and simulators, so 4 processes fit 2 cores.  One

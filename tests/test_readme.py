@@ -40,6 +40,8 @@ from gateway_tasks.producer.gateway import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+# the README and the manual: every command either names must be real
+MANUAL = "\n".join([README, *(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").rglob("*.md")))])
 README_REDIS = "redis://127.0.0.1:6379/0"
 
 
@@ -70,7 +72,7 @@ def test_every_gateway_make_and_celery_command_is_real():
     dev_parser = build_dev_parser()
     makefile = (ROOT / "Makefile").read_text()
     seen = {"gateway": 0, "make": 0, "celery": 0, "gateway-dev": 0}
-    for block in blocks("sh"):
+    for block in re.findall(r"^```sh\n(.*?)^```", MANUAL, flags=re.S | re.M):
         for line in command_lines(block):
             for part in re.split(r"&&|\$\(|\|", line):
                 argv = shlex.split(part.strip().rstrip("&").rstrip(")"))
@@ -89,7 +91,7 @@ def test_every_gateway_make_and_celery_command_is_real():
                     seen["celery"] += 1
     # inline commands in the prose too (`gateway redis --port 6379 --dir .redis-data`,
     # `gateway cron add|list|delete|bench`): each names a real command path
-    for span in re.findall(r"`(gateway [^`]+)`", README):
+    for span in re.findall(r"`(gateway [^`]+)`", MANUAL):
         head, _, alternatives = span.partition("|")
         argv = shlex.split(head)
         for alt in [argv[-1], *alternatives.split("|")] if alternatives else [None]:
@@ -100,7 +102,7 @@ def test_every_gateway_make_and_celery_command_is_real():
             assert exit_.value.code == 0, span
         seen["gateway"] += 1
     # the dev tools' commands in the prose (`gateway-dev bench-lifecycle`, `gateway-dev chaos ...`)
-    for span in re.findall(r"`(gateway-dev [^`]+)`", README):
+    for span in re.findall(r"`(gateway-dev [^`]+)`", MANUAL):
         dev_parser.parse_args(shlex.split(span)[1:])
         seen["gateway-dev"] += 1
     assert seen["gateway-dev"] >= 10, seen

@@ -38,7 +38,7 @@ examples:
   gateway status                              load level L0-L4, its reason, pools' circuits
 
 workers and beat run under Celery:
-  celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 32 -E
+  celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 16 -E
   celery -A beat.app beat
   a bad configuration stops either at start with one line, `gateway worker: configuration
   error: ...` (or `gateway beat: ...`), and exit status {EXIT_CONFIG}, as `gateway flower` does

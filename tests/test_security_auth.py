@@ -222,13 +222,13 @@ def test_tenant_a_cannot_read_cancel_or_list_tenant_bs_tasks_or_crons(client, ga
     assert theirs.status_code == nothing.status_code == 404          # 404, not 403
     assert theirs.json()["error"]["type"] == nothing.json()["error"]["type"] == "NotFound"
     assert task_id not in json.dumps(nothing.json())
-    if _has(client, "DELETE", "/v1/tasks/{task_id}"):                # cancel (issue 9's route)
+    if _has(client, "DELETE", "/v1/tasks/{task_id}"):                # cancel
         assert client.delete(f"/v1/tasks/{task_id}", headers=auth(key_b)).status_code == 404
         assert client.get(f"/v1/tasks/{task_id}", headers=auth(key_a)).json()["status"] == "PENDING"
     if _has(client, "GET", "/v1/tasks"):                               # listing, if there is one
         listed = client.get("/v1/tasks", headers=auth(key_b))
         assert task_id not in listed.text
-    if _has(client, "POST", "/v1/crons"):                              # tenant crons (issue 12)
+    if _has(client, "POST", "/v1/crons"):                              # tenant crons
         made = client.post("/v1/crons", headers=auth(key_a),
                            json={"task_id": "digest", "cron": "0 * * * *",
                                  "messages": [{"role": "user", "content": "Summarise"}]})

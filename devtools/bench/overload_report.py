@@ -1,5 +1,5 @@
-"""The overload bench's numbers: per-tier rows from the task results, the targets
-of issue 10 judged on them, and the text report."""
+"""The overload bench's numbers: per-tier rows from the task results, the overload
+targets judged on them, and the text report."""
 
 from __future__ import annotations
 

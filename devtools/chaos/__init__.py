@@ -1,4 +1,4 @@
-"""`gateway-dev chaos`: the fault suite (issues 11 and 14).
+"""`gateway-dev chaos`: the fault suite.
 
 Each fault runs against real processes started for it (``deployment``): a
 private Redis with AOF everysec, Celery workers, beat replicas, the upstream

@@ -2,8 +2,7 @@
 
 Every call is refused for a while.  A 429 drains the pool until Retry-After
 (1 s when the upstream gives none) and requeues the task, counting against its
-attempts: no task may be sent more than its tier's ``max_retries`` + 1 times (issue 14: one
-was sent 23 times), and one with a deadline ends by it.  Half the batch has a
+attempts: no task may be sent more than its tier's ``max_retries`` + 1 times, and one with a deadline ends by it.  Half the batch has a
 deadline shorter than the storm.
 """
 

@@ -4,7 +4,7 @@ A slow upstream (3 s a call) keeps every worker busy.  Each round picks the
 next worker, waits until it holds tasks, SIGKILLs it (no ack, no reject) and
 starts a replacement, as a supervisor would.  The tasks it held are the ones
 dispatched and not running in a live worker at the kill (Celery's STARTED meta
-names the pid).  Target (issue 14): every one of them running again elsewhere
+names the pid).  Target: every one of them running again elsewhere
 within 10 s of the kill (its final dispatch time, Redis clock), none lost,
 upstream calls duplicated only for the calls in flight at the kill, and no
 counter left behind.

@@ -4,10 +4,9 @@ redis-py (with hiredis) runs every argument through its ``Encoder`` in Python --
 type checks and an ``encode`` call per argument -- before handing the tuple to
 ``hiredis.pack_command``, which accepts ``str``, ``bytes``, ``int`` and ``float``
 itself and encodes them the same way (UTF-8; ``repr`` of a number).  A pick.lua
-call has ~58 arguments and a release.lua call ~36, so a dispatcher spent ~15 us of
-Python per pick call packing it, against ~4 us for hiredis alone (measured on the
-2-core machine, 2026-12-07); the beat leader, submitting a cron storm, spent ~18 %
-of its samples there.  ``FastPacker`` hands the arguments straight to hiredis and
+call has ~58 arguments and a release.lua call ~36, so redis-py's encoding costs a
+dispatcher several times what hiredis alone takes to pack the same call, and a beat
+leader submitting a cron storm spends a large share of its time there.  ``FastPacker`` hands the arguments straight to hiredis and
 falls back to redis-py's own packer for anything hiredis refuses (a ``bool``,
 ``None``, a ``memoryview``), which then raises redis-py's ``DataError`` or packs it
 as redis-py always did.  The bytes on the wire are the same.

@@ -13,7 +13,7 @@ from gateway_tasks.core.settings import CHARGE_MODES, WINDOW_MODES, Pool, bucket
 # httptools (C), "python" the pure-Python asyncio loop and h11.  One event loop serves every
 # request, so under a storm's ~100 requests/s in bursts the pure-Python stack queued them for
 # tens of ms before and after the simulated latency: time a remote upstream does not spend on
-# this machine's CPU, which the benchmarks then counted as the gateway's
+# the gateway's CPU, which a benchmark would then count as the gateway's
 SERVER_STACKS = {"native": ("uvloop", "httptools"), "python": ("asyncio", "h11")}
 
 

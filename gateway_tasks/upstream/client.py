@@ -128,7 +128,7 @@ def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int
                          completion_tokens=usage.completion_tokens if usage else 0)
 
 
-# -- issue 12: streaming ---------------------------------------------------------------
+# -- streaming -----------------------------------------------------------------------
 class StreamBroken(UpstreamError):
     """The upstream's stream failed after chunks were already passed on: the call cannot be
     retried (the client has part of the answer); the task fails with it."""

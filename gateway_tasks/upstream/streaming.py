@@ -1,4 +1,4 @@
-"""A streaming task's upstream call (issue 12): the upstream's chunks go to the API
+"""A streaming task's upstream call: the upstream's chunks go to the API
 process as they arrive (``gateway_tasks.upstream.chunks``), then 'done' with the usage
 the task settles the bucket to.
 

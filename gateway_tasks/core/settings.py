@@ -42,21 +42,24 @@ class Tier:
     """A class of tenants and how the router treats its traffic."""
 
     name: str
-    base_weight: float
-    aging_alpha_per_ms: float
-    share: float
-    jitter_window_s: int
-    max_wait_ms: int
-    max_concurrency_per_tenant: int
-    max_tasks_per_hour: int
-    retry_budget_ratio: float
+    base_weight: float                 # the policy aging's base score (vip 100, normal 20, batch 1)
+    aging_alpha_per_ms: float          # aging: score gained per ms waited (Score = base + alpha x wait_ms)
+    share: float                       # wfq: the tier's share of the tokens while every tier is backlogged
+    jitter_window_s: int               # tenant crons of the tier fire within this window after their time
+    max_wait_ms: int                   # a task waiting longer is promoted, and raises the load level
+    max_concurrency_per_tenant: int    # tasks of one tenant in flight at once, per pool
+    max_tasks_per_hour: int            # tasks one tenant may submit per clock hour (crons included)
+    retry_budget_ratio: float          # retries the tier may spend, as a fraction of its completed tasks
     # whether the load level may lower the quality of its model (an action's model =
     # "fallback"); caps and deferral of Overload.actions apply to any tier
     can_degrade: bool
+    # the last fraction of every pool bucket that only this tier's interactive work may use
     reserved_share: float = 0.0
-    queue_max_len: int = 100_000
+    queue_max_len: int = 100_000       # tasks queued in the tier per pool: more are refused (QueueFull)
+    # interactive work queued longer is dropped before dispatch (Expired), its tokens
+    # refunded; scheduled work never goes stale; 0 = never
     queue_ttl_s: float = 0.0
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()      # other names of the tier (enterprise, pro, free)
     # retries of one task (429 requeues included) before it fails with RetryBudgetExceeded,
     # on top of the tier-wide retry_budget_ratio that stops retry storms
     max_retries: int = 3
@@ -114,19 +117,21 @@ class Pool:
     """An upstream (OpenAI-compatible endpoint) with its own TPM/RPM quota."""
 
     name: str
-    base_url: str
-    api_key: str = field(repr=False)
-    models: tuple[str, ...]
-    tpm: int
-    rpm: int
-    burst_s: float = 60.0
+    base_url: str                      # the upstream's OpenAI-compatible endpoint, e.g. https://api.openai.com/v1
+    api_key: str = field(repr=False)   # the upstream's key inline (prefer api_key_env), never shown
+    models: tuple[str, ...]            # the models this pool serves; the first is the default
+    tpm: int                           # the upstream's tokens-per-minute quota
+    rpm: int                           # the upstream's requests-per-minute quota
+    burst_s: float = 60.0              # bucket capacity: this many seconds of tpm/rpm
+    # "reserve": the upstream charges prompt + max_tokens at admission, then settles (OpenAI);
+    # "actual": only the tokens used count (the estimate uses a learned completion length)
     charge: str = "reserve"
     # how the upstream counts (WINDOW_MODES): "bucket" (default) or "strict" (docs/rate-limits.md)
     window: str = "bucket"
     # the tier reserve (Tier.reserved_share) is held back from other tiers only while a reserved
     # tier has work queued on this pool or had a task dispatched here in the last reserve_hold_s
     reserve_hold_s: float = 60.0
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0            # one upstream call\'s timeout
     # the model a level's action with model = "fallback" routes to (Overload.actions), for a
     # model of this pool that Overload.fallback_models does not map ("" = none)
     fallback_model: str = ""
@@ -284,14 +289,14 @@ class LevelAction:
     ``defer``: do not run it now; ``retry_after_s`` and the ``reason`` code say when and why
     (held and released later, or refused when the caller asks for a refusal)."""
 
-    level: int
-    tier: str
-    action: str = EXECUTE
-    max_tokens_cap: int = 0
-    max_tokens: int = 0
-    model: str = REQUESTED
-    retry_after_s: float = 0.0
-    reason: str = ""
+    level: int                         # the load level, 1..4
+    tier: str                          # the tier (or an alias of it)
+    action: str = EXECUTE              # "execute" or "defer"
+    max_tokens_cap: int = 0            # execute: max_tokens = min(requested, this) (0 = no cap)
+    max_tokens: int = 0                # execute: max_tokens fixed at this (0 = as requested)
+    model: str = REQUESTED             # execute: "requested", or "fallback" (its model's fallback)
+    retry_after_s: float = 0.0         # defer: when to try again
+    reason: str = ""                   # defer: the reason code (capacity_pressure, system_overload)
 
     @property
     def where(self) -> str:
@@ -361,7 +366,7 @@ class Overload:
     """The load-level controller (gateway_tasks/overload/controller.py) and what each level does
     (gateway_tasks/overload/actions.py)."""
 
-    enabled: bool = True
+    enabled: bool = True           # run the controller (off: the level stays L0)
     tick_s: float = 1.0            # one decision per tick for the whole deployment
     window_s: float = 10.0         # rates (tokens used, errors) are measured over this window
     hold_s: float = 30.0           # a level falls only after its trigger stayed off this long
@@ -372,10 +377,10 @@ class Overload:
     # tokens / its TPM) commit it to at least that utilisation over the next window
     backlog_signal: bool = True
     error_rate_threshold: float = 0.1   # upstream (5xx, timeouts, 429) / calls over the window
-    error_rate_level: int = 4
+    error_rate_level: int = 4           # the level an error rate over the threshold asks for
     error_min_calls: int = 20           # fewer calls in the window: the error rate is not judged
     queue_depth_threshold: int = 10_000  # tasks queued, all tiers and pools: above it -> L4
-    queue_depth_level: int = 4
+    queue_depth_level: int = 4           # the level a queue deeper than the threshold asks for
     # a tier whose dispatched tasks waited past its max_wait_ms (mean over the window), or
     # whose oldest queued task (among the tenants next in line) is older than that
     wait_level: int = 3
@@ -390,7 +395,7 @@ class Overload:
     # over their fair share, holding together at least held_demand_share of a pool's demand, are
     # held at the level they cause instead of the deployment (0 = off)
     held_tenants_max: int = 1
-    held_demand_share: float = 0.5
+    held_demand_share: float = 0.5     # ... the share of a pool's demand those tenants must hold together
     # the IANA time zone of the tiers' off_peak windows
     off_peak_timezone: str = "UTC"
     # held deferrals released at most per tick (the controller's; oldest first)
@@ -480,17 +485,18 @@ class Circuit:
 
 @dataclass(frozen=True)
 class Settings:
-    redis_url: str = ""
-    key_prefix: str = "gt:"
-    policy: str = "wfq"
-    tiers: tuple[Tier, ...] = field(default_factory=default_tiers)
-    pools: tuple[Pool, ...] = field(default_factory=default_pools)
-    max_prompt_tokens: int = 128_000
+    redis_url: str = ""                # redis://[user:password@]host:port/db, or rediss:// for TLS
+    key_prefix: str = "gt:"            # every Redis key starts with it: several deployments per Redis
+    policy: str = "wfq"                # the order between tiers: fifo | strict | aging | wfq
+    tiers: tuple[Tier, ...] = field(default_factory=default_tiers)   # the tenant tiers ([[tiers]])
+    pools: tuple[Pool, ...] = field(default_factory=default_pools)   # the upstreams ([[pools]])
+    max_prompt_tokens: int = 128_000   # a longer prompt is refused at submit (PromptTooLarge)
     max_request_bytes: int = 4_194_304  # REST request bodies (a 128k-token prompt is ~512 KB)
     # nesting levels of a request's JSON (REST bodies, messages and extra_body of every submit)
     max_json_depth: int = 64
-    default_max_tokens: int = 256
-    result_ttl_s: int = 86_400
+    default_max_tokens: int = 256      # max_tokens of a request that names none
+    result_ttl_s: int = 86_400         # how long a task's result is kept
+    # the last-resort restore of a dispatched task whose lease stopped being renewed
     visibility_timeout_s: int = 3_600
     # a dispatcher's hold on a task it took: renewed while it lives; a task whose lease
     # expired (its worker died) goes back to the front of its tenant's line
@@ -519,10 +525,10 @@ class Settings:
     # Redis AUTH / ACL and TLS, kept out of the URL (REDIS_USERNAME, REDIS_PASSWORD,
     # REDIS_TLS_*): merged into redis_url at construction when the URL has none of its own
     redis_username: str = ""
-    redis_password: str = field(default="", repr=False)
+    redis_password: str = field(default="", repr=False)   # Redis AUTH password (REDIS_PASSWORD), never shown
     redis_tls_ca_file: str = ""        # rediss://: the CA bundle that signed the server's certificate
     redis_tls_cert_file: str = ""      # rediss:// with client certificates (mTLS)
-    redis_tls_key_file: str = ""
+    redis_tls_key_file: str = ""       # rediss:// with client certificates: the client's key
     redis_tls_cert_reqs: str = "required"   # rediss://: none | optional | required
 
     def __post_init__(self) -> None:
@@ -546,8 +552,8 @@ class Settings:
     deadline_boost_across_tiers: bool = True
     # the aging policy's preset: "linear" or "capped" (gateway_tasks/dispatch/priority.py)
     aging: str = "linear"
-    overload: Overload = field(default_factory=Overload)
-    circuit: Circuit = field(default_factory=Circuit)
+    overload: Overload = field(default_factory=Overload)   # load levels and degradation ([overload])
+    circuit: Circuit = field(default_factory=Circuit)      # each pool's circuit breaker ([circuit])
     # where these settings were loaded from (set by load_settings, shown at each process's
     # start and by `gateway status`; not a setting: a file or JSON cannot hold it)
     config_source: str = field(default="", compare=False)

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install docs demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
+.PHONY: install docs bench-docs demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
 
 # the runtime (gateway-tasks, with the embedded Redis and the test tools) and, next to it,
 # the dev tools (devtools/: gateway-tasks-devtools, the `gateway-dev` command), both editable
@@ -61,6 +61,13 @@ bench-overload: $(STAMP)
 # 2 cores.  The whole table (all four policies) with its spread: `gateway-dev bench --runs 3`, ~20 min.
 bench-spread: $(STAMP)
 	$(PY) -m devtools bench --runs 3 --policies wfq
+
+# the same three runs, their JSON kept in .bench/, and docs/benchmarks.md's router table
+# rewritten from it (devtools/bench/docs_tables.py)
+bench-docs: $(STAMP)
+	mkdir -p .bench
+	$(PY) -m devtools bench --runs 3 --policies wfq --json > .bench/router.json
+	$(PY) -m devtools bench-docs --router .bench/router.json
 
 # the scheduler bench (100k crons, ~1 min), then the cron storm end to end (~4 min)
 bench-beat: $(STAMP)

@@ -45,6 +45,7 @@ COMMAND_MODULES = (
     "devtools.bench.demand",     # bench-demand
     "devtools.chaos.command",    # chaos
     "devtools.bench.overhead",   # bench-overhead
+    "devtools.bench.docs_tables",  # bench-docs
 )
 
 

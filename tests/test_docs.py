@@ -149,3 +149,31 @@ def test_code_comments_carry_no_history():
                 if HISTORY.search(text):
                     found.append(f"{path.relative_to(ROOT)}:{i}: {text.strip()[:120]}")
     assert not found, "\n".join(found)
+
+
+def _spread(median, low=None, high=None, runs=3):
+    return {"median": median, "min": low if low is not None else median,
+            "max": high if high is not None else median, "runs": runs}
+
+
+def test_bench_docs_rewrites_the_router_table_from_the_bench_json():
+    from devtools.bench.docs_tables import rewrite, router_table
+
+    result = {"config": {"runs": 3, "redis": "7.2.4"}, "spread": {
+        "policies": {"wfq": {
+            "share_pct": {"vip": _spread(70.1, 69.9, 70.3), "normal": _spread(19.9), "batch": _spread(10.0)},
+            "vip_p99_wait_ms": _spread(5, 4, 9), "tpm_utilisation_pct": _spread(99.5, 98.0, 100.0),
+            "requests_429": _spread(0), "rate_429_pct": _spread(0), "round_trips_per_msg": _spread(1.9)}},
+        "plain_celery": {"overhead_x": _spread(0.6, 0.5, 0.7),
+                         "tasks_per_s": {"plain": _spread(700), "gateway": _spread(1300)}}}}
+    table = router_table(result, "a test machine")
+    assert "3 runs, a test machine, Redis 7.2.4" in table
+    assert "70.1 (69.9–70.3) : 19.9 (19.9–19.9) : 10.0 (10.0–10.0)" in table
+    assert "| VIP p99 queue wait under the batch flood | 5 (4–9) ms | < 50 ms |" in table
+    page = (DOCS / "benchmarks.md").read_text()
+    new = rewrite(page, "router", table)
+    assert table in new and "a test machine" not in page
+    before, after = page.split("<!-- bench:router -->")[0], page.split("<!-- /bench:router -->")[1]
+    assert new.startswith(before) and new.endswith(after)          # the prose around it untouched
+    with pytest.raises(ValueError):
+        rewrite(page, "no-such-table", table)

@@ -38,7 +38,7 @@ HISTORY = re.compile(
     r"|\[lifecycle\]"
     r"|\b(?:this|a fresh|another) session\b|\bsession's\b"
     r"|\bthis machine\b|\bon the machine\b|\bmachine of the moment\b"
-    r"|\b(?:earlier|previous|later) runs?\b"
+    r"|\b(?:earlier|previous) runs?\b"
     r"|\bengineers?\b",
     re.I)
 COMMIT = re.compile(r"(?<![\w/.#-])[0-9a-f]{7,12}(?![\w-])")

@@ -19,7 +19,6 @@ from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsReleas
 from gateway_tasks.lifecycle.inherit import BoostCall
 from gateway_tasks.dispatch.enqueue import EnqueueCall
 from gateway_tasks.dispatch.evict import EvictCall
-from gateway_tasks.dispatch.fair_merge import FairMerge
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall
 from gateway_tasks.core.result_backend import ResultStoreCall
@@ -38,7 +37,7 @@ from gateway_tasks.dispatch.router import PickPlan
 
 CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadline", "gateway_tasks.lifecycle.depends",
                 "gateway_tasks.lifecycle.inherit",
-                "gateway_tasks.dispatch.enqueue", "gateway_tasks.dispatch.evict", "gateway_tasks.dispatch.fair_merge",
+                "gateway_tasks.dispatch.enqueue", "gateway_tasks.dispatch.evict",
                 "gateway_tasks.tenants.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
                 "gateway_tasks.bucket.calls", "gateway_tasks.upstream.circuit", "gateway_tasks.upstream.failover",
                 "gateway_tasks.overload.controller", "gateway_tasks.dispatch.release", "gateway_tasks.upstream.rescue",
@@ -87,7 +86,6 @@ def samples(settings) -> list:
     take = QuotaTakeCall(k, "acme", 1_700_000_000_000, 10, 100, 6000)
     plan = PickPlan(settings, settings.queue_names())
     return [
-        FairMerge(k, pool.name),
         DeadlineCall(k, pool.name, tier.name, 1_700_000_000_000, "e"),
         EvictCall(k, pool.name, tuple(tiers), (0, 5)),
         EnqueueCall(k, tier, pool.name, "acme", "tag", 10, "{}"),

@@ -111,11 +111,6 @@ class Keys:
         with one HSET."""
         return self.bucket(pool)
 
-    def fair_before_merge(self, pool: str) -> str:
-        """Hash: where a pool's fair state lived before 2026-12-05 (read once, by
-        lua/dispatch/fair_merge.lua, which moves it into ``fair`` and deletes it)."""
-        return f"{self.pool_tag(pool)}fair"
-
     def stats(self, pool: str) -> str:
         """Hash: counters (dispatched, tokens per tier, drops...) of one pool."""
         return f"{self.pool_tag(pool)}stats"

@@ -149,7 +149,7 @@ class PickPlan:
                               pool=pools.index(q.pool) + 1, tier=q.tier.name, **aging(q), share=q.tier.share,
                               max_wait_ms=q.tier.max_wait_ms, reserved=1 if q.tier.reserved_share > 0 else 0,
                               tenant_max_inflight=q.tier.max_concurrency_per_tenant,
-                              ttl_ms=int(q.tier.queue_ttl_s * 1000),   # [lifecycle] stale: no tokens taken
+                              ttl_ms=int(q.tier.queue_ttl_s * 1000),   # stale: no tokens taken
                               lag_tokens=q.tier.scheduled_lag_tokens,  # gateway_tasks.dispatch.lanes
                               priority=prio[q.tier.name][0], urgent_priority=prio[q.tier.name][1])
                          for q in self.queues]

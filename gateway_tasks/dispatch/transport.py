@@ -29,7 +29,6 @@ from kombu.utils.encoding import bytes_to_str
 
 from gateway_tasks.dispatch import broker, kombu_adapter
 from gateway_tasks.dispatch.kombu_adapter import Empty
-from gateway_tasks.dispatch.fair_merge import FairMerge
 from gateway_tasks.core.redis_failures import is_out_of_memory
 from gateway_tasks.core.stats import DISPATCH_PICKS, DISPATCH_WAITS, STALE_RELEASES
 from gateway_tasks.dispatch.dead_letters import DeadLetterer, problem_of
@@ -161,7 +160,6 @@ class Channel(broker.Channel):
         self._gt_plan: PickPlan | None = None
         self._gt_batch: PickBatch | None = None   # the pick in flight
         self._gt_plan_for: tuple[str, ...] = ()
-        self._gt_fair_merged: set[str] = set()   # pools whose old fair hash this channel merged
         self._gt_mode = PICK
         self._gt_wait_s = 0.0
         self._gt_wait_ms = -1   # pick.lua's wait behind the next WAIT (-1: none known)
@@ -216,24 +214,7 @@ class Channel(broker.Channel):
             self._gt_plan = PickPlan(self._gt_settings, sorted(queues))
             self._gt_plan_for = queues
             self._gt_leases.start()   # a consuming dispatcher renews its leases and sweeps others'
-        self._gt_merge_fair_state(self._gt_plan)
         return self._gt_plan
-
-    def _gt_merge_fair_state(self, plan: PickPlan) -> None:
-        """Before a pool's first pick here: its fair state carried over from where it lived
-        before 2026-12-05 (gateway_tasks.dispatch.fair_merge; a no-op once done).  Redis
-        unreachable: tried again on the next poll, which fails the same way meanwhile."""
-        for pool in plan.pools:
-            if pool.name in self._gt_fair_merged:
-                continue
-            try:
-                merged = self._gt_scripts.run(FairMerge(self._gt_keys, pool.name))
-            except redis.ConnectionError:
-                return
-            self._gt_fair_merged.add(pool.name)
-            if merged:
-                logger.warning("pool %s: carried %d fair-queuing field(s) over from the hash they lived "
-                               "in before 2026-12-05", pool.name, merged)
 
     def poll_start(self, timeout: float | None = None) -> None:
         plan = self._gt_plan_now()

@@ -20,7 +20,7 @@
 --          interactive task: dispatchers whose other slots are full wait on it)
 -- KEYS[11] demand: [capacity] the pool and tier's demand history of the clock hour (Keys.demand)
 -- KEYS[..] per capacity_tier (C): index
---   [lifecycle] every tier's index of the pool (the shared capacity counts them all; passed
+--   every tier's index of the pool (the shared capacity counts them all; passed
 --   only when pool_capacity sets one)
 -- KEYS[..] task_ref?: the task's ref key (Keys.task_ref_in, under the pool's tag): written once
 --   the task is queued, '<pool>|<tier>|<tenant>|<tag>|<entry>' (gateway_tasks/lifecycle/cancel.py
@@ -65,7 +65,7 @@ if depth >= tonumber(ARGV[A_queue_max_len]) then
   redis.call('HDEL', KEYS[K_messages], tag)
   return {0, depth}
 end
--- [lifecycle: shared capacity] begin
+-- begin
 local capacity = tonumber(ARGV[A_pool_capacity]) or 0
 if capacity > 0 then
   local total = 0
@@ -77,7 +77,7 @@ if capacity > 0 then
     return {0, depth, 1}
   end
 end
--- [lifecycle: shared capacity] end
+-- end
 local now = tonumber(ARGV[A_enqueued_ms]) or gt_now_ms()
 local lag = tonumber(ARGV[A_lag_tokens]) or 0
 local scheduled = ARGV[A_lane] == 'scheduled' and lag > 0
@@ -109,4 +109,4 @@ if ref then
   redis.call('SET', ref, ARGV[A_ref_pool] .. '|' .. tier .. '|' .. tenant .. '|' .. tag .. '|' .. entry,
              'PX', ARGV[A_ref_ttl_ms])
 end
-return {1, now, depth + 1, entry}   -- [lifecycle] the entry: cancel finds the task by it
+return {1, now, depth + 1, entry}   -- the entry: cancel finds the task by it

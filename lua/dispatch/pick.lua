@@ -58,13 +58,13 @@
 --   (cap < 0: none; gateway_tasks/dispatch/priority.py: the presets' terms);
 --   priority urgent_priority: the tier's band and its deadline-urgent tasks' band across tiers
 --   (lower first; urgent_priority -1: an urgent task stays inside its tier; pick/scoring: lift)
---   [lifecycle] ttl_ms: the tier's queue TTL (0 = none): a candidate that waited longer is
+--   ttl_ms: the tier's queue TTL (0 = none): a candidate that waited longer is
 --   stale -- dispatched at once, taking no tokens, for its worker to fail it (Expired)
 --   without calling the upstream;
 --   lag_tokens: the tier's scheduled lag (weighted tokens; gateway_tasks/dispatch/lanes.py): a
 --   tenant whose next task is scheduled goes after interactive tenants by this much virtual
 --   time; its real start tag is read back from its score (no extra command)
--- [lifecycle] the state hash also holds, per tier: 'b:<tier>' priority inheritance (lua/lifecycle/boost.lua:
+-- the state hash also holds, per tier: 'b:<tier>' priority inheritance (lua/lifecycle/boost.lua:
 --   '<higher tier>><entry>' lines, dispatched first, at the higher tier's priority and reserve,
 --   charged to their own tenant and tier) and 'd:<tier>' / 'dn:<tier>' deadline boost
 --   (lua/dispatch/deadline.lua: '<urgent from ms>><entry>' lines; a due one goes ahead of its tier's

@@ -50,7 +50,7 @@ for p = 1, P do
 end
 
 -- whether a queue's candidate may use the reserve: a reserved tier's interactive work, and
--- ([lifecycle]) an inherited dispatch whose higher tier may; a reserved tier's scheduled
+-- an inherited dispatch whose higher tier may; a reserved tier's scheduled
 -- work (cron runs) leaves it to the interactive work of its tier (lanes)
 local function may_use_reserve(qd)
   if qd.c.boost_reserved then return true end
@@ -59,7 +59,7 @@ end
 
 -- ms until a pool's bucket admits a queue's candidate (0 = now)
 local function admit_wait(qd, pool)
-  if qd.c.stale then return 0 end           -- [lifecycle] a stale task takes no tokens
+  if qd.c.stale then return 0 end           -- a stale task takes no tokens
   local est = math.min(qd.c.est, pool.tcap)
   -- the others leave the reserve to reserved interactive work; a request too big to
   -- fit beside the reserve waits for a full bucket instead of waiting forever

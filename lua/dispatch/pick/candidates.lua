@@ -13,8 +13,8 @@
 -- (gt_activate, the one way into an empty active set, clears the flag) or EMPTY_RECHECK_MS
 -- passes: an idle tier costs a pick no command.
 local function candidate(qd, known_tenant, known_head, known_next)
-  local boosted = boosted_candidate(qd)                      -- [lifecycle]
-  if boosted then return mark_stale(qd, boosted) end         -- [lifecycle]
+  local boosted = boosted_candidate(qd)
+  if boosted then return mark_stale(qd, boosted) end
   if qd.empty then return false end
   for _ = 1, MAX_ROUNDS do
     local top = redis.call('ZRANGE', qd.active, '0', '0', 'WITHSCORES')
@@ -36,7 +36,7 @@ local function candidate(qd, known_tenant, known_head, known_next)
       local score = tonumber(top[2])
       return mark_stale(qd, {entry = entry, nxt = nxt, tenant = tenant, tie = score - math.floor(score),
               start = gt_lane_start(score, qd.lag), tag = tag, est = tonumber(est) or 0,
-              enq = tonumber(enq) or now, w = w, size = tonumber(size)})   -- [lifecycle]
+              enq = tonumber(enq) or now, w = w, size = tonumber(size)})
     end
     redis.call('ZREM', qd.active, tenant)   -- no queued work left (defensive)
   end

@@ -13,7 +13,7 @@ local function next_dispatch()
     local pool = pools[qd.pool]
     local c = qd.c
     local n = redis.call('HINCRBY', pool.inflight, c.tenant, '1')
-    -- [lifecycle] an inherited or stale dispatch does not wait for its tenant's cap
+    -- an inherited or stale dispatch does not wait for its tenant's cap
     if qd.tenant_max <= 0 or n <= qd.tenant_max or c.boost or c.stale then return best, n end
     redis.call('HINCRBY', pool.inflight, c.tenant, '-1')
     redis.call('ZREM', qd.active, c.tenant)
@@ -37,20 +37,20 @@ local function dispatch(q, n, last)
   local pool = pools[qd.pool]
   if general_left > 0 and not may_use_reserve(qd) then general_left = general_left - 1 end
   local est = math.min(c.est, pool.tcap)
-  if c.stale then est = 0 end       -- [lifecycle] stale: no tokens, no request taken
+  if c.stale then est = 0 end       -- stale: no tokens, no request taken
   local start = c.start or 0
   redis.call('ZREM', qd.index, c.entry)
-  if not c.stale then               -- [lifecycle]
+  if not c.stale then
   pool.tokens, pool.requests = pool.tokens - est, pool.requests - 1
   -- running totals: sync_limits.lua subtracts what was dispatched after this task
   -- from the upstream's x-ratelimit-remaining, which cannot have seen it yet
   pool.debited, pool.dispatches = pool.debited + est, pool.dispatches + 1
-  end                               -- [lifecycle]
+  end
   pool.touched = true
-  if wfq and not c.stale then       -- [lifecycle]
+  if wfq and not c.stale then
     local s = math.max(pool.v, qd.f)
     -- a reserved tier going around a winner that waits for tokens leaves v alone
-    -- ([lifecycle] and so does an inherited dispatch: charged to its own tier's tag only)
+    -- (and so does an inherited dispatch: charged to its own tier's tag only)
     -- (and a deadline-urgent one lifted across tiers: pick/scoring lift)
     if not qd.bypass and not c.boost and not c.lifted then pool.v = s end
     qd.f = s + est / qd.share
@@ -60,7 +60,7 @@ local function dispatch(q, n, last)
   -- tier's tenant virtual time moves to this start tag (never back: a scheduled head served
   -- after interactive tenants that were ahead by at most the lag leaves it where they took
   -- it), the tenant's next task starts where this one finishes
-  -- ([lifecycle] a task taken out of fair order leaves the tier's tenant virtual time alone)
+  -- (a task taken out of fair order leaves the tier's tenant virtual time alone)
   if not (c.boost or c.urgent or c.stale) then qd.tv = math.max(qd.tv or qd.tv0 or start, start) end
   -- whole tokens (the score's fraction is the tie-breaker)
   local finish = math.ceil(start + est / math.max(tonumber(c.w) or 1, 1e-9))

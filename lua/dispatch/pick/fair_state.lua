@@ -1,6 +1,6 @@
 -- dispatch/pick/fair_state.lua (part of pick.lua): each pool's state hash, read once.
 --
--- [lifecycle: boosts] each queue's inheritance lines and first deadline-urgent time, with the
+-- each queue's inheritance lines and first deadline-urgent time, with the
 -- pool's fair state (virtual time, each tier's finish tag, tenant virtual time and tie
 -- counter, its empty flag) and its bucket's fields (used once the pool has a candidate): one HMGET of its state
 -- hash per pool.  pool_state[p]: the reply, the pool's fields at STATE_*; qd.field_at: where

@@ -3,8 +3,8 @@
 -- Score bands: a candidate's score is its band plus its place in the band, and larger wins.
 -- Every band is above any score of the bands under it (a place in a band is a wait in ms,
 -- or -enqueued ms, far below 1e15).
-local BAND_STALE = 3e18       -- [lifecycle] past its queue TTL: out of the way at once, no tokens
-local BAND_INHERITED = 2e18   -- [lifecycle] inherited priority: before any promotion
+local BAND_STALE = 3e18       -- past its queue TTL: out of the way at once, no tokens
+local BAND_INHERITED = 2e18   -- inherited priority: before any promotion
 local BAND_PROMOTED = 1e18    -- wfq: past its tier's max wait, oldest promoted first
 local STRICT_WEIGHT_BAND = 1e15   -- strict: each unit of tier weight a band, oldest first in it
 -- wfq, in fair order: a smaller start tag wins (per weighted token of virtual time), ties go
@@ -41,8 +41,8 @@ local function score(qd, pool)
   local c = qd.c
   local wait = now - c.enq
   if wfq then qd.start = math.max(pool.v, qd.f) end   -- (read by choose's bypass)
-  if c.stale then return BAND_STALE + wait end        -- [lifecycle]
-  if c.boost then return BAND_INHERITED + wait end    -- [lifecycle]
+  if c.stale then return BAND_STALE + wait end
+  if c.boost then return BAND_INHERITED + wait end
   return policy_score(qd, c, wait, pool)
 end
 

@@ -20,7 +20,7 @@ for p = 1, P do
       local qd = queues[q]
       if qd.pool == p and qd.taken and qd.taken > 0 then
         if wfq then fields[#fields + 1], fields[#fields + 2] = 'f:' .. qd.tier, qd.f end
-        -- [lifecycle] (tv stays unset when only out-of-fair-order tasks were taken)
+        -- (tv stays unset when only out-of-fair-order tasks were taken)
         if qd.tv then fields[#fields + 1], fields[#fields + 2] = 'tv:' .. qd.tier, qd.tv end
         if qd.n_dirty then fields[#fields + 1], fields[#fields + 2] = 'n:' .. qd.tier, qd.n end
       end
@@ -29,7 +29,7 @@ for p = 1, P do
   if #fields > 0 then redis.call('HSET', pool.state, unpack(fields)) end   -- one write
 end
 
--- [lifecycle: boosts] the inheritance and deadline lines that changed
+-- the inheritance and deadline lines that changed
 for q = 1, Q do
   local qd = queues[q]
   local state = KEYS[K_per_pool * (qd.pool - 1) + K_pool_state]

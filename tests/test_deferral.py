@@ -14,7 +14,7 @@ from celery import states
 from fastapi.testclient import TestClient
 
 from gateway_tasks.core.clock import redis_now_ms
-from gateway_tasks.core.errors import TaskCancelled
+from gateway_tasks.core.errors import Deferred, TaskCancelled
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import LevelAction, Overload
 from gateway_tasks.metrics.exporter import render
@@ -68,6 +68,19 @@ def test_a_deferred_submit_is_held_and_released_when_the_level_falls(r, make_gat
     controller.release(0)                                   # exactly once
     assert queued(r, keys, "batch") == 1
     assert 'gateway_deferred_released_tasks_total{pool="default",tier="batch"} 1.0' in render(r, s).decode()
+
+
+def test_a_deadline_before_the_retry_time_is_refused_not_held(r, make_gateway):
+    """Holding a task whose deadline ends before its retry time could only end it as
+    DeadlineExceeded: its caller hears at once, with the retry time."""
+    gw = make_gateway(TENANTS)
+    keys, s = Keys(gw.settings.key_prefix), gw.settings
+    force_level(r, s, 3, "pool default utilisation 0.97 > 0.95")
+    with pytest.raises(Deferred) as refused:
+        gw.submit("free1", HELLO, deadline_s=30)
+    assert (refused.value.retry_after_s, refused.value.reason) == (300.0, "capacity_pressure")
+    held = gw.submit("free1", HELLO, deadline_s=3600)          # its deadline outlasts the hold
+    assert held.deferral is not None and r.zcard(keys.deferred("batch")) == 1
 
 
 def test_released_at_its_retry_time_or_its_off_peak_window_while_the_level_holds(r, make_gateway, settings):

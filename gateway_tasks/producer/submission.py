@@ -252,7 +252,9 @@ class Submission:
         self.req = replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
                            lane=self.lane, effective_tier=lent)
         if deferred is not None:
-            if a.on_defer == deferral.REFUSE:
+            # a deadline that ends before the retry time: holding the task could only end it
+            # as DeadlineExceeded, so its caller hears now, with the retry time
+            if a.on_defer == deferral.REFUSE or (a.deadline_s is not None and a.deadline_s < deferred.retry_after_s):
                 self._count(DEFERRED_REFUSED, deferred.reason, "refused")
                 raise deferral_error(deferred, reason)
             self.deferred, self.level_reason = deferred, reason

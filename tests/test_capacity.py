@@ -459,16 +459,16 @@ def test_measured_plan_on_a_running_deployment(r, settings, tmp_path, monkeypatc
     assert p.peak.instances >= p.baseline.instances >= 1
 
 
-def test_readme_shows_the_tenant_models_command_and_its_output(capsys):
+def test_the_manual_shows_the_tenant_models_command_and_its_output(capsys):
     import re
     import shlex
     from pathlib import Path
 
     from gateway_tasks.cli.main import main
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    found = re.search(r"```sh\n(gateway capacity --tenants [^\n]*)\n```\n\n```text\n(.*?)```", readme, re.S)
-    assert found, "the README's tenant model example is missing"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scaling.md").read_text()
+    found = re.search(r"```sh\n(gateway capacity --tenants [^\n]*)\n```\n\n```text\n(.*?)```", page, re.S)
+    assert found, "docs/scaling.md's tenant model example is missing"
     argv = shlex.split(found.group(1))[1:]
     assert argv == DOC_COMMAND
     assert main(argv) == 0

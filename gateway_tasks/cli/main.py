@@ -28,6 +28,7 @@ EPILOG = f"""\
 examples:
   gateway tenant add acme --tier vip          register a tenant, print its API key
   gateway api --port 8080                     serve the REST API
+  gateway task show TASK_ID                   state, place in line, expected start, why it waits
   gateway task cancel TASK_ID                 cancel a queued or running task
   gateway flower                              Flower on 127.0.0.1, basic auth on
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
@@ -62,7 +63,7 @@ COMMAND_MODULES = (
     "gateway_tasks.rest.cli",             # api
     "gateway_tasks.cli.flower",           # flower
     "gateway_tasks.cli.tenant",           # tenant add/list/delete
-    "gateway_tasks.cli.task",             # task cancel
+    "gateway_tasks.cli.task",             # task show, list, result, cancel
     "gateway_tasks.metrics.exporter",     # metrics
     "gateway_tasks.local.redis_server",   # redis
     "gateway_tasks.cli.ready",            # ready

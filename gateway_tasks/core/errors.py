@@ -7,6 +7,7 @@
     │   ├── UnknownTenant
     │   ├── PromptTooLarge
     │   ├── UnknownTask      a task id the caller never submitted (or long forgotten)
+    │   │   └── TaskNotFound a task looked up (result, show, a batch) that is not there
     │   └── CronError
     ├── Rejected             a valid request the gateway will not run now (reason, retry_after_s)
     │   ├── QueueFull
@@ -70,6 +71,11 @@ class PromptTooLarge(InvalidRequest):
 
 class UnknownTask(InvalidRequest):
     """No task of this id for this tenant (another tenant's ids look the same: unknown)."""
+
+
+class TaskNotFound(UnknownTask):
+    """A task (or a batch, a file) looked up by id is not there: never submitted, another
+    tenant's, or its record expired.  Raised at once, never after a wait (REST: 404)."""
 
 
 class CronError(InvalidRequest):

@@ -248,7 +248,8 @@ class Keys:
         return f"{self.prefix}celery-task-meta-{task_id}"
 
     def meta(self, task_id: str) -> str:
-        """String (TTL): idempotency marker of a submitted task id."""
+        """String (TTL): idempotency marker of a task submitted with a key: 'submitted', or for
+        a cron run its run key 'cron:<entry id>:<nominal ms>'."""
         return f"{self.prefix}meta:{task_id}"
 
     def task_owner(self, task_id: str) -> str:
@@ -275,6 +276,16 @@ class Keys:
         """String (TTL): a cancelled task's reason ('queued' | 'running'); the worker, the lease
         sweep and a requeue check it, so a cancelled task never runs or comes back."""
         return f"{self.prefix}cancelled:{task_id}"
+
+    # -- one tenant's own records: one hash tag per tenant, so they stay in one slot
+    def tenant_tag(self, tenant_id: str) -> str:
+        """The common start of a tenant's own keys, hash tag included: 'gt:{t:acme}:'."""
+        return f"{self.prefix}{{t:{tenant_id}}}:"
+
+    def tenant_tasks(self, tenant_id: str) -> str:
+        """Sorted set: task id -> submit time (ms) of the tenant's tasks, kept for the result
+        TTL (``gateway task list``, gateway_tasks.producer.where.list_tasks)."""
+        return f"{self.tenant_tag(tenant_id)}tasks"
 
     def tenant_bucket(self, tenant_id: str) -> str:
         """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/tenants/quota_take.lua)."""

@@ -18,7 +18,8 @@ import redis
 from celery import Celery
 from celery.result import AsyncResult
 
-from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.celery_app import make_app, settings_of
+from gateway_tasks.core.errors import TaskNotFound
 from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.dispatch.lanes import INTERACTIVE
@@ -34,7 +35,7 @@ from gateway_tasks.producer.memory_guard import MIB, MemoryGuard
 from gateway_tasks.producer.submission import IDEMPOTENCY_NAMESPACE, Asked, Submission, estimate_request
 
 __all__ = ["ALREADY_CANCELLED", "FINISHED", "IDEMPOTENCY_NAMESPACE", "WAITING", "Cancelled", "Gateway",
-           "TaskHandle", "default_gateway", "submit"]
+           "TaskHandle", "TaskResult", "default_gateway", "submit", "task_known"]
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,45 @@ class TaskHandle:
     deferral: Deferral | None = None
 
     @property
-    def async_result(self) -> AsyncResult:
-        return AsyncResult(self.id, app=self.app)
+    def async_result(self) -> "TaskResult":
+        return TaskResult(self.id, app=self.app)
 
     @property
     def status(self) -> str:
         return self.async_result.status
 
     def get(self, timeout: float | None = None) -> dict[str, Any]:
-        """Wait for the result; re-raises the task's error if it failed."""
-        return self.async_result.get(timeout=timeout, interval=0.05)
+        """Wait for the result; re-raises the task's error if it failed (an id the
+        deployment does not know: ``TaskNotFound`` at once)."""
+        return self.async_result.get(timeout=timeout)
+
+
+class TaskResult(AsyncResult):
+    """A task's result as Celery's ``AsyncResult``, with two differences:
+
+    * ``get`` on an id the deployment does not know (no owner record, no stored result)
+      raises ``TaskNotFound`` at once instead of waiting out its timeout;
+    * a ``get`` that ends without the result (its timeout, an interrupt) stops listening
+      for it there and then.  Left subscribed, the result's ``__del__`` unsubscribes at
+      interpreter exit, when redis-py can no longer import its parser: ~20 lines of
+      ``Exception ignored in AsyncResult.__del__ ... sys.meta_path is None``."""
+
+    def get(self, timeout: float | None = None, interval: float = 0.05, **kwargs: Any) -> Any:
+        if not self.ready() and not task_known(self.app, self.id):
+            raise TaskNotFound(f"no task {self.id!r}: never submitted here, or its record expired")
+        try:
+            return super().get(timeout=timeout, interval=interval, **kwargs)
+        except BaseException:
+            if self.backend is not None and not self.ready():
+                self.backend.remove_pending_result(self)
+            raise
+
+
+def task_known(app: Celery, task_id: str) -> bool:
+    """Whether a task id was submitted to this deployment (its owner record, written by every
+    submit, or its stored result is there) -- one round trip."""
+    keys = Keys(settings_of(app).key_prefix)
+    return bool(app.backend.client.exists(keys.task_owner(task_id), keys.result(task_id)))
 
 
 class Gateway:
@@ -166,8 +196,12 @@ class Gateway:
         return TaskHandle(task_id, req.tenant_id, req.tier, self._queue(req), req.model,
                           req.prompt_tokens, req.est_tokens, self.app, req.lane, deferral)
 
-    def result(self, task_id: str) -> AsyncResult:
-        return AsyncResult(task_id, app=self.app)
+    def result(self, task_id: str) -> TaskResult:
+        """The task's result (``.get(timeout)`` waits for it); an id this deployment does not
+        know raises ``TaskNotFound`` here, at once."""
+        if not task_known(self.app, task_id):
+            raise TaskNotFound(f"no task {task_id!r}: never submitted here, or its record expired")
+        return TaskResult(task_id, app=self.app)
 
     def owner(self, task_id: str) -> str | None:
         """The tenant generation that submitted a task, as its owner tag ('<id>/<gen>',

@@ -183,13 +183,19 @@ class Submission:
         if isinstance(a.tenant_id, str):
             guess = self.gw.owner_tags.get(a.tenant_id, a.tenant_id)
             owner_key = self.keys.task_owner(self.task_id)
+            now_ms = int(time.time() * 1000)
+            tasks = self.keys.tenant_tasks(a.tenant_id)
             with self.r.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self.keys.tenant(a.tenant_id))
                 pipe.set(owner_key, guess, ex=self.settings.result_ttl_s, nx=True)
                 pipe.get(owner_key)
                 pipe.hmget(self.keys.overload_state, "level", "reason")
                 pipe.hget(self.keys.overload_held, a.tenant_id)
-                record, owned, stored, level, held = pipe.execute()
+                # the tenant's list of its tasks (gateway task list), trimmed to the result TTL
+                pipe.zadd(tasks, {self.task_id: now_ms}, nx=True)
+                pipe.zremrangebyscore(tasks, 0, now_ms - self.settings.result_ttl_s * 1000)
+                pipe.expire(tasks, self.settings.result_ttl_s)
+                record, owned, stored, level, held, *_ = pipe.execute()
             if record:
                 tag = TenantRegistry.from_record(a.tenant_id, record).owner_tag
                 self.gw.owner_tags[a.tenant_id] = tag
@@ -199,9 +205,10 @@ class Submission:
                     self.task_id = self._keyed_id(tag)      # an earlier generation's id
                     owned = self.r.set(self.keys.task_owner(self.task_id), tag,
                                        ex=self.settings.result_ttl_s, nx=True)
+                    self.r.zadd(tasks, {self.task_id: now_ms}, nx=True)
         if owned:
-            owner_key = self.keys.task_owner(self.task_id)
-            self._undos.append(lambda: self.r.delete(owner_key))
+            owner_key, task_id = self.keys.task_owner(self.task_id), self.task_id
+            self._undos.append(lambda: (self.r.delete(owner_key), self.r.zrem(tasks, task_id)))
         level_now, reason = self.gw._level_of(level)
         if self.settings.overload.enabled:   # a tenant held at the level it causes sees that level
             level_now, reason = tenant_level(level_now, reason, held)
@@ -291,7 +298,10 @@ class Submission:
         if self.asked.idempotency_key is None:
             return True
         meta = self.keys.meta(self.task_id)
-        if not self.r.set(meta, "submitted", nx=True, ex=self.settings.result_ttl_s):
+        # a cron run's key ('cron:<entry>:<nominal ms>', beat.fire.run_key) says which run it is
+        # (gateway_tasks.producer.where); any other key stays the caller's own
+        marker = self.asked.idempotency_key if self.asked.source == "cron" else "submitted"
+        if not self.r.set(meta, marker, nx=True, ex=self.settings.result_ttl_s):
             return False
         self._undos.append(lambda: self.r.delete(meta))
         return True

@@ -470,7 +470,7 @@ def test_stats_count_and_reset(sim):
 
 def test_health_and_models(sim):
     assert httpx.get(sim.base_url.removesuffix("/v1") + "/health").json() == {"ok": True}
-    assert [m.id for m in client(sim).models.list()] == ["gpt-4o-mini", "gpt-4o"]
+    assert [m.id for m in client(sim).models.list()] == [*SimConfig().models, *SimConfig().embedding_models]
 
 
 # -- running it ----------------------------------------------------------------------
@@ -528,7 +528,7 @@ def test_a_required_api_key_is_checked_as_openai_does_and_never_shown():
     with SimulatorThread(SimConfig(api_key=SIM_KEY, **FAST)) as sim:
         right = openai.OpenAI(base_url=sim.base_url, api_key=SIM_KEY, max_retries=0)
         assert chat(right).parse().usage.prompt_tokens == PROMPT
-        assert [m.id for m in right.models.list()] == ["gpt-4o-mini", "gpt-4o"]
+        assert [m.id for m in right.models.list()] == [*SimConfig().models, *SimConfig().embedding_models]
         wrong = openai.OpenAI(base_url=sim.base_url, api_key="sk-not-it", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as err:
             chat(wrong)

@@ -34,7 +34,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.overload.actions import degrade, record
 from gateway_tasks.core.packer import connection_kwargs
 from gateway_tasks.dispatch.lanes import SCHEDULED
-from gateway_tasks.dispatch.request import InferenceRequest
+from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS, InferenceRequest
 from gateway_tasks.core.result_backend import HeldStarted, take_started
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import MAX_LEVEL, Pool, Settings, Tier
@@ -47,7 +47,7 @@ from gateway_tasks.core.faults import AFTER_SETTLE, AFTER_UPSTREAM, kill_point
 from gateway_tasks.core.redis_retry import riding_retry, through_restarts
 from gateway_tasks.upstream.reservation import Debit, Reservation, Settlement, Used
 from gateway_tasks.upstream.streaming import chat_streamed
-from gateway_tasks.upstream.client import UpstreamReply, chat, processing_ms
+from gateway_tasks.upstream.client import UpstreamReply, chat, embed, processing_ms
 from gateway_tasks.upstream.stats import TALLY as UPSTREAM_TIME
 
 logger = logging.getLogger(__name__)
@@ -206,6 +206,8 @@ def admit(job: Job, req: InferenceRequest) -> Admitted:
     overload = settings.overload
     # the level may have risen since submit: degrade again (never un-degrade)
     judged = settings.tier(req.effective_tier) if req.effective_tier else tier   # on behalf of a higher tier
+    if req.endpoint != CHAT:     # an embedding is never degraded (no max_tokens, no fallback model)
+        judged = replace(judged, can_degrade=False)
     changed = degrade(overload, judged, before.level, req.model, req.max_tokens,
                       lambda m: overload.fallback_for(m, pool.fallback_model), lambda m: m in pool.models,
                       at_dispatch=True)
@@ -327,6 +329,8 @@ def _upstream(job: Job, a: Admitted, target: Pool, model: str) -> UpstreamReply:
     """One call of ``target``: streamed (its chunks go to the waiting API process,
     gateway_tasks/upstream/streaming.py) or not."""
     req = a.req
+    if req.endpoint == EMBEDDINGS:
+        return embed(target, model, req.input, req.extra_body, task_id=job.task_id)
     if req.stream:
         return chat_streamed(job.r, job.keys, replace(req, model=model, max_tokens=a.max_tokens), target,
                              job.task_id, CHUNKS_TTL_S)

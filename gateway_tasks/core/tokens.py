@@ -136,3 +136,49 @@ def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], stop_above: int |
             total += count_text_tokens(value_text(value),
                                        None if stop_above is None else max(0, stop_above - total))
     return total
+
+
+MAX_EMBEDDING_INPUTS = 2048   # OpenAI's limit on the inputs of one embeddings request
+
+
+def validate_embedding_input(value: Any) -> str | list[str] | list[int] | list[list[int]]:
+    """An embeddings request's ``input`` as OpenAI takes it: a non-blank string, a list of up to
+    MAX_EMBEDDING_INPUTS non-blank strings, a list of token ids, or a list of such lists;
+    InvalidRequest with the reason otherwise."""
+    def token_ids(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                      and t >= 0 for t in v)
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidRequest("input is blank")
+        return value
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("input must be a non-empty string, a list of strings, a list of token ids "
+                             "or a list of lists of token ids")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(f"input has {len(value)} items; at most {MAX_EMBEDDING_INPUTS} per request")
+    if token_ids(value):
+        return list(value)
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            if not item.strip():
+                raise InvalidRequest(f"input[{i}] is blank")
+        elif not token_ids(item):
+            raise InvalidRequest(f"input[{i}] must be a non-blank string or a list of token ids")
+    return list(value)
+
+
+def count_embedding_tokens(value: Any, stop_above: int | None = None) -> int:
+    """The input tokens of a valid embeddings ``input`` (the same tokenizer as prompts; token
+    ids count one each); with ``stop_above``, exact up to that many, else some count over it."""
+    if isinstance(value, str):
+        return count_text_tokens(value, stop_above)
+    if value and isinstance(value[0], int):
+        return len(value)
+    total = 0
+    for item in value:
+        if stop_above is not None and total > stop_above:
+            return total
+        total += len(item) if isinstance(item, list) else count_text_tokens(
+            item, None if stop_above is None else max(0, stop_above - total))
+    return total

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from gateway_tasks.core.errors import InvalidRequest
+from gateway_tasks.core.tokens import validate_embedding_input
 from gateway_tasks.dispatch.lanes import INTERACTIVE, LANES
 
 # message headers (set by the producer and enqueue.lua / pick.lua; read by the router and the task)
@@ -30,7 +31,12 @@ HEADER_DISPATCH = "gt_dispatch"      # what pick.lua decided (the worker's route
 # a retried or duplicated call of one task from another task's (it is not a secret)
 UPSTREAM_TASK_ID_HEADER = "X-Gateway-Task-Id"
 
-SOURCES = ("api", "api-sync", "cron", "bench", "demo")
+SOURCES = ("api", "api-sync", "cron", "bench", "demo", "batch")
+
+# the upstream endpoint a task calls: chat completions (messages, max_tokens) or embeddings
+# (``input``, no completion: max_tokens 0, its estimate the input's tokens)
+CHAT, EMBEDDINGS = "chat", "embeddings"
+ENDPOINTS = (CHAT, EMBEDDINGS)
 
 
 MAX_DEADLINE_S = 7 * 86_400   # a deadline further out is none a queue can act on (submit refuses it)
@@ -58,6 +64,8 @@ class InferenceRequest:
     # the tier the load level judges it at when above its own: it was submitted on behalf of
     # that tier's task (gateway_tasks.lifecycle.inherit); '' = its own tier
     effective_tier: str = ""
+    endpoint: str = CHAT      # CHAT | EMBEDDINGS
+    input: Any = None         # an embeddings task's input (gateway_tasks.core.tokens.validate_embedding_input)
 
     def to_body(self) -> dict[str, Any]:
         """The task argument: a JSON object (never pickle)."""
@@ -91,11 +99,20 @@ class InferenceRequest:
             value = body[name]
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, value,
                    "a non-negative integer")
-        _check(body["max_tokens"] > 0, "max_tokens", body["max_tokens"], "> 0")
+        endpoint = body.get("endpoint", CHAT)
+        _check(endpoint in ENDPOINTS, "endpoint", endpoint, f"one of {list(ENDPOINTS)}")
         messages = body["messages"]
-        _check(isinstance(messages, list) and len(messages) > 0
-               and all(isinstance(m, dict) for m in messages), "messages", "...",
-               "a non-empty list of message objects")
+        if endpoint == EMBEDDINGS:
+            _check(isinstance(messages, list) and not messages, "messages", "...", "[] for embeddings")
+            try:
+                validate_embedding_input(body.get("input"))
+            except InvalidRequest as exc:
+                _check(False, "input", "...", f"an embeddings input ({exc})")
+        else:
+            _check(body["max_tokens"] > 0, "max_tokens", body["max_tokens"], "> 0")
+            _check(isinstance(messages, list) and len(messages) > 0
+                   and all(isinstance(m, dict) for m in messages), "messages", "...",
+                   "a non-empty list of message objects")
         deadline = body.get("deadline_s")
         _check(deadline is None or (isinstance(deadline, (int, float)) and not isinstance(deadline, bool)
                                     and math.isfinite(deadline) and deadline > 0),
@@ -123,7 +140,8 @@ class InferenceRequest:
                    prompt_tokens=body["prompt_tokens"], est_tokens=body["est_tokens"],
                    deadline_s=float(deadline) if deadline is not None else None,
                    source=source, extra_body=dict(extra), stream=stream, tenant_weight=float(weight),
-                   tenant_tpm=tpm, degradation=dict(degradation), lane=lane, effective_tier=effective)
+                   tenant_tpm=tpm, degradation=dict(degradation), lane=lane, effective_tier=effective,
+                   endpoint=endpoint, input=body.get("input") if endpoint == EMBEDDINGS else None)
 
 
 def _check(ok: bool, name: str, value: Any, expected: str) -> None:

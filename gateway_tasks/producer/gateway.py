@@ -23,7 +23,7 @@ from gateway_tasks.core.errors import TaskNotFound
 from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.dispatch.lanes import INTERACTIVE
-from gateway_tasks.dispatch.request import InferenceRequest
+from gateway_tasks.dispatch.request import CHAT, InferenceRequest
 from gateway_tasks.overload.deferral import HOLD, Deferral
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
@@ -157,7 +157,7 @@ class Gateway:
                extra_body: dict[str, Any] | None = None, stream: bool = False,
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
                lane: str | None = None, on_behalf_of: str | None = None,
-               on_defer: str = HOLD) -> TaskHandle:
+               on_defer: str = HOLD, endpoint: str = CHAT) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -183,11 +183,15 @@ class Gateway:
         and judged by the load level at that task's tier when that is higher than its own,
         dispatched at that tier's priority and never evicted while that task lives, and that
         task's tenant may name it in ``depends_on``; quotas stay its own tenant's.  A task
-        that is unknown or has ended is ``UnknownTask``."""
+        that is unknown or has ended is ``UnknownTask``.
+
+        ``endpoint="embeddings"``: an embeddings task; ``messages`` is its ``input`` (a string,
+        strings, token ids), ``model`` is required, ``max_tokens`` is not used: its estimate is
+        the input's tokens (the same tokenizer), nothing reserved for a completion."""
         with redis_errors("submit", "nothing was enqueued"):
             return Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                           idempotency_key, extra_body, stream, count_quota, depends_on,
-                                          lane, on_behalf_of, on_defer)).run()
+                                          lane, on_behalf_of, on_defer, endpoint)).run()
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)

@@ -53,12 +53,13 @@ from gateway_tasks.overload.actions import Action, Request, action_for, degrade,
 from gateway_tasks.overload import deferral
 from gateway_tasks.overload.state import tenant_level
 from gateway_tasks.tenants.quota import QuotaRefundCall, QuotaTakeCall, effective_tpm
-from gateway_tasks.dispatch.request import MAX_DEADLINE_S, InferenceRequest
+from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS, ENDPOINTS, MAX_DEADLINE_S, InferenceRequest
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Pool, Tier
 from gateway_tasks.core.stats import DEFERRED, DEFERRED_REFUSED, EVICTED, deferral_field, tier_field
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry, tenant_of_tag
-from gateway_tasks.core.tokens import count_prompt_tokens, validate_messages
+from gateway_tasks.core.tokens import (count_embedding_tokens, count_prompt_tokens, validate_embedding_input,
+                                       validate_messages)
 from gateway_tasks.producer.memory_guard import submit_bytes
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("6f1d3c1e-4b7a-4d55-9a51-2b8c9e1f0a77")
 LEARNED_MARGIN = 1.2  # learned completion estimates are padded by 20%
-UPSTREAM_PARAMETERS = {"model", "messages", "max_tokens", "stream", "stream_options"}   # not in extra_body
+UPSTREAM_PARAMETERS = {"model", "messages", "max_tokens", "stream", "stream_options", "input"}   # not in extra_body
 MAX_TASK_ID_CHARS = 200
 
 
@@ -88,6 +89,7 @@ class Asked:
     lane: str | None = None
     on_behalf_of: str | None = None
     on_defer: str = deferral.HOLD   # a deferred request: held (later) or refused (Deferred)
+    endpoint: str = CHAT     # EMBEDDINGS: ``messages`` is the embeddings input
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ class Submission:
             raise
         req = self.req
         # counted against the memory limit until the guard's next INFO read sees it
-        self.gw.memory.charge(submit_bytes(len(json.dumps(req.messages)) + len(json.dumps(req.extra_body))))
+        payload = req.messages if req.endpoint == CHAT else req.input
+        self.gw.memory.charge(submit_bytes(len(json.dumps(payload)) + len(json.dumps(req.extra_body))))
         return self.gw._handle(self.task_id, req, self.deferral)
 
     def _undo(self) -> None:
@@ -162,6 +165,8 @@ class Submission:
                                            or len(a.on_behalf_of) > MAX_TASK_ID_CHARS):
             raise InvalidRequest(f"on_behalf_of must be a task id (a non-empty string of at most "
                                  f"{MAX_TASK_ID_CHARS} characters)")
+        if a.endpoint == EMBEDDINGS and a.stream:
+            raise InvalidRequest("embeddings are not streamed")
         self.lane = lane_for(a.source, a.lane)
         if a.on_defer not in deferral.ON_DEFER:
             raise InvalidRequest(f"on_defer must be one of {list(deferral.ON_DEFER)}, got {a.on_defer!r}")
@@ -255,7 +260,8 @@ class Submission:
         lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
         self.effective = lent or own
         req, deferred = _estimate(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
-                                  tenant, level, reason, judged_at=lent, extra_body=a.extra_body)
+                                  tenant, level, reason, judged_at=lent, extra_body=a.extra_body,
+                                  endpoint=a.endpoint)
         self.req = replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
                            lane=self.lane, effective_tier=lent)
         if deferred is not None:
@@ -485,16 +491,17 @@ def choices_of(extra_body: dict[str, Any], pool: Pool) -> int:
 
 def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
                      tenant: Tenant, level: int, reason: str, judged_at: str = "",
-                     extra_body: dict[str, Any] | None = None) -> InferenceRequest:
+                     extra_body: dict[str, Any] | None = None, endpoint: str = CHAT) -> InferenceRequest:
     """A request validated, its pool and token estimate computed (enqueues nothing): the
     load level's actions applied (a tier deferred at ``level`` raises ``Deferred``) and a
     reserved tier routed to a backup while its pool is unavailable.  ``judged_at``: the tier
     whose load-level actions apply when it is not the tenant's own (work on behalf of a
     higher tier's task: ``Submission.behalf_of``); routing and quotas stay the tenant's.
     The prompt is every forwarded field, ``extra_body``'s too (``count_prompt_tokens``); the
-    completion reserve is max_tokens times the choices asked for (``n``)."""
+    completion reserve is max_tokens times the choices asked for (``n``).  ``endpoint``
+    EMBEDDINGS: ``messages`` is the embeddings input (``_estimate_embeddings``)."""
     req, deferred = _estimate(gw, tenant_id, messages, model, max_tokens, tenant, level, reason, judged_at,
-                              extra_body)
+                              extra_body, endpoint)
     if deferred is not None:
         raise deferral_error(deferred, reason)
     return req
@@ -502,8 +509,13 @@ def estimate_request(gw: "Gateway", tenant_id: str, messages: Any, model: str | 
 
 def _estimate(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, max_tokens: int | None,
               tenant: Tenant, level: int, reason: str, judged_at: str = "",
-              extra_body: dict[str, Any] | None = None) -> tuple[InferenceRequest, Action | None]:
+              extra_body: dict[str, Any] | None = None,
+              endpoint: str = CHAT) -> tuple[InferenceRequest, Action | None]:
     """``estimate_request``, a deferral returned (the defer action) instead of raised."""
+    if endpoint == EMBEDDINGS:
+        return _estimate_embeddings(gw, tenant_id, messages, model, tenant, level, judged_at, extra_body)
+    if endpoint != CHAT:
+        raise InvalidRequest(f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}")
     settings = gw.settings
     tier = settings.tier(tenant.tier)
     judged = settings.tier(judged_at) if judged_at else tier
@@ -554,6 +566,36 @@ def _estimate(gw: "Gateway", tenant_id: str, messages: Any, model: str | None, m
                             est_tokens=prompt_tokens + completion_est, tenant_weight=tenant.weight,
                             tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm),
                             degradation=changes, extra_body=extra), (deferred if deferred.deferred else None)
+
+
+def _estimate_embeddings(gw: "Gateway", tenant_id: str, value: Any, model: str | None, tenant: Tenant,
+                         level: int, judged_at: str = "",
+                         extra_body: dict[str, Any] | None = None) -> tuple[InferenceRequest, Action | None]:
+    """An embeddings request: its input checked and its tokens counted with the prompts'
+    tokenizer; no completion is reserved (max_tokens 0, est_tokens = the input's tokens).  The
+    load level may defer it (returned, as ``_estimate``'s); it is never degraded (an embedding
+    model has no fallback)."""
+    settings = gw.settings
+    tier = settings.tier(tenant.tier)
+    value = validate_embedding_input(value)
+    if not model:
+        raise InvalidRequest("model is required for embeddings (GET /v1/models lists them)")
+    try:
+        pool = settings.pool_for_model(model)
+    except Exception as exc:  # ConfigError -> the caller's mistake here
+        raise InvalidRequest(str(exc)) from None
+    deferred = action_for(settings.overload, level, settings.tier(judged_at) if judged_at else tier,
+                          Request(0, model))
+    budget = min(settings.max_prompt_tokens, math.floor(pool.token_capacity))
+    tokens = count_embedding_tokens(value, stop_above=budget)
+    if tokens > budget:
+        raise PromptTooLarge(f"the input's tokens (at least {tokens}) exceed the limit of {budget} tokens "
+                             f"(max_prompt_tokens, pool {pool.name!r}'s bucket capacity)")
+    return InferenceRequest(tenant_id=tenant_id, tier=tier.name, pool=pool.name, model=model, messages=[],
+                            max_tokens=0, prompt_tokens=tokens, est_tokens=tokens, tenant_weight=tenant.weight,
+                            tenant_tpm=effective_tpm(tenant.tpm, tier.tenant_tpm), endpoint=EMBEDDINGS,
+                            input=value, extra_body=dict(extra_body or {})), \
+        (deferred if deferred.deferred else None)
 
 
 def _overload(gw: "Gateway", tier: Tier, pool: Pool, model: str, max_tokens: int,

@@ -9,6 +9,8 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     POST/GET/DELETE /v1/crons   the tenant's own crons (gateway_tasks.rest.crons)
     POST /v1/chat/completions   submit, wait, return the upstream body as-is (stream=true: SSE chunks);
                                 the upstream's 4xx (not 429) with its status and OpenAI error object
+    POST /v1/embeddings         the same for embeddings (the input's tokens, no completion reserve)
+    GET  /v1/models             what the calling tenant may use (gateway_tasks.rest.openai_models)
     GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
@@ -39,10 +41,12 @@ from gateway_tasks.producer.gateway import FINISHED, Gateway
 from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.crons import router as crons_router
+from gateway_tasks.rest.openai_models import router as openai_router
 from gateway_tasks.rest.errors import error_body, install_error_handlers, retry_after_header
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
-from gateway_tasks.rest.models import ChatCompletionRequest, TaskRequest
+from gateway_tasks.rest.models import ChatCompletionRequest, EmbeddingRequest, TaskRequest
+from gateway_tasks.dispatch.request import EMBEDDINGS
 from gateway_tasks.rest.result_waiter import waiter_for
 from gateway_tasks.rest.results import error_of, task_view
 from gateway_tasks.rest.streaming import streaming_response
@@ -86,6 +90,48 @@ def sync_timeout_s(deadline_s: float | None, headers: Any) -> float:
     return timeout_s
 
 
+async def sync_reply(gateway: Gateway, handle: Any, request: Request, timeout_s: float) -> Response:
+    """Wait for a synchronous endpoint's task (/v1/chat/completions, /v1/embeddings) and answer
+    with the upstream's body as-is, or its error: the upstream's 4xx with its status and
+    OpenAI error object, a gateway refusal with its status; a client that times out or goes
+    away cancels the task (nobody will read the answer)."""
+    status_url = _status_url(request, handle.id)
+    waiter = waiter_for(gateway.app.backend, gateway.settings.redis_url)
+    meta = await waiter.wait(handle.id, timeout_s, request.is_disconnected)
+    headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
+    if meta is None:
+        # the client timed out or went away: nobody will read the answer, so the task
+        # must not spend upstream quota later (queued: removed; running: revoked)
+        done = await run_in_threadpool(gateway.cancel, handle.id)
+        if done.was == FINISHED:
+            meta = await run_in_threadpool(gateway.app.backend.get_task_meta, handle.id)
+        else:
+            raise ApiError(504, "Timeout",
+                           f"task {handle.id} did not complete within {timeout_s:g} s; it was "
+                           f"cancelled (it was {done.was})", headers, task_id=handle.id,
+                           status_url=status_url, cancelled=True, was=done.was)
+    if meta["status"] != states.SUCCESS:
+        error = error_of(meta)
+        upstream = error.get("upstream")
+        if isinstance(upstream, dict):   # the upstream refused it: its status and error object
+            raise ApiError(int(error["status"]), upstream["type"], upstream["message"], headers,
+                           param=upstream["param"], code=upstream["code"])
+        extra = {k: v for k, v in error.items() if k in ("reason", "retry_after_s")}
+        if "retry_after_s" in error:
+            headers["Retry-After"] = retry_after_header(error["retry_after_s"])
+        raise ApiError(_failure_status(error), error["type"],
+                       f"task {handle.id} failed: {error['message']}", headers, task_id=handle.id,
+                       **extra)
+    result = meta.get("result")
+    if not isinstance(result, dict) or not isinstance(result.get("response"), dict):
+        raise ApiError(502, "BadResult", f"task {handle.id} returned no upstream response",
+                       headers, task_id=handle.id)
+    wait_ms = (result.get("timing") or {}).get("queue_wait_ms")
+    if wait_ms is not None:
+        headers["X-Gateway-Queue-Wait-Ms"] = str(wait_ms)
+    return JSONResponse(result["response"], headers=headers)
+
+
 def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="gateway-tasks", version="0.1.0",
                   description="Task queue in front of rate-limited OpenAI-compatible LLM APIs.")
@@ -98,6 +144,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)
+    app.include_router(openai_router)
     install_openapi(app, gateway.settings)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")
@@ -164,41 +211,19 @@ def create_app(gateway: Gateway) -> FastAPI:
         timeout_s = sync_timeout_s(body.deadline_s, request.headers)
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
             return streaming_response(gateway, handle, body.include_usage(), timeout_s)
-        status_url = _status_url(request, handle.id)
-        waiter = waiter_for(gateway.app.backend, gateway.settings.redis_url)
-        meta = await waiter.wait(handle.id, timeout_s, request.is_disconnected)
-        headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
-        if meta is None:
-            # the client timed out or went away: nobody will read the answer, so the task
-            # must not spend upstream quota later (queued: removed; running: revoked)
-            done = await run_in_threadpool(gateway.cancel, handle.id)
-            if done.was == FINISHED:
-                meta = await run_in_threadpool(gateway.app.backend.get_task_meta, handle.id)
-            else:
-                raise ApiError(504, "Timeout",
-                               f"task {handle.id} did not complete within {timeout_s:g} s; it was "
-                               f"cancelled (it was {done.was})", headers, task_id=handle.id,
-                               status_url=status_url, cancelled=True, was=done.was)
-        if meta["status"] != states.SUCCESS:
-            error = error_of(meta)
-            upstream = error.get("upstream")
-            if isinstance(upstream, dict):   # the upstream refused it: its status and error object
-                raise ApiError(int(error["status"]), upstream["type"], upstream["message"], headers,
-                               param=upstream["param"], code=upstream["code"])
-            extra = {k: v for k, v in error.items() if k in ("reason", "retry_after_s")}
-            if "retry_after_s" in error:
-                headers["Retry-After"] = retry_after_header(error["retry_after_s"])
-            raise ApiError(_failure_status(error), error["type"],
-                           f"task {handle.id} failed: {error['message']}", headers, task_id=handle.id,
-                           **extra)
-        result = meta.get("result")
-        if not isinstance(result, dict) or not isinstance(result.get("response"), dict):
-            raise ApiError(502, "BadResult", f"task {handle.id} returned no upstream response",
-                           headers, task_id=handle.id)
-        wait_ms = (result.get("timing") or {}).get("queue_wait_ms")
-        if wait_ms is not None:
-            headers["X-Gateway-Queue-Wait-Ms"] = str(wait_ms)
-        return JSONResponse(result["response"], headers=headers)
+        return await sync_reply(gateway, handle, request, timeout_s)
+
+    @app.post("/v1/embeddings", name="embeddings", responses={200: {
+        "description": "the upstream's list of embedding objects with its usage",
+        "content": {"application/json": {"schema": {"type": "object"}}}}})
+    async def embeddings(body: EmbeddingRequest, request: Request, tenant: TenantDep) -> Response:
+        """Through the same queue, fairness and TPM accounting as chat: the input's tokens are
+        its estimate (the same tokenizer), nothing reserved for a completion."""
+        handle = await run_in_threadpool(
+            gateway.submit, tenant.tenant_id, body.input, model=body.model, deadline_s=body.deadline_s,
+            source="api-sync", idempotency_key=body.idempotency_key or request.headers.get("Idempotency-Key"),
+            extra_body=body.upstream_extras() or None, endpoint=EMBEDDINGS)
+        return await sync_reply(gateway, handle, request, sync_timeout_s(body.deadline_s, request.headers))
 
     @app.get("/v1/status", name="status")
     def status(tenant: TenantDep) -> dict[str, Any]:

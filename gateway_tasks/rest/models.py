@@ -103,3 +103,24 @@ class ChatCompletionRequest(BaseModel):
 
     def upstream_extras(self) -> dict[str, Any]:
         return {k: v for k, v in (self.model_extra or {}).items() if k not in _OWN_CHAT_FIELDS}
+
+
+# fields of an OpenAI embeddings request the gateway handles itself (never forwarded)
+_OWN_EMBEDDING_FIELDS = {"model", "input", "deadline_s", "idempotency_key"}
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings: an OpenAI embeddings request; other fields (encoding_format,
+    dimensions, user) go upstream."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a string, a list of strings, token ids, or a list of token-id lists")
+    model: str = Field(min_length=1, description="an embedding model served by one of the pools")
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S,
+                                     description="gateway extension: queue deadline and wait timeout")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+
+    def upstream_extras(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.model_extra or {}).items() if k not in _OWN_EMBEDDING_FIELDS}

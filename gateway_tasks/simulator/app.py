@@ -1,4 +1,4 @@
-"""The simulator's HTTP app (FastAPI): ``/v1/chat/completions``, ``/v1/models``,
+"""The simulator's HTTP app (FastAPI): ``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/models``,
 ``/stats``, ``/stats/reset``, ``/calls`` (upstream calls per task id, ``calls.py``),
 ``/faults`` (injected faults, ``faults.py``) and ``/health``, on one ``admission.Simulator``.
 
@@ -28,6 +28,7 @@ from gateway_tasks.simulator.admission import Simulator
 from gateway_tasks.simulator.calls import CallCounter
 from gateway_tasks.simulator.config import SimConfig
 from gateway_tasks.core.tokens import encoding
+from gateway_tasks.simulator.embeddings import embedding_reply, parse_embedding_request
 from gateway_tasks.simulator.faults import Fault, fault_error, fault_from_json
 from gateway_tasks.simulator.reply import (chat_completion, completion_tokens_for, error_body,
                                            stream_chunks)
@@ -112,7 +113,68 @@ def create_app(config: SimConfig) -> FastAPI:
         created = int(time.time())
         return {"object": "list",
                 "data": [{"id": m, "object": "model", "created": created,
-                          "owned_by": "gateway-tasks-simulator"} for m in config.models]}
+                          "owned_by": "gateway-tasks-simulator"}
+                         for m in dict.fromkeys((*config.models, *config.embedding_models))]}
+
+    async def faulted(model: str) -> JSONResponse | None:
+        """The injected fault's answer (``/faults``, ``fail_rate``), None when there is none."""
+        fault = fault_box[0]
+        mode = fault.active()
+        if mode == "timeout":
+            await asyncio.sleep(fault.hang_s)
+        if mode in ("error_500", "timeout"):
+            sim.stats.record_error(model)
+            return error(fault_error(mode, fault))
+        if mode == "rate_limit":
+            sim.stats.record_429(model, "requests")
+            return error(fault_error(mode, fault))
+        if mode == "rate_limit_bare":   # no Retry-After, no x-ratelimit-* headers at all
+            sim.stats.record_429(model, "requests")
+            return JSONResponse(error_body(fault_error(mode, fault)), status_code=429)
+        if sim.should_fail():
+            sim.stats.record_error(model)
+            await asyncio.sleep(config.base_latency_ms / 1000.0)
+            return error(ApiError(500, "server_error",
+                                  "The simulator injected a server error (fail_rate).",
+                                  code="simulated_failure"))
+        return None
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        """Deterministic vectors (gateway_tasks.simulator.embeddings); the input's tokens are
+        charged as a prompt with no completion, and counted in /stats."""
+        started_s = time.monotonic()
+        refused = refused_key(request)
+        if refused is not None:
+            sim.stats.record_unauthorized()
+            return refused
+        calls.attempt(request.headers.get(UPSTREAM_TASK_ID_HEADER, ""))
+        try:
+            emb = parse_embedding_request(json.loads(await request.body()), config)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            sim.stats.record_invalid()
+            return error(ApiError(400, INVALID, f"the request body is not valid JSON: {exc}"))
+        except ApiError as exc:
+            sim.stats.record_invalid()
+            return error(exc)
+        failed = await faulted(emb.model)
+        if failed is not None:
+            return failed
+        admission = sim.admit(emb.prompt_tokens, 0)
+        if not admission.ok:
+            sim.stats.record_429(emb.model, admission.kind)
+            return error(sim.refusal(emb.model, admission))
+        sim.stats.in_flight += 1
+        try:
+            await asyncio.sleep(config.base_latency_ms / 1000.0)
+        finally:
+            sim.stats.in_flight -= 1
+            sim.complete(emb.prompt_tokens, 0, 0)
+        sim.stats.record_ok(emb.model, emb.prompt_tokens, 0)
+        headers = sim.rate_limit_headers()
+        headers["x-request-id"] = f"req_{uuid.uuid4().hex}"
+        headers["openai-processing-ms"] = str(round((time.monotonic() - started_s) * 1000))
+        return JSONResponse(embedding_reply(emb), headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
@@ -135,26 +197,9 @@ def create_app(config: SimConfig) -> FastAPI:
             sim.stats.record_invalid()
             return error(exc)
 
-        fault = fault_box[0]
-        mode = fault.active()
-        if mode == "timeout":
-            await asyncio.sleep(fault.hang_s)
-        if mode in ("error_500", "timeout"):
-            sim.stats.record_error(chat.model)
-            return error(fault_error(mode, fault))
-        if mode == "rate_limit":
-            sim.stats.record_429(chat.model, "requests")
-            return error(fault_error(mode, fault))
-        if mode == "rate_limit_bare":   # no Retry-After, no x-ratelimit-* headers at all
-            sim.stats.record_429(chat.model, "requests")
-            return JSONResponse(error_body(fault_error(mode, fault)), status_code=429)
-
-        if sim.should_fail():
-            sim.stats.record_error(chat.model)
-            await asyncio.sleep(config.base_latency_ms / 1000.0)
-            return error(ApiError(500, "server_error",
-                                  "The simulator injected a server error (fail_rate).",
-                                  code="simulated_failure"))
+        failed = await faulted(chat.model)
+        if failed is not None:
+            return failed
 
         # check and debit: no await in between
         admission = sim.admit(chat.prompt_tokens, chat.max_completion_tokens_total)

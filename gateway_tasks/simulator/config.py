@@ -47,12 +47,18 @@ class SimConfig:
     # (model, tokens) pairs: a request to that model whose prompt + max_tokens exceeds its
     # context window is a 400 context_length_exceeded; a model not named has no limit here
     context_window_tokens: tuple[tuple[str, int], ...] = ()
+    # the models POST /v1/embeddings serves (gateway_tasks.simulator.embeddings), and the
+    # length of their vectors when a request names no ``dimensions``
+    embedding_models: tuple[str, ...] = ("text-embedding-3-small", "text-embedding-3-large")
+    embedding_dimensions: int = 64
 
     def __post_init__(self) -> None:
-        if isinstance(self.models, str):
-            object.__setattr__(self, "models", (self.models,))
-        elif not isinstance(self.models, tuple):
-            object.__setattr__(self, "models", tuple(self.models))
+        for name in ("models", "embedding_models"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
         windows = self.context_window_tokens
         pairs = windows.items() if isinstance(windows, dict) else windows
         object.__setattr__(self, "context_window_tokens", tuple((m, t) for m, t in pairs))
@@ -74,6 +80,11 @@ class SimConfig:
         _check(self.default_max_tokens > 0, "default_max_tokens", self.default_max_tokens, "> 0")
         _check(len(self.models) > 0 and all(isinstance(m, str) and m for m in self.models),
                "models", self.models, "at least one non-empty model name")
+        _check(all(isinstance(m, str) and m for m in self.embedding_models), "embedding_models",
+               self.embedding_models, "non-empty model names")
+        _check(isinstance(self.embedding_dimensions, int) and not isinstance(self.embedding_dimensions, bool)
+               and 1 <= self.embedding_dimensions <= 4096, "embedding_dimensions", self.embedding_dimensions,
+               "an integer in [1, 4096]")
         _check(0 <= self.fail_rate <= 1, "fail_rate", self.fail_rate, "in [0, 1]")
         _check(self.server_stack in SERVER_STACKS, "server_stack", self.server_stack,
                f"one of {sorted(SERVER_STACKS)}")

@@ -128,7 +128,26 @@ def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int
                          completion_tokens=usage.completion_tokens if usage else 0)
 
 
-# -- streaming -----------------------------------------------------------------------
+def embed(pool: Pool, model: str, value: Any, extra_body: dict[str, Any] | None = None,
+          task_id: str = "") -> UpstreamReply:
+    """One embeddings call; the body as the upstream sent it (``encoding_format`` as the caller
+    asked: the SDK decodes base64 only when it chose it itself), its usage's prompt tokens and
+    no completion.  Errors as ``chat``'s."""
+    try:
+        raw = client_for(pool).embeddings.with_raw_response.create(
+            model=model, input=value, extra_body=extra_body or None, extra_headers=_task_header(task_id))
+    except openai.APIStatusError as exc:
+        refused = refusal_of(exc)
+        if refused is None:
+            raise
+        raise refused from None
+    body = raw.http_response.json()
+    usage = body.get("usage") if isinstance(body, dict) else None
+    prompt = int((usage or {}).get("prompt_tokens") or 0)
+    return UpstreamReply(body=body, headers=dict(raw.headers), prompt_tokens=prompt, completion_tokens=0)
+
+
+# -- streaming -------------------------------------------------------------------------
 class StreamBroken(UpstreamError):
     """The upstream's stream failed after chunks were already passed on: the call cannot be
     retried (the client has part of the answer); the task fails with it."""

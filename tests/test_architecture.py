@@ -1,6 +1,6 @@
 """The package layout is the architecture: dependencies point one way, no cycles.
 
-    interfaces (rest, cli, metrics)  ->  producer  ->  features  ->  core
+    interfaces (rest, cli, metrics)  ->  batches, producer  ->  features  ->  core
     workers (the worker process)     ->  features  ->  core
     beat (tenant crons)              ->  producer, tenants, capacity, core
     simulator, local                 ->  core (local: the embedded Redis, ports)
@@ -44,6 +44,7 @@ FEATURES = {
     "tenants": set(),
     "bucket": set(),
     "capacity": set(),
+    "usage": set(),
     "dispatch": {"bucket", "tenants"},
     "lifecycle": {"dispatch"},
     "upstream": {"bucket", "dispatch", "tenants"},
@@ -54,13 +55,15 @@ FEATURES = {
 ALLOWED = {
     "core": {"core"},
     **{feature: {"core", feature, *below} for feature, below in FEATURES.items()},
-    "producer": {"core", "producer", "tenants", "dispatch", "lifecycle", "upstream", "overload"},
+    "producer": {"core", "producer", "tenants", "dispatch", "lifecycle", "upstream", "overload", "usage"},
     "metrics": {"core", "metrics", "capacity", "dispatch"},
-    "rest": {"core", "producer", "metrics", "rest", "beat", "tenants", "dispatch", "upstream", "overload"},
+    "rest": {"core", "producer", "metrics", "rest", "beat", "tenants", "dispatch", "upstream", "overload", "usage",
+             "batches"},
     "cli": {"core", "producer", "cli", "rest", "metrics", "beat", "simulator", "local", "tenants", "capacity",
-            "dispatch", "overload"},
-    "workers": {"core", "workers", "bucket", "dispatch", "lifecycle", "upstream", "overload"},
+            "dispatch", "overload", "usage", "batches"},
+    "workers": {"core", "workers", "bucket", "dispatch", "lifecycle", "upstream", "overload", "usage"},
     "beat": {"core", "producer", "beat", "tenants", "capacity"},
+    "batches": {"core", "producer", "batches", "tenants", "dispatch", "lifecycle"},   # the Batch API's runner
     "simulator": {"core", "local", "simulator", "cli", "top", "dispatch"},   # dispatch: the request's headers
     "local": {"core", "local"},
     "top": {"core", "producer", "top"},

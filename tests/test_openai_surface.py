@@ -80,3 +80,37 @@ def test_embeddings_through_the_queue_with_the_input_tokens_charged(stack, r):
         client.embeddings.create(model=EMBEDDING_MODEL, input="   ")
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="gpt-4o-nope", input="hi")
+
+
+def test_usage_counts_match_the_simulators_own_accounting(stack):
+    gw, api, keys, sim = stack
+    key = gw.register_tenant("uma", "normal")
+    client = sdk(api, key)
+    before = sim.stats()
+    for i in range(3):
+        client.chat.completions.create(model="gpt-4o-mini", max_tokens=20,
+                                       messages=[{"role": "user", "content": f"count me {i}"}])
+    client.embeddings.create(model=EMBEDDING_MODEL, input=["one", "two three"])
+    sim.set_fault("rate_limit", for_s=0.3, retry_after_s=0.2)     # one 429 the gateway absorbs
+    client.chat.completions.create(model="gpt-4o-mini", max_tokens=20,
+                                   messages=[{"role": "user", "content": "after a 429"}])
+    after = sim.stats()
+    gw.r.hset(gw.keys.overload_state, "level", 4)                 # normal work is deferred at L4
+    try:
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="gpt-4o-mini", max_tokens=20,
+                                           messages=[{"role": "user", "content": "deferred"}])
+    finally:
+        gw.r.hset(gw.keys.overload_state, "level", 0)
+
+    report = client.get("/usage", cast_to=object, options={"params": {"hours": 2, "days": 1}})
+    served = (after["tokens_prompt"] - before["tokens_prompt"]) + (after["tokens_completion"]
+                                                                  - before["tokens_completion"])
+    totals = report["totals"]["hours"]
+    assert totals["requests"] == after["requests_ok"] - before["requests_ok"] == 5
+    assert totals["actual_tokens"] == served
+    assert totals["upstream_429"] == after["requests_429"] - before["requests_429"] >= 1
+    assert totals["deferred"] == 1
+    assert totals["est_tokens"] >= totals["actual_tokens"] - 1
+    assert report["totals"]["days"] == totals and len(report["hours"]) == 2 and len(report["days"]) == 1
+    assert sdk(api, keys["bob"]).get("/usage", cast_to=object)["totals"]["days"]["requests"] == 0

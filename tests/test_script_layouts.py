@@ -34,6 +34,7 @@ from gateway_tasks.overload.deferral import DeferHoldCall, DeferReleaseCall
 from gateway_tasks.dispatch.release import ReleaseCall, RenewCall
 from gateway_tasks.upstream.rescue import WithdrawCall
 from gateway_tasks.dispatch.router import PickPlan
+from gateway_tasks.usage.counters import UsageCall
 
 CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadline", "gateway_tasks.lifecycle.depends",
                 "gateway_tasks.lifecycle.inherit",
@@ -41,7 +42,7 @@ CALL_MODULES = ("gateway_tasks.lifecycle.cancel", "gateway_tasks.dispatch.deadli
                 "gateway_tasks.tenants.quota", "gateway_tasks.core.result_backend", "beat.cron_calls", "beat.lock",
                 "gateway_tasks.bucket.calls", "gateway_tasks.upstream.circuit", "gateway_tasks.upstream.failover",
                 "gateway_tasks.overload.controller", "gateway_tasks.dispatch.release", "gateway_tasks.upstream.rescue",
-                "gateway_tasks.dispatch.router", "gateway_tasks.overload.deferral")
+                "gateway_tasks.dispatch.router", "gateway_tasks.overload.deferral", "gateway_tasks.usage.counters")
 NAME = re.compile(r"\b([KAN]_\w+)")
 LITERAL_POSITION = re.compile(r"\b(?:KEYS|ARGV)\[\s*\d")
 
@@ -114,6 +115,7 @@ def samples(settings) -> list:
         CronFireCall(k, "c1", "acme", 1, 2, 3, 4, "fire", 10, 5, 1000, 1000, tier.name, 0),
         CronResyncCall(k, "c1", 1, 2),
         CronRecordCall(k, "c1", last_error="", last_task_id="t1"),
+        UsageCall(k, "acme", 1_700_000_000_000, 31, {"requests": 1, "actual_tokens": 12}),
     ]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -49,6 +49,7 @@ from gateway_tasks.upstream.reservation import Debit, Reservation, Settlement, U
 from gateway_tasks.upstream.streaming import chat_streamed
 from gateway_tasks.upstream.client import UpstreamReply, chat, embed, processing_ms
 from gateway_tasks.upstream.stats import TALLY as UPSTREAM_TIME
+from gateway_tasks.usage import counters as usage
 
 logger = logging.getLogger(__name__)
 RETRY_BUDGET_FLOOR = 10  # retries always allowed per tier before the ratio applies
@@ -77,6 +78,7 @@ class Job:
     r: redis.Redis
     dispatch: Dispatch | None    # None: the message did not come through pick.lua
     reservation: Reservation
+    usage: dict[str, int] = field(default_factory=dict)   # the tenant's usage counted by this run
 
     @classmethod
     def of(cls, task: Any) -> "Job":
@@ -224,6 +226,7 @@ def _check_wait(job: Job, req: InferenceRequest, tier: Tier, pool: Pool) -> None
     if not (limit_s and d and d.enqueued_ms and d.dispatched_ms and d.queue_wait_ms > limit_s * 1000):
         return
     job.r.hincrby(job.keys.stats(pool.name), tier_field(EXPIRED, req.tier), 1)
+    job.usage[usage.EXPIRED] = 1
     if why == QUEUE_TTL:
         raise Expired(f"task waited {d.queue_wait_ms} ms, past its tier's queue TTL of {limit_s} s "
                       f"(stale); the upstream was not called", None, QUEUE_TTL)
@@ -295,6 +298,7 @@ def call(job: Job, a: Admitted) -> Called:
     try:
         reply = _upstream(job, a, a.pool, a.model)
     except openai.RateLimitError as exc:
+        job.usage[usage.ABSORBED_429] = job.usage.get(usage.ABSORBED_429, 0) + 1
         wait_ms = retry_after_ms(dict(exc.response.headers))
         debit = job.reservation.debit_on(a.pool)
         est = debit.tokens if debit else a.req.prompt_tokens + a.max_tokens
@@ -438,15 +442,38 @@ def settle(job: Job, outcome: Outcome) -> Settlement:
     """The one place the task's reservation is settled, whatever the outcome: the pool that
     served the call to its real usage, every unused debit and the tenant's unused TPM tokens
     given back (``Reservation.settle``)."""
+    counted = _usage_call(job, outcome)
     if isinstance(outcome, Stopped):
-        return job.reservation.settle(None, ends=outcome.ends, model=outcome.req.model if outcome.req else "")
+        return job.reservation.settle(None, ends=outcome.ends, model=outcome.req.model if outcome.req else "",
+                                      also=counted)
     # the upstream answered (and charged): a Redis restart now must not drop the answer.  In the
-    # same round trip: whether the task was cancelled while the call ran, and the task marked
+    # same round trip: whether the task was cancelled while the call ran, the task marked
     # done for the tasks that depend on it (deps_done.lua: failed if it was cancelled; the
-    # task's end completes it)
+    # task's end completes it), and its tenant's usage counted (lua/usage/count.lua)
     return through_restarts(lambda: job.reservation.settle(
-        outcome.used, ends=True, also=[depends.done_call(job.keys, job.task_id)],
+        outcome.used, ends=True, also=[depends.done_call(job.keys, job.task_id), *counted],
         reads=[("GET", job.keys.cancelled(job.task_id))]), f"settle of task {job.task_id}")
+
+
+def _usage_call(job: Job, outcome: Outcome) -> list[usage.UsageCall]:
+    """The tenant's usage counters this run adds to (``gateway_tasks.usage.counters``): an
+    answer served (its estimate, actual tokens, degradation), a failure or expiry that ends
+    the task, the upstream 429s it absorbed; [] when there is nothing to count."""
+    counts = dict(job.usage)
+    if isinstance(outcome, Called):
+        req, d, reply = outcome.admitted.req, job.dispatch, outcome.used.reply
+        counts.update({usage.REQUESTS: 1, usage.EST_TOKENS: d.debited_tokens if d else req.est_tokens,
+                       usage.ACTUAL_TOKENS: reply.total_tokens})
+        if _degraded(outcome):
+            counts[usage.DEGRADED] = 1
+    else:
+        req = outcome.req
+        if outcome.ends and usage.EXPIRED not in counts and not isinstance(outcome.error, TaskCancelled):
+            counts[usage.FAILED] = 1
+    if req is None or not counts:
+        return []
+    return [usage.UsageCall(job.keys, req.tenant_id, int(time.time() * 1000), job.settings.usage_retention_days,
+                            counts)]
 
 
 # -- result ---------------------------------------------------------------------------------
@@ -495,9 +522,8 @@ def result(job: Job, outcome: Outcome, settlement: Settlement) -> dict[str, Any]
     }
 
 
-def _changes(job: Job, called: Called) -> dict[str, Any]:
-    """What the producer and the load level changed (the result's "overload"), counted as a
-    degradation when it capped max_tokens or substituted the model."""
+def _record(called: Called) -> dict[str, Any]:
+    """What the producer and the load level changed (the result's "overload"), pure."""
     a, used = called.admitted, called.used
     req = a.req
     # what was asked for: the producer's record when it changed anything, else the request
@@ -510,10 +536,22 @@ def _changes(job: Job, called: Called) -> dict[str, Any]:
     elif submitted.get("failover"):
         failover_info = {"from": submitted.get("failover_from", requested_pool), "to": a.pool.name,
                          "reason": submitted["failover"], "at": submitted.get("failover_at", "submit")}
-    changes = record(submitted, a.level, max_tokens=a.max_tokens, model=used.model, pool=used.pool.name,
-                     requested_pool=requested_pool, failover=failover_info)
+    return record(submitted, a.level, max_tokens=a.max_tokens, model=used.model, pool=used.pool.name,
+                  requested_pool=requested_pool, failover=failover_info)
+
+
+def _degraded(called: Called) -> bool:
+    """Served with a capped max_tokens or a substituted model (the DEGRADED counters)."""
+    changes = _record(called)
+    return bool(changes["max_tokens"]["capped"] or changes["model"]["substituted"])
+
+
+def _changes(job: Job, called: Called) -> dict[str, Any]:
+    """What the producer and the load level changed (the result's "overload"), counted as a
+    degradation when it capped max_tokens or substituted the model."""
+    changes = _record(called)
     if changes["max_tokens"]["capped"] or changes["model"]["substituted"]:
-        job.r.hincrby(job.keys.stats(used.pool.name), tier_field(DEGRADED, req.tier), 1)
+        job.r.hincrby(job.keys.stats(called.used.pool.name), tier_field(DEGRADED, called.admitted.req.tier), 1)
     return changes
 
 

@@ -1,4 +1,4 @@
-"""`gateway tenant add|list|delete`: manage tenants and their API keys.
+"""`gateway tenant add|list|delete|usage`: manage tenants and their API keys; a tenant's usage.
 
 Output is JSON.  The API key is printed once, by ``add``; Redis keeps only its
 hash (HMAC-SHA256 keyed with GATEWAY_API_KEY_SECRET when set: gateway_tasks.tenants.registry).
@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import redis
 
+from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
+from gateway_tasks.usage.counters import usage_report
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 
 from beat.api import delete_tenant
@@ -55,6 +58,15 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usage(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    registry = registry_from_env(settings)
+    registry.get(args.tenant)            # UnknownTenant (exit 2) for a tenant not registered
+    _print(usage_report(registry.r, Keys(settings.key_prefix), args.tenant, int(time.time() * 1000),
+                        args.hours, args.days, settings.usage_retention_days))
+    return 0
+
+
 def register(subparsers: Any) -> None:
     """Add the ``tenant`` command (add / list / delete) to the ``gateway`` CLI."""
     parser = subparsers.add_parser("tenant", help="manage tenants and their API keys",
@@ -76,6 +88,12 @@ def register(subparsers: Any) -> None:
 
     lst = sub.add_parser("list", help="list tenants (JSON)")
     lst.set_defaults(func=_list)
+
+    use = sub.add_parser("usage", help="a tenant's usage per hour and per day (JSON, as GET /v1/usage)")
+    use.add_argument("tenant", metavar="TENANT")
+    use.add_argument("--hours", type=int, default=24, help="the last N clock hours (default 24)")
+    use.add_argument("--days", type=int, default=7, help="the last N UTC days (default 7)")
+    use.set_defaults(func=_usage)
 
     delete = sub.add_parser("delete", help="delete a tenant: its API key stops working, its crons "
                                            "go and its unfinished tasks are cancelled")

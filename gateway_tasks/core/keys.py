@@ -287,6 +287,11 @@ class Keys:
         TTL (``gateway task list``, gateway_tasks.producer.where.list_tasks)."""
         return f"{self.tenant_tag(tenant_id)}tasks"
 
+    def tenant_usage(self, tenant_id: str, hour: int) -> str:
+        """Hash (expires after the retention): the tenant's usage counters of one clock hour
+        (hour = epoch s // 3600; gateway_tasks.usage.counters)."""
+        return f"{self.tenant_tag(tenant_id)}usage:{hour}"
+
     def tenant_bucket(self, tenant_id: str) -> str:
         """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/tenants/quota_take.lua)."""
         return f"{self.prefix}tenant-bucket:{tenant_id}"

@@ -552,6 +552,16 @@ class Settings:
     deadline_boost_across_tiers: bool = True
     # the aging policy's preset: "linear" or "capped" (gateway_tasks/dispatch/priority.py)
     aging: str = "linear"
+    # a tenant's usage counters (GET /v1/usage, gateway_tasks.usage) are kept this many days
+    usage_retention_days: int = 31
+    # the Batch API (gateway_tasks.batches): the directory its files are stored in ('' = the
+    # Batch API is off; Redis keeps only their index), each tenant's cap on the bytes of its
+    # stored files, the lines one batch may hold, and how many of a batch's lines are queued
+    # at once (the rest are submitted as those finish)
+    batch_dir: str = ""
+    batch_max_tenant_bytes: int = 1_073_741_824
+    batch_max_lines: int = 50_000
+    batch_lines_in_flight: int = 500
     overload: Overload = field(default_factory=Overload)   # load levels and degradation ([overload])
     circuit: Circuit = field(default_factory=Circuit)      # each pool's circuit breaker ([circuit])
     # where these settings were loaded from (set by load_settings, shown at each process's
@@ -583,6 +593,13 @@ class Settings:
         _require(isinstance(self.deadline_boost_across_tiers, bool), "settings", "deadline_boost_across_tiers",
                  self.deadline_boost_across_tiers, "true or false")
         _require(self.aging in AGING_PRESETS, "settings", "aging", self.aging, f"one of {AGING_PRESETS}")
+        for name, low, high in (("usage_retention_days", 1, 3660), ("batch_max_tenant_bytes", 1, 2 ** 50),
+                                ("batch_max_lines", 1, 1_000_000), ("batch_lines_in_flight", 1, 100_000)):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high, "settings",
+                     name, value, f"an integer from {low} to {high}")
+        _require(isinstance(self.batch_dir, str), "settings", "batch_dir", self.batch_dir,
+                 "a directory path ('' = the Batch API is off)")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
@@ -863,6 +880,8 @@ ENV_SETTINGS: dict[str, tuple[str, Any]] = {
     "REDIS_TLS_CERT_FILE": ("redis_tls_cert_file", str),
     "REDIS_TLS_KEY_FILE": ("redis_tls_key_file", str),
     "REDIS_TLS_CERT_REQS": ("redis_tls_cert_reqs", str),
+    "GATEWAY_BATCH_DIR": ("batch_dir", str),
+    "GATEWAY_USAGE_RETENTION_DAYS": ("usage_retention_days", int),
 }
 
 # every variable load_settings reads its settings from: a child process given its

@@ -10,6 +10,8 @@ GatewayError saying what was wrong.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
@@ -19,7 +21,9 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from gateway_tasks.core.celery_app import make_app, settings_of
-from gateway_tasks.core.errors import TaskNotFound
+from gateway_tasks.core.errors import Deferred, Rejected, TaskNotFound
+from gateway_tasks.core.scripts import scripts_for
+from gateway_tasks.usage import counters as usage
 from gateway_tasks.lifecycle import depends
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.dispatch.lanes import INTERACTIVE
@@ -189,9 +193,23 @@ class Gateway:
         strings, token ids), ``model`` is required, ``max_tokens`` is not used: its estimate is
         the input's tokens (the same tokenizer), nothing reserved for a completion."""
         with redis_errors("submit", "nothing was enqueued"):
-            return Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
-                                          idempotency_key, extra_body, stream, count_quota, depends_on,
-                                          lane, on_behalf_of, on_defer, endpoint)).run()
+            try:
+                handle = Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
+                                                idempotency_key, extra_body, stream, count_quota, depends_on,
+                                                lane, on_behalf_of, on_defer, endpoint)).run()
+            except Rejected as exc:
+                self._count_refusal(tenant_id, usage.DEFERRED if isinstance(exc, Deferred) else usage.REFUSED)
+                raise
+            if handle.deferral is not None:        # accepted, held by the load level
+                self._count_refusal(tenant_id, usage.DEFERRED)
+            return handle
+
+    def _count_refusal(self, tenant_id: str, name: str) -> None:
+        """A deferred or refused submit in the tenant's usage: on those paths only, so a submit
+        queued at once pays no round trip for it."""
+        with contextlib.suppress(redis.RedisError):
+            scripts_for(self.r).run(usage.UsageCall(self.keys, tenant_id, int(time.time() * 1000),
+                                                    self.settings.usage_retention_days, {name: 1}))
 
     def _queue(self, req: InferenceRequest) -> str:
         return self.settings.queue_name(req.tier, req.pool)

@@ -11,6 +11,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
                                 the upstream's 4xx (not 429) with its status and OpenAI error object
     POST /v1/embeddings         the same for embeddings (the input's tokens, no completion reserve)
     GET  /v1/models             what the calling tenant may use (gateway_tasks.rest.openai_models)
+    GET  /v1/usage              the tenant's usage per hour and day (gateway_tasks.rest.usage)
     GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
@@ -42,6 +43,7 @@ from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.crons import router as crons_router
 from gateway_tasks.rest.openai_models import router as openai_router
+from gateway_tasks.rest.usage import router as usage_router
 from gateway_tasks.rest.errors import error_body, install_error_handlers, retry_after_header
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
@@ -145,6 +147,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)
     app.include_router(openai_router)
+    app.include_router(usage_router)
     install_openapi(app, gateway.settings)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")

@@ -22,8 +22,9 @@ class ApiThread:
         self.port = port or free_port(host)
         self.root_url = f"http://{host}:{self.port}"
         self.startup_timeout_s = startup_timeout_s
+        self.app = create_app(gateway)
         self._server = uvicorn.Server(uvicorn.Config(
-            create_app(gateway), host=host, port=self.port, log_level="warning",
+            self.app, host=host, port=self.port, log_level="warning",
             access_log=False, lifespan="off"))
         self._thread: threading.Thread | None = None
 
@@ -51,6 +52,9 @@ class ApiThread:
                            f"{self.startup_timeout_s:g} s")
 
     def stop(self) -> None:
+        runner = getattr(self.app.state, "batch_runner", None)
+        if runner is not None:
+            runner.stop()
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10.0)

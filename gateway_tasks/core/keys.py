@@ -292,6 +292,40 @@ class Keys:
         (hour = epoch s // 3600; gateway_tasks.usage.counters)."""
         return f"{self.tenant_tag(tenant_id)}usage:{hour}"
 
+    # -- the Batch API (gateway_tasks.batches): only the index; the files are on disk
+    def batch_file(self, tenant_id: str, file_id: str) -> str:
+        """Hash: one of the tenant's files (id, filename, purpose, bytes, created_at, path)."""
+        return f"{self.tenant_tag(tenant_id)}file:{file_id}"
+
+    def batch_files(self, tenant_id: str) -> str:
+        """Sorted set: file id -> created (s) of the tenant's files."""
+        return f"{self.tenant_tag(tenant_id)}files"
+
+    def batch_file_bytes(self, tenant_id: str) -> str:
+        """Integer: bytes of the tenant's stored files (its cap: batch_max_tenant_bytes)."""
+        return f"{self.tenant_tag(tenant_id)}file-bytes"
+
+    def batch(self, tenant_id: str, batch_id: str) -> str:
+        """Hash: one of the tenant's batches (its OpenAI fields, counts, input cursor)."""
+        return f"{self.tenant_tag(tenant_id)}batch:{batch_id}"
+
+    def batches(self, tenant_id: str) -> str:
+        """Sorted set: batch id -> created (s) of the tenant's batches."""
+        return f"{self.tenant_tag(tenant_id)}batches"
+
+    def batch_inflight(self, tenant_id: str, batch_id: str) -> str:
+        """Hash: line number -> JSON {task, custom_id} of a batch's lines submitted, not collected."""
+        return f"{self.tenant_tag(tenant_id)}batch-inflight:{batch_id}"
+
+    def batch_lock(self, tenant_id: str, batch_id: str) -> str:
+        """String (short TTL): the runner advancing a batch now (one at a time)."""
+        return f"{self.tenant_tag(tenant_id)}batch-lock:{batch_id}"
+
+    @property
+    def batches_active(self) -> str:
+        """Set: '<tenant>|<batch id>' of every batch not finished yet (the runners' work)."""
+        return f"{self.prefix}{{batches}}:active"
+
     def tenant_bucket(self, tenant_id: str) -> str:
         """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/tenants/quota_take.lua)."""
         return f"{self.prefix}tenant-bucket:{tenant_id}"

@@ -562,6 +562,8 @@ class Settings:
     batch_max_tenant_bytes: int = 1_073_741_824
     batch_max_lines: int = 50_000
     batch_lines_in_flight: int = 500
+    batch_max_file_bytes: int = 104_857_600   # one uploaded file (POST /v1/files: its own body limit)
+    batch_tier: str = "batch"                 # lines run in this tier, or in the tenant's own when lower
     overload: Overload = field(default_factory=Overload)   # load levels and degradation ([overload])
     circuit: Circuit = field(default_factory=Circuit)      # each pool's circuit breaker ([circuit])
     # where these settings were loaded from (set by load_settings, shown at each process's
@@ -594,12 +596,15 @@ class Settings:
                  self.deadline_boost_across_tiers, "true or false")
         _require(self.aging in AGING_PRESETS, "settings", "aging", self.aging, f"one of {AGING_PRESETS}")
         for name, low, high in (("usage_retention_days", 1, 3660), ("batch_max_tenant_bytes", 1, 2 ** 50),
-                                ("batch_max_lines", 1, 1_000_000), ("batch_lines_in_flight", 1, 100_000)):
+                                ("batch_max_lines", 1, 1_000_000), ("batch_lines_in_flight", 1, 100_000),
+                                ("batch_max_file_bytes", 1, 2 ** 40)):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high, "settings",
                      name, value, f"an integer from {low} to {high}")
         _require(isinstance(self.batch_dir, str), "settings", "batch_dir", self.batch_dir,
                  "a directory path ('' = the Batch API is off)")
+        _require(any(self.batch_tier in (t.name, *t.aliases) for t in self.tiers), "settings", "batch_tier",
+                 self.batch_tier, f"a tier name {[t.name for t in self.tiers]}")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",

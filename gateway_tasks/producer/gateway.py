@@ -161,7 +161,7 @@ class Gateway:
                extra_body: dict[str, Any] | None = None, stream: bool = False,
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
                lane: str | None = None, on_behalf_of: str | None = None,
-               on_defer: str = HOLD, endpoint: str = CHAT) -> TaskHandle:
+               on_defer: str = HOLD, endpoint: str = CHAT, tier: str | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -191,12 +191,15 @@ class Gateway:
 
         ``endpoint="embeddings"``: an embeddings task; ``messages`` is its ``input`` (a string,
         strings, token ids), ``model`` is required, ``max_tokens`` is not used: its estimate is
-        the input's tokens (the same tokenizer), nothing reserved for a completion."""
+        the input's tokens (the same tokenizer), nothing reserved for a completion.
+
+        ``tier``: run in this tier instead of the tenant's when it ranks below it (a batch's
+        lines, ``gateway_tasks.batches``); a tier above the tenant's is ignored."""
         with redis_errors("submit", "nothing was enqueued"):
             try:
                 handle = Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                                 idempotency_key, extra_body, stream, count_quota, depends_on,
-                                                lane, on_behalf_of, on_defer, endpoint)).run()
+                                                lane, on_behalf_of, on_defer, endpoint, tier)).run()
             except Rejected as exc:
                 self._count_refusal(tenant_id, usage.DEFERRED if isinstance(exc, Deferred) else usage.REFUSED)
                 raise

@@ -90,6 +90,7 @@ class Asked:
     on_behalf_of: str | None = None
     on_defer: str = deferral.HOLD   # a deferred request: held (later) or refused (Deferred)
     endpoint: str = CHAT     # EMBEDDINGS: ``messages`` is the embeddings input
+    tier: str | None = None  # run in this tier when it ranks below the tenant's own (batch lines)
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,8 @@ class Submission:
     def estimate(self, record: dict[Any, Any], level: int, reason: str) -> None:
         a = self.asked
         tenant = TenantRegistry.from_record(a.tenant_id, record)
+        if a.tier is not None and self.settings.tier_rank(a.tier) > self.settings.tier_rank(tenant.tier):
+            tenant = replace(tenant, tier=self.settings.tier(a.tier).name)      # a batch's lines
         own = self.settings.tier(tenant.tier).name
         lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
         self.effective = lent or own

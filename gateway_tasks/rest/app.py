@@ -12,6 +12,7 @@ OpenAI-compatible synchronous endpoint so the openai SDK can point at the gatewa
     POST /v1/embeddings         the same for embeddings (the input's tokens, no completion reserve)
     GET  /v1/models             what the calling tenant may use (gateway_tasks.rest.openai_models)
     GET  /v1/usage              the tenant's usage per hour and day (gateway_tasks.rest.usage)
+    /v1/files, /v1/batches      the OpenAI Batch API (gateway_tasks.rest.batches)
     GET  /v1/status             the load level, its reason and history, pools' circuits
     GET  /healthz               Redis ping (no credential)
     GET  /metrics               Prometheus text (gateway_tasks.metrics.exporter; admin credential)
@@ -44,6 +45,8 @@ from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
 from gateway_tasks.rest.crons import router as crons_router
 from gateway_tasks.rest.openai_models import router as openai_router
 from gateway_tasks.rest.usage import router as usage_router
+from gateway_tasks.rest.batches import router as batches_router
+from gateway_tasks.batches.runner import BatchRunner
 from gateway_tasks.rest.errors import error_body, install_error_handlers, retry_after_header
 from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
@@ -61,6 +64,7 @@ DEFAULT_SYNC_TIMEOUT_S = 30.0
 ON_DEFER_HEADER = "X-Gateway-On-Defer"
 CLIENT_TIMEOUT_HEADERS = ("X-Gateway-Timeout", "X-Stainless-Timeout")
 CLIENT_TIMEOUT_MARGIN_S = 0.5
+UPLOAD_FRAMING_B = 65_536   # a multipart upload's headers and boundaries, beyond the file itself
 
 
 def _status_url(request: Request, task_id: str) -> str:
@@ -142,12 +146,17 @@ def create_app(gateway: Gateway) -> FastAPI:
     install_error_handlers(app)
     # the last added runs first: authenticate, then limit the body, then parse it
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes,
-                       max_depth=gateway.settings.max_json_depth)
+                       max_depth=gateway.settings.max_json_depth,
+                       upload_bytes=gateway.settings.batch_max_file_bytes + UPLOAD_FRAMING_B)
     app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)
     app.include_router(openai_router)
     app.include_router(usage_router)
+    app.include_router(batches_router)
+    # the Batch API's runner advances the batches (gateway_tasks.batches.runner); several API
+    # processes share the work, one batch at a time each
+    app.state.batch_runner = BatchRunner(gateway).start() if gateway.settings.batch_dir else None
     install_openapi(app, gateway.settings)
 
     @app.post("/v1/tasks", status_code=202, name="submit_task")

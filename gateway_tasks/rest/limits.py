@@ -20,14 +20,20 @@ class BodySizeLimit:
     nesting on the bytes (over max_depth: 400, before any parser recurses into it), then
     hands it on as one message."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int, upload_bytes: int = 0,
+                 upload_path: str = "/v1/files"):
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        # an upload (POST /v1/files, the Batch API) has its own, larger limit
+        self.upload_bytes, self.upload_path = upload_bytes, upload_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.upload_bytes and scope.get("path") == self.upload_path and scope.get("method") == "POST":
+            await BodySizeLimit(self.app, max(self.max_bytes, self.upload_bytes), self.max_depth)(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:

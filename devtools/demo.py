@@ -1,13 +1,17 @@
 """`make demo`: a whole local deployment, a mixed load, per-tier results.
 
 Starts (or uses) Redis, the upstream simulator, a Celery worker and Flower;
-registers VIP / normal / batch tenants; floods the batch tier with long tasks
-and then sends steady VIP and normal traffic; prints what each tier got.
+registers VIP / normal / batch tenants; floods the batch tier with long tasks,
+starts an OpenAI Batch API job (the official SDK against the gateway's REST API:
+/v1/files + /v1/batches, its lines run in the batch tier's scheduled lane), then sends
+steady VIP and normal traffic; prints what each tier got and how the batch job went.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import statistics
 import sys
@@ -15,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+import openai
 import redis
 
 from gateway_tasks.cli import flower as flower_cli
@@ -22,6 +27,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings
 from devtools.quotas import for_load
 from devtools import processes
+from devtools.api_thread import ApiThread
 from devtools.measure import percentile
 from gateway_tasks.local.ports import free_port
 from devtools.run_redis import discard_prefix, redis_or_embedded
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
             pool = Pool("default", base_url=sim.base_url, api_key="sk-demo", models=("gpt-4o-mini",),
                         tpm=args.tpm, rpm=args.rpm, burst_s=args.burst_s)
             prefix = f"gt-demo-{os.getpid()}:"
-            settings = for_load(base.with_(redis_url=redis_url, pools=(pool,), key_prefix=prefix))
+            settings = for_load(base.with_(redis_url=redis_url, pools=(pool,), key_prefix=prefix,
+                                           batch_dir=os.path.join(logdir, "batches")))
             client = redis.Redis.from_url(redis_url)
             gw = Gateway(settings, client=client)
             for tenant, tier in (("acme", "vip"), ("globex", "normal"), ("bulkco", "batch")):
@@ -76,15 +83,48 @@ def run(args: argparse.Namespace) -> int:
                       f"logs in {logdir}")
                 user, password = flower_cli.first_credentials(flower_auth)
                 print(f"Flower at http://127.0.0.1:{flower_port}  user {user}  password {password}")
-                handles = load(gw, args)
-                print(f"submitted {len(handles)} tasks; waiting for results...")
-                results = [h.get(timeout=args.timeout_s) for h in handles]
-                report(gw, results, sim.stats())
+                with ApiThread(gw) as api:
+                    job = start_batch_job(gw, api, args)
+                    handles = load(gw, args)
+                    print(f"submitted {len(handles)} tasks; waiting for results...")
+                    results = [h.get(timeout=args.timeout_s) for h in handles]
+                    report(gw, results, sim.stats())
+                    report_batch_job(job, args)
             finally:
                 flower.stop()
                 worker.stop()
                 discard_prefix(client, prefix)
     return 0
+
+
+def start_batch_job(gw: Gateway, api: ApiThread, args: argparse.Namespace) -> tuple[Any, Any, float]:
+    """An OpenAI Batch API job of the batch tenant, through the official SDK: (client, batch, started)."""
+    key = gw.register_tenant("bulkco", "batch")   # its API key (a new one: the demo's tenants have none yet)
+    client = openai.OpenAI(base_url=api.base_url, api_key=key, max_retries=0)
+    lines = "".join(json.dumps({"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": {"model": "gpt-4o-mini", "max_tokens": 64, "messages": [
+                                    {"role": "user", "content": f"Summarise archived report #{i}."}]}}) + "\n"
+                    for i in range(args.batch_api_lines))
+    uploaded = client.files.create(file=("reports.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    print(f"OpenAI Batch API: {batch.id} with {args.batch_api_lines} requests submitted by bulkco "
+          f"(client.batches.create)")
+    return client, batch, time.monotonic()
+
+
+def report_batch_job(job: tuple[Any, Any, float], args: argparse.Namespace) -> None:
+    client, batch, started = job
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch.id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            break
+        time.sleep(0.5)
+    counts = batch.request_counts
+    print(f"\nbatch job {batch.id}: {batch.status}, {counts.completed}/{counts.total} completed, "
+          f"{counts.failed} failed, {time.monotonic() - started:.1f} s beside the interactive traffic; "
+          f"output file {batch.output_file_id}")
 
 
 def load(gw: Gateway, args: argparse.Namespace) -> list[TaskHandle]:
@@ -120,6 +160,8 @@ def report(gw: Gateway, results: list[dict[str, Any]], upstream: dict[str, Any])
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=200, help="long batch tasks enqueued first")
     parser.add_argument("--batch-max-tokens", type=int, default=400)
+    parser.add_argument("--batch-api-lines", type=int, default=150,
+                        help="requests of the OpenAI Batch API job run beside the traffic")
     parser.add_argument("--vip", type=int, default=80, help="VIP tasks sent at --vip-rate per second")
     parser.add_argument("--vip-rate", type=float, default=10.0)
     parser.add_argument("--tpm", type=int, default=120_000)

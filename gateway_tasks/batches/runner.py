@@ -38,7 +38,7 @@ import redis
 
 from gateway_tasks.batches.files import FileStore, batch_dir_of, new_file_id
 from gateway_tasks.batches.jobs import FINISHED, InputLine, cancel_in_flight, parse_line, read_fields, validate_input
-from gateway_tasks.core.errors import GatewayError, InvalidRequest, Rejected
+from gateway_tasks.core.errors import GatewayError, InvalidRequest, RedisUnavailable, Rejected
 from gateway_tasks.dispatch.lanes import SCHEDULED
 from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS
 
@@ -194,8 +194,8 @@ class _Step:
                 line = parse_line(raw.decode("utf-8"), number + 1, self.f["endpoint"])
                 try:
                     task_id = self._submit_line(line)
-                except Rejected:
-                    break                           # not now: this line again at the next step
+                except (Rejected, RedisUnavailable):
+                    break     # not now (queue full, quota spent, deferred, Redis full): again next step
                 except InvalidRequest as exc:
                     errors.append(_output_line({"custom_id": line.custom_id, "task": f"line-{line.number}"},
                                                400, {"error": {"message": str(exc), "type": type(exc).__name__,

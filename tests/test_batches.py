@@ -142,6 +142,21 @@ def test_cancel_stops_dispatching_at_once(stack):
     assert gw.r.hlen(gw.keys.batch_inflight("acme", batch.id)) == 0
 
 
+def test_a_batch_past_its_completion_window_expires(stack):
+    gw, api, keys, sim = stack
+    client = sdk(api, keys["acme"])
+    sim.set_fault("timeout", for_s=2.0, hang_s=0.3)             # the upstream stalls: lines wait
+    f = client.files.create(file=("x.jsonl", jsonl([chat_line(i) for i in range(250)])), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+    wait_for(client, batch.id, ("in_progress",))
+    gw.r.hset(gw.keys.batch("acme", batch.id), "expires_at", int(time.time()) - 1)   # the 24 h are up
+    done = wait_for(client, batch.id, ("expired",))
+    assert done.expired_at is not None and gw.r.hlen(gw.keys.batch_inflight("acme", batch.id)) == 0
+    errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    expired = [e for e in errors if e["error"] and e["error"]["code"] == "batch_expired"]
+    assert len(expired) >= 250 - 100 - done.request_counts.completed     # never submitted: 100 in flight at most
+
+
 def test_validation_and_failure_mapping_without_a_stack():
     n, errors = validate_input(b'{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}}\n',
                                CHAT, 10)

@@ -213,7 +213,7 @@ def test_a_submitted_task_shows_the_refusal_and_raises_upstream_rejected(s):
     while view["status"] != "FAILURE" and time.monotonic() < deadline:
         time.sleep(0.05)
         view = httpx.get(f"{s.api.base_url}/tasks/{task_id}", headers=headers, timeout=10).json()
-    assert view == {"task_id": task_id, "status": "FAILURE", "error": {
+    assert {k: view[k] for k in ("task_id", "status", "error")} == {"task_id": task_id, "status": "FAILURE", "error": {
         "type": "UpstreamRejected", "message": f"the upstream refused the request ({status}): {upstream['message']}",
         "status": status, "upstream": upstream}}
     assert_one_call_and_nothing_else(s, task_id)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from gateway_tasks.batches.files import FileStore
 from gateway_tasks.core.errors import InvalidRequest, TaskNotFound
@@ -30,6 +31,9 @@ FINISHED = ("completed", "failed", "expired", "cancelled")
 TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
          "cancelling_at", "cancelled_at")
 MAX_METADATA_PAIRS = 16
+LOCK_MS = 30_000        # a runner's step holds a batch this long at most
+LOCK_POLL_S = 0.02
+CANCEL_WAIT_S = 10.0    # a cancel waits this long at most for a step in progress
 
 
 @dataclass(frozen=True)
@@ -164,15 +168,35 @@ def list_batches(gw: "Gateway", tenant_id: str, limit: int = 20, after: str | No
             "last_id": page[-1]["id"] if page else None, "has_more": more}
 
 
+@contextmanager
+def batch_locked(gw: "Gateway", tenant_id: str, batch_id: str, wait_s: float = 0.0) -> Iterator[bool]:
+    """Hold a batch's lock (``Keys.batch_lock``, LOCK_MS at most) while the block runs; yields
+    whether it was taken within ``wait_s``.  The runner's steps take it without waiting, a
+    cancel waits for a step in progress, so no line is submitted after the cancel's sweep."""
+    key, token = gw.keys.batch_lock(tenant_id, batch_id), uuid.uuid4().hex
+    deadline = time.monotonic() + wait_s
+    taken = bool(gw.r.set(key, token, nx=True, px=LOCK_MS))
+    while not taken and time.monotonic() < deadline:
+        time.sleep(LOCK_POLL_S)
+        taken = bool(gw.r.set(key, token, nx=True, px=LOCK_MS))
+    try:
+        yield taken
+    finally:
+        if taken and gw.r.get(key) == token.encode():
+            gw.r.delete(key)
+
+
 def cancel_batch(gw: "Gateway", tenant_id: str, batch_id: str) -> dict[str, Any]:
     """Stop a batch at once: cancelling, its queued lines cancelled now (they never reach the
-    upstream); the runner collects what finished and ends it as cancelled."""
+    upstream); the runner collects what finished and ends it as cancelled.  It waits for a
+    runner's step in progress (``batch_locked``), which may be submitting lines."""
     f = read_fields(gw, tenant_id, batch_id)
     if f["status"] in FINISHED or f["status"] == "cancelling":
         return batch_object(f)
-    gw.r.hset(gw.keys.batch(tenant_id, batch_id), mapping={"status": "cancelling",
-                                                           "cancelling_at": int(time.time())})
-    cancel_in_flight(gw, tenant_id, batch_id)
+    with batch_locked(gw, tenant_id, batch_id, wait_s=CANCEL_WAIT_S):
+        gw.r.hset(gw.keys.batch(tenant_id, batch_id), mapping={"status": "cancelling",
+                                                               "cancelling_at": int(time.time())})
+        cancel_in_flight(gw, tenant_id, batch_id)
     return get_batch(gw, tenant_id, batch_id)
 
 

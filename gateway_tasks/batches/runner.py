@@ -3,7 +3,7 @@
     BatchRunner(gw).start()     # a daemon thread (the API process runs one: gateway_tasks.rest.app)
     advance(gw, tenant, batch)  # one step of one batch (tests call it directly)
 
-Each step of a batch, under its lock (``Keys.batch_lock``; several API replicas share the work):
+Each step of a batch, under its lock (``jobs.batch_locked``; several API replicas share the work):
 
 1. validating: the whole input file checked (``jobs.validate_input``); any error fails the
    batch with OpenAI's ``errors``; else in_progress with its ``request_counts.total``;
@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from gateway_tasks.batches.files import FileStore, batch_dir_of, new_file_id
-from gateway_tasks.batches.jobs import FINISHED, InputLine, cancel_in_flight, parse_line, read_fields, validate_input
+from gateway_tasks.batches.jobs import (FINISHED, InputLine, batch_locked, cancel_in_flight, parse_line, read_fields,
+                                        validate_input)
 from gateway_tasks.core.errors import GatewayError, InvalidRequest, RedisUnavailable, Rejected
 from gateway_tasks.dispatch.lanes import SCHEDULED
 from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 TICK_S = 0.2
-LOCK_MS = 30_000
 BATCH_SOURCE = "batch"
 _CHAT_OWN = {"messages", "model", "max_tokens", "max_completion_tokens", "stream", "stream_options"}
 _EMBEDDINGS_OWN = {"input", "model"}
@@ -84,17 +84,10 @@ class BatchRunner:
 
 
 def advance(gw: "Gateway", tenant_id: str, batch_id: str) -> str:
-    """One step of a batch (module doc); returns its status after it ('' when another runner
-    holds it)."""
-    lock = gw.keys.batch_lock(tenant_id, batch_id)
-    token = uuid.uuid4().hex
-    if not gw.r.set(lock, token, nx=True, px=LOCK_MS):
-        return ""
-    try:
-        return _Step(gw, tenant_id, batch_id).run()
-    finally:
-        if gw.r.get(lock) == token.encode():
-            gw.r.delete(lock)
+    """One step of a batch (module doc); returns its status after it ('' when another runner,
+    or a cancel, holds it)."""
+    with batch_locked(gw, tenant_id, batch_id) as taken:
+        return _Step(gw, tenant_id, batch_id).run() if taken else ""
 
 
 class _Step:
@@ -217,7 +210,7 @@ class _Step:
 
     def _submit_line(self, line: InputLine) -> str:
         body = line.body
-        common = dict(source=BATCH_SOURCE, lane=SCHEDULED, count_quota=False, tier=self.gw.settings.batch_tier,
+        common = dict(source=BATCH_SOURCE, lane=SCHEDULED, count_quota=False, tier=self.gw.settings.batch_lines_tier,
                       idempotency_key=f"{self.batch_id}:{line.number}")
         if self.f["endpoint"] == "/v1/embeddings":
             extra = {k: v for k, v in body.items() if k not in _EMBEDDINGS_OWN}

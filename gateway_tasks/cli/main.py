@@ -30,6 +30,7 @@ examples:
   gateway api --port 8080                     serve the REST API
   gateway task show TASK_ID                   state, place in line, expected start, why it waits
   gateway task cancel TASK_ID                 cancel a queued or running task
+  gateway tenant usage acme --days 7          a tenant's usage per hour and day
   gateway flower                              Flower on 127.0.0.1, basic auth on
   gateway cron add acme digest '0 * * * *' --prompt 'Summarise the news'
   gateway simulate-upstream --port 8099       a local OpenAI-compatible upstream

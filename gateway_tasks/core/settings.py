@@ -563,7 +563,7 @@ class Settings:
     batch_max_lines: int = 50_000
     batch_lines_in_flight: int = 500
     batch_max_file_bytes: int = 104_857_600   # one uploaded file (POST /v1/files: its own body limit)
-    batch_tier: str = "batch"                 # lines run in this tier, or in the tenant's own when lower
+    batch_tier: str = ""   # lines run in this tier, or the tenant's own when lower ('' = the lowest tier)
     overload: Overload = field(default_factory=Overload)   # load levels and degradation ([overload])
     circuit: Circuit = field(default_factory=Circuit)      # each pool's circuit breaker ([circuit])
     # where these settings were loaded from (set by load_settings, shown at each process's
@@ -603,8 +603,8 @@ class Settings:
                      name, value, f"an integer from {low} to {high}")
         _require(isinstance(self.batch_dir, str), "settings", "batch_dir", self.batch_dir,
                  "a directory path ('' = the Batch API is off)")
-        _require(any(self.batch_tier in (t.name, *t.aliases) for t in self.tiers), "settings", "batch_tier",
-                 self.batch_tier, f"a tier name {[t.name for t in self.tiers]}")
+        _require(self.batch_tier == "" or any(self.batch_tier in (t.name, *t.aliases) for t in self.tiers),
+                 "settings", "batch_tier", self.batch_tier, f"'' (the lowest tier) or a tier name {[t.name for t in self.tiers]}")
         _require(self.default_max_tokens > 0, "settings", "default_max_tokens",
                  self.default_max_tokens, "> 0")
         _require(self.max_request_bytes > 0, "settings", "max_request_bytes",
@@ -701,6 +701,12 @@ class Settings:
         an arrival may evict queued work of a tier ranked below its own."""
         wanted = self.tier(name).name
         return next(i for i, t in enumerate(self.tiers) if t.name == wanted)
+
+    @property
+    def batch_lines_tier(self) -> str:
+        """The tier a batch's lines run in (unless the tenant's own ranks lower): ``batch_tier``,
+        else the lowest tier."""
+        return self.tier(self.batch_tier).name if self.batch_tier else self.tiers[-1].name
 
     def queue_name(self, tier: str, pool: str) -> str:
         """The Celery queue (a Redis list) of one tier's traffic to one pool."""

@@ -119,8 +119,9 @@ def test_position_eta_and_reasons_against_a_known_queue(gw):
 
 
 def test_scheduled_cron_run_and_finished_degraded(gw):
-    cron = gw.submit("a", PROMPT, max_tokens=8, source="cron", idempotency_key=run_key("digest", 1_700_000_000_000),
-                     count_quota=False)
+    cron = gw.submit("a", PROMPT, max_tokens=8, source="cron", count_quota=False,
+                     idempotency_key=run_key("digest", 1_700_000_000_000, "secret"),
+                     cron_run=("digest", 1_700_000_000_000))
     gw.r.hset(gw.keys.cron("digest"), "jitter_offset_s", 42)
     view = task_status(gw, cron.id, "a")
     assert view["lane"] == "scheduled"

@@ -249,7 +249,7 @@ class Keys:
 
     def meta(self, task_id: str) -> str:
         """String (TTL): idempotency marker of a task submitted with a key: 'submitted', or for
-        a cron run its run key 'cron:<entry id>:<nominal ms>'."""
+        a cron run 'cron:<entry id>:<nominal ms>' (which run it is)."""
         return f"{self.prefix}meta:{task_id}"
 
     def task_owner(self, task_id: str) -> str:

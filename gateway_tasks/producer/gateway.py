@@ -161,7 +161,8 @@ class Gateway:
                extra_body: dict[str, Any] | None = None, stream: bool = False,
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
                lane: str | None = None, on_behalf_of: str | None = None,
-               on_defer: str = HOLD, endpoint: str = CHAT, tier: str | None = None) -> TaskHandle:
+               on_defer: str = HOLD, endpoint: str = CHAT, tier: str | None = None,
+               cron_run: tuple[str, int] | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -194,12 +195,13 @@ class Gateway:
         the input's tokens (the same tokenizer), nothing reserved for a completion.
 
         ``tier``: run in this tier instead of the tenant's when it ranks below it (a batch's
-        lines, ``gateway_tasks.batches``); a tier above the tenant's is ignored."""
+        lines, ``gateway_tasks.batches``); a tier above the tenant's is ignored.  ``cron_run``:
+        (entry id, nominal ms) of a cron run, shown by ``gateway task show``."""
         with redis_errors("submit", "nothing was enqueued"):
             try:
                 handle = Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                                 idempotency_key, extra_body, stream, count_quota, depends_on,
-                                                lane, on_behalf_of, on_defer, endpoint, tier)).run()
+                                                lane, on_behalf_of, on_defer, endpoint, tier, cron_run)).run()
             except Rejected as exc:
                 self._count_refusal(tenant_id, usage.DEFERRED if isinstance(exc, Deferred) else usage.REFUSED)
                 raise

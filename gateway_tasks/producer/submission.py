@@ -91,6 +91,7 @@ class Asked:
     on_defer: str = deferral.HOLD   # a deferred request: held (later) or refused (Deferred)
     endpoint: str = CHAT     # EMBEDDINGS: ``messages`` is the embeddings input
     tier: str | None = None  # run in this tier when it ranks below the tenant's own (batch lines)
+    cron_run: tuple[str, int] | None = None   # (entry id, nominal ms) of a cron run (beat.fire)
 
 
 @dataclass(frozen=True)
@@ -307,9 +308,10 @@ class Submission:
         if self.asked.idempotency_key is None:
             return True
         meta = self.keys.meta(self.task_id)
-        # a cron run's key ('cron:<entry>:<nominal ms>', beat.fire.run_key) says which run it is
-        # (gateway_tasks.producer.where); any other key stays the caller's own
-        marker = self.asked.idempotency_key if self.asked.source == "cron" else "submitted"
+        # a cron run's marker says which run it is: 'cron:<entry id>:<nominal ms>'
+        # (gateway_tasks.producer.where shows it)
+        run = self.asked.cron_run
+        marker = f"cron:{run[0]}:{int(run[1])}" if run else "submitted"
         if not self.r.set(meta, marker, nx=True, ex=self.settings.result_ttl_s):
             return False
         self._undos.append(lambda: self.r.delete(meta))

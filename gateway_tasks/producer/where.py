@@ -56,7 +56,7 @@ NEXT = "next_in_line"                                 # nothing ahead: dispatche
 WAIT_REASONS = (DEFERRED, WAITING_ON_DEPENDENCIES, TENANT_AT_CAP, UPSTREAM_RATE_LIMITED, BUCKET_EMPTY, TIER_SHARE,
                 BEHIND_OWN, FAIR_SHARE, NEXT)
 
-CRON_RUN_PREFIX = "cron:"   # beat.fire.run_key: 'cron:<entry id>:<nominal ms>'
+CRON_RUN_PREFIX = "cron:"   # a cron run's marker (Keys.meta): 'cron:<entry id>:<nominal ms>'
 
 
 def wait_reasons(spot: Spot, ahead: int, est_tokens: int, token_capacity: float, tokens_per_ms: float,

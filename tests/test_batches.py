@@ -139,7 +139,7 @@ def test_cancel_stops_dispatching_at_once(stack):
     time.sleep(1.0)
     assert sim.stats()["requests_ok"] - before <= 16              # at most what was running (16 slots)
     assert done.request_counts.completed + done.request_counts.failed < 400
-    assert gw.r.hlen(gw.keys.batch_inflight("acme", batch.id)) == 0
+    assert gw.r.hlen(gw.keys.batch_inflight(gw.tenants.get("acme").owner_tag, batch.id)) == 0
 
 
 def test_a_batch_past_its_completion_window_expires(stack):
@@ -149,12 +149,24 @@ def test_a_batch_past_its_completion_window_expires(stack):
     f = client.files.create(file=("x.jsonl", jsonl([chat_line(i) for i in range(250)])), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     wait_for(client, batch.id, ("in_progress",))
-    gw.r.hset(gw.keys.batch("acme", batch.id), "expires_at", int(time.time()) - 1)   # the 24 h are up
+    gw.r.hset(gw.keys.batch(gw.tenants.get("acme").owner_tag, batch.id), "expires_at", int(time.time()) - 1)   # the 24 h are up
     done = wait_for(client, batch.id, ("expired",))
-    assert done.expired_at is not None and gw.r.hlen(gw.keys.batch_inflight("acme", batch.id)) == 0
+    assert done.expired_at is not None and gw.r.hlen(gw.keys.batch_inflight(gw.tenants.get("acme").owner_tag, batch.id)) == 0
     errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
     expired = [e for e in errors if e["error"] and e["error"]["code"] == "batch_expired"]
     assert len(expired) >= 250 - 100 - done.request_counts.completed     # never submitted: 100 in flight at most
+
+
+def test_a_tenant_registered_again_sees_none_of_its_predecessors_files(stack):
+    gw, api, keys, _ = stack
+    gw.register_tenant("ghost", "normal")
+    old = sdk(api, gw.register_tenant("ghost", "normal"))
+    f = old.files.create(file=("g.jsonl", jsonl([chat_line(1)])), purpose="batch")
+    gw.delete_tenant("ghost")
+    new = sdk(api, gw.register_tenant("ghost", "normal"))
+    with pytest.raises(openai.NotFoundError):
+        new.files.retrieve(f.id)
+    assert new.files.list().data == []
 
 
 def test_validation_and_failure_mapping_without_a_stack():

@@ -8,7 +8,9 @@ A file's bytes live at ``<batch_dir>/files/<file id>`` (the id is random; the te
 in the path, so no tenant id can reach outside the directory).  Redis keeps its index hash
 (``Keys.batch_file``), the tenant's list (``Keys.batch_files``) and the bytes the tenant
 stores (``Keys.batch_file_bytes``), capped by ``batch_max_tenant_bytes``.  Another tenant's
-file id is ``TaskNotFound``, as an unknown one.
+file id is ``TaskNotFound``, as an unknown one.  The REST routes pass the tenant
+generation's tag (``Tenant.owner_tag``) as ``tenant_id``: a tenant id registered again never
+sees an earlier one's files.
 """
 
 from __future__ import annotations

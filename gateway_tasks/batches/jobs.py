@@ -6,6 +6,9 @@ next line to submit starts; ``line``: its number).  ``gateway_tasks.batches.runn
 it along: validating -> in_progress -> finalizing -> completed (or failed, expired,
 cancelling -> cancelled).
 
+``tenant_id`` in this module is a batch's owner: the tenant generation's tag
+(``Tenant.owner_tag``), so a tenant id registered again never sees an earlier one's batches.
+
 An input line is OpenAI's: ``{"custom_id", "method": "POST", "url", "body"}`` with the url
 the batch's endpoint (/v1/chat/completions or /v1/embeddings).
 """
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from gateway_tasks.batches.files import FileStore
 from gateway_tasks.core.errors import InvalidRequest, TaskNotFound
+from gateway_tasks.tenants.registry import tenant_of_tag
 
 if TYPE_CHECKING:
     from gateway_tasks.producer.gateway import Gateway
@@ -206,7 +210,7 @@ def cancel_in_flight(gw: "Gateway", tenant_id: str, batch_id: str) -> int:
     for raw in gw.r.hvals(gw.keys.batch_inflight(tenant_id, batch_id)):
         task_id = json.loads(raw)["task"]
         try:
-            done = gw.cancel(task_id, tenant_id)
+            done = gw.cancel(task_id, tenant_of_tag(tenant_id))
         except InvalidRequest:     # the task's record is gone: nothing left to stop
             continue
         stopped += done.was in ("queued", "waiting", "running", "gone")

@@ -20,6 +20,9 @@ Each step of a batch, under its lock (``jobs.batch_locked``; several API replica
 5. when every line is collected: finalizing, the output and error files indexed, then
    completed (cancelled, expired).
 
+A batch is keyed by its owner, the tenant generation's tag (``Tenant.owner_tag``: '<tenant>/<gen>');
+its lines are submitted as that tenant.
+
 Memory stays bounded: at most ``batch_lines_in_flight`` lines of a batch are in Redis at
 once, and the input is read from its cursor, never whole (but once, to validate it).
 """
@@ -42,6 +45,7 @@ from gateway_tasks.batches.jobs import (FINISHED, InputLine, batch_locked, cance
 from gateway_tasks.core.errors import GatewayError, InvalidRequest, RedisUnavailable, Rejected
 from gateway_tasks.dispatch.lanes import SCHEDULED
 from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS
+from gateway_tasks.tenants.registry import tenant_of_tag
 
 if TYPE_CHECKING:
     from gateway_tasks.producer.gateway import Gateway
@@ -214,14 +218,14 @@ class _Step:
                       idempotency_key=f"{self.batch_id}:{line.number}")
         if self.f["endpoint"] == "/v1/embeddings":
             extra = {k: v for k, v in body.items() if k not in _EMBEDDINGS_OWN}
-            handle = self.gw.submit(self.tenant_id, body.get("input"), model=body.get("model"),
+            handle = self.gw.submit(tenant_of_tag(self.tenant_id), body.get("input"), model=body.get("model"),
                                     extra_body=extra or None, endpoint=EMBEDDINGS, **common)
         else:
             if body.get("stream"):
                 raise InvalidRequest("stream is not supported in a batch")
             extra = {k: v for k, v in body.items() if k not in _CHAT_OWN}
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-            handle = self.gw.submit(self.tenant_id, body.get("messages"), model=body.get("model"),
+            handle = self.gw.submit(tenant_of_tag(self.tenant_id), body.get("messages"), model=body.get("model"),
                                     max_tokens=max_tokens, extra_body=extra or None, endpoint=CHAT, **common)
         return handle.id
 

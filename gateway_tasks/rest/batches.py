@@ -9,7 +9,9 @@ format so that the official SDK works unchanged:
     GET    /v1/batches, /v1/batches/{id}
     POST   /v1/batches/{id}/cancel
 
-Every id is the calling tenant's own: another tenant's is 404, as an unknown one.  With
+Every id is the calling tenant's own: another tenant's is 404, as an unknown one.  Files and
+batches belong to the tenant's generation (``Tenant.owner_tag``): a tenant deleted and
+registered again under the same id sees none of its predecessor's.  With
 ``batch_dir`` unset the Batch API answers 404 (BatchesDisabled).
 """
 
@@ -76,48 +78,48 @@ async def upload_file(request: Request, tenant: TenantDep) -> dict[str, Any]:
         raise InvalidRequest("the multipart body has no 'file' part")
     purpose = parts.get("purpose", ("", b""))[1].decode("utf-8", "replace")
     filename, data = parts["file"]
-    return await run_in_threadpool(FileStore(gw).upload, tenant.tenant_id, filename or "upload.jsonl",
+    return await run_in_threadpool(FileStore(gw).upload, tenant.owner_tag, filename or "upload.jsonl",
                                    purpose, data)
 
 
 @router.get("/v1/files", name="list_files")
 def list_files(request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return {"object": "list", "data": FileStore(_gw(request)).list(tenant.tenant_id), "has_more": False}
+    return {"object": "list", "data": FileStore(_gw(request)).list(tenant.owner_tag), "has_more": False}
 
 
 @router.get("/v1/files/{file_id}", name="retrieve_file")
 def retrieve_file(file_id: str, request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return FileStore(_gw(request)).get(tenant.tenant_id, file_id)
+    return FileStore(_gw(request)).get(tenant.owner_tag, file_id)
 
 
 @router.get("/v1/files/{file_id}/content", name="file_content", response_class=FileResponse)
 def file_content(file_id: str, request: Request, tenant: TenantDep) -> FileResponse:
-    path = FileStore(_gw(request)).path(tenant.tenant_id, file_id)
+    path = FileStore(_gw(request)).path(tenant.owner_tag, file_id)
     return FileResponse(path, media_type="application/jsonl")
 
 
 @router.delete("/v1/files/{file_id}", name="delete_file")
 def delete_file(file_id: str, request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return FileStore(_gw(request)).delete(tenant.tenant_id, file_id)
+    return FileStore(_gw(request)).delete(tenant.owner_tag, file_id)
 
 
 @router.post("/v1/batches", name="create_batch")
 def post_batch(body: BatchRequest, request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return create_batch(_gw(request), tenant.tenant_id, body.input_file_id, body.endpoint,
+    return create_batch(_gw(request), tenant.owner_tag, body.input_file_id, body.endpoint,
                         body.completion_window, body.metadata)
 
 
 @router.get("/v1/batches", name="list_batches")
 def get_batches(request: Request, tenant: TenantDep, limit: int = Query(20, ge=1, le=100),
                 after: str | None = None) -> dict[str, Any]:
-    return list_batches(_gw(request), tenant.tenant_id, limit, after)
+    return list_batches(_gw(request), tenant.owner_tag, limit, after)
 
 
 @router.get("/v1/batches/{batch_id}", name="retrieve_batch")
 def retrieve_batch(batch_id: str, request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return get_batch(_gw(request), tenant.tenant_id, batch_id)
+    return get_batch(_gw(request), tenant.owner_tag, batch_id)
 
 
 @router.post("/v1/batches/{batch_id}/cancel", name="cancel_batch")
 def post_cancel(batch_id: str, request: Request, tenant: TenantDep) -> dict[str, Any]:
-    return cancel_batch(_gw(request), tenant.tenant_id, batch_id)
+    return cancel_batch(_gw(request), tenant.owner_tag, batch_id)

@@ -555,13 +555,11 @@ class Settings:
     # a tenant's usage counters (GET /v1/usage, gateway_tasks.usage) are kept this many days
     usage_retention_days: int = 31
     # the Batch API (gateway_tasks.batches): the directory its files are stored in ('' = the
-    # Batch API is off; Redis keeps only their index), each tenant's cap on the bytes of its
-    # stored files, the lines one batch may hold, and how many of a batch's lines are queued
-    # at once (the rest are submitted as those finish)
+    # Batch API is off; Redis keeps only their index)
     batch_dir: str = ""
-    batch_max_tenant_bytes: int = 1_073_741_824
-    batch_max_lines: int = 50_000
-    batch_lines_in_flight: int = 500
+    batch_max_tenant_bytes: int = 1_073_741_824   # each tenant's stored batch files (bytes), at most
+    batch_max_lines: int = 50_000             # requests one batch input file may hold
+    batch_lines_in_flight: int = 500          # a batch's lines queued at once (the rest as those finish)
     batch_max_file_bytes: int = 104_857_600   # one uploaded file (POST /v1/files: its own body limit)
     batch_tier: str = ""   # lines run in this tier, or the tenant's own when lower ('' = the lowest tier)
     overload: Overload = field(default_factory=Overload)   # load levels and degradation ([overload])

@@ -42,10 +42,9 @@ from devtools.quotas import for_load
 from devtools import processes
 from devtools.bench import command as bench_command
 from devtools.bench import fairness_report, fairness_zipf
-from devtools.bench.load import TierLoad, count_results, read_results, served_in_window
+from devtools.bench.load import end_run, TierLoad, count_results, read_results, served_in_window
 from devtools.bench.main import run_on_bench_redis
 from devtools.bench.utilisation import UpstreamPoint, window_utilisation
-from devtools.run_redis import discard_prefix
 from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
 
@@ -173,12 +172,7 @@ def run_fairness(base: Settings, redis_url: str, spec: FairnessSpec, *, log_dir:
             worker = None
             results = {t: read_results(client, gw.app, v) for t, v in ids.items()}
     finally:
-        if worker is not None:
-            worker.stop()
-        discard_prefix(client, prefix)
-        if gw is not None:
-            gw.app.close()
-        client.close()
+        end_run(client, prefix, worker=worker, gw=gw)
 
     window = window_utilisation(w0, w1, spec.tokens_per_s)
     rows = [fairness_report.tenant_row(t, fairness_report.FLOODER if t == flooder

@@ -37,10 +37,9 @@ import redis
 
 from devtools import processes
 from devtools.bench import fairness_zipf_report as report
-from devtools.bench.load import TierLoad, count_results, read_results
+from devtools.bench.load import end_run, TierLoad, count_results, read_results
 from devtools.bench.main import run_on_bench_redis
 from devtools.quotas import for_load
-from devtools.run_redis import discard_prefix
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.settings import Pool, Settings
 from gateway_tasks.producer.gateway import Gateway
@@ -148,12 +147,7 @@ def run_scenario(base: Settings, redis_url: str, spec: ZipfSpec, tenants: int, s
             worker = None
             results = read_results(client, gw.app, [x for v in task_of.values() for x in v])
     finally:
-        if worker is not None:
-            worker.stop()
-        discard_prefix(client, prefix)
-        if gw is not None:
-            gw.app.close()
-        client.close()
+        end_run(client, prefix, worker=worker, gw=gw)
     out = report.scenario(ids, small, {t: len(v) for t, v in task_of.items()}, results, measured=measured,
                           cut_ms=t0_ms + int(cut_s * 1000), window_end_ms=window_end_ms)
     out["capacity_tasks_per_s"] = round(capacity, 2)

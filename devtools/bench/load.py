@@ -396,3 +396,14 @@ def spec_dict(spec: LoadSpec) -> dict[str, Any]:
     out["backlog"] = {t: spec.backlog(t) for t in TIERS}
     out["tier_loads"] = {t: asdict(l) for t, l in TIER_LOADS.items()}
     return out
+
+
+def end_run(client: Any, prefix: str, *, worker: Any = None, gw: Any = None) -> None:
+    """A bench run's end, whatever happened: its worker stopped if it still runs, the run's
+    keys deleted, its producer app and Redis client closed."""
+    if worker is not None:
+        worker.stop()
+    discard_prefix(client, prefix)
+    if gw is not None:
+        gw.app.close()
+    client.close()

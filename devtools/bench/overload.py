@@ -42,7 +42,7 @@ from devtools.bench import command as bench_command
 from devtools.bench import overload_report
 from devtools.bench.main import run_on_bench_redis
 from devtools.bench.results import result_metas
-from devtools.run_redis import discard_prefix
+from devtools.bench.load import end_run
 from gateway_tasks.simulator import SimConfig, SimulatorProcess
 from gateway_tasks.producer.gateway import Gateway
 
@@ -205,12 +205,7 @@ def run_overload(base: Settings, redis_url: str, spec: OverloadSpec, *, log_dir:
             worker.stop()
             worker = None
     finally:
-        if worker is not None:
-            worker.stop()
-        discard_prefix(client, prefix)
-        if gw is not None:
-            gw.app.close()
-        client.close()
+        end_run(client, prefix, worker=worker, gw=gw)
     # history timestamps are Redis ms; put them on the run's clock
     offset_ms = wall_ms - mono_now * 1000.0
     changes = [{"t_s": round((h["ts_ms"] - offset_ms) / 1000.0, 1), "from": h["from"], "to": h["to"],

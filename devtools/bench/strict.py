@@ -31,7 +31,7 @@ import redis
 from devtools import processes
 from devtools.bench import command as bench_command
 from devtools.quotas import for_load
-from devtools.run_redis import discard_prefix
+from devtools.bench.load import end_run
 from gateway_tasks.core.settings import Pool, Settings, load_settings
 from gateway_tasks.local.redis_server import EmbeddedRedis, redis_server_binary
 from gateway_tasks.producer.gateway import Gateway
@@ -140,12 +140,7 @@ def run_once(base: Settings, redis_url: str, spec: StrictSpec, log_dir: str, pro
             worker.stop()
             worker = None
     finally:
-        if worker is not None:
-            worker.stop()
-        discard_prefix(client, prefix)
-        if gw is not None:
-            gw.app.close()
-        client.close()
+        end_run(client, prefix, worker=worker, gw=gw)
     out = window_figures(upstream["admitted_per_s"], start_second, spec.duration_s, spec.tpm,
                          int(upstream["requests_429"]))
     out["submitted"] = submitted

@@ -20,8 +20,8 @@ from typing import Any
 from gateway_tasks.core.errors import ApiError, InvalidRequest
 from gateway_tasks.core.tokens import count_embedding_tokens, validate_embedding_input
 from gateway_tasks.simulator.config import SimConfig
+from gateway_tasks.simulator.request import INVALID, checked_model
 
-INVALID = "invalid_request_error"
 KNOWN_PARAMETERS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
 MAX_DIMENSIONS = 4096
 
@@ -37,19 +37,7 @@ class EmbeddingRequest:
 
 def parse_embedding_request(body: Any, config: SimConfig) -> EmbeddingRequest:
     """Validate a decoded embeddings body; raise ApiError (400, 404 for an unknown model)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, INVALID, "the request body must be a JSON object")
-    unknown = sorted(k for k in body if k not in KNOWN_PARAMETERS)
-    if unknown:
-        raise ApiError(400, INVALID, f"Unknown parameter: '{unknown[0]}'.", code="unknown_parameter",
-                       param=unknown[0])
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, INVALID, "model is required and must be a non-empty string",
-                       code="missing_required_parameter", param="model")
-    if model not in config.embedding_models:
-        raise ApiError(404, INVALID, f"The model `{model}` does not exist or you do not have access to it.",
-                       code="model_not_found")
+    model = checked_model(body, KNOWN_PARAMETERS, config.embedding_models)
     try:
         value = validate_embedding_input(body.get("input"))
     except InvalidRequest as exc:

@@ -69,11 +69,12 @@ def _prompt_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in CONTROL_PARAMETERS and k != "sim_completion_tokens"}
 
 
-def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
-    """Validate a decoded chat.completions body; raise ApiError (400/404)."""
+def checked_model(body: Any, known_parameters: frozenset[str], models: tuple[str, ...]) -> str:
+    """The model a request body names, once the body is an object of known parameters and
+    the model one the simulator serves; else ApiError as OpenAI answers (400, 404)."""
     if not isinstance(body, dict):
         raise ApiError(400, INVALID, "the request body must be a JSON object")
-    unknown = sorted(k for k in body if k not in KNOWN_PARAMETERS)
+    unknown = sorted(k for k in body if k not in known_parameters)
     if unknown:
         raise ApiError(400, INVALID, f"Unknown parameter: '{unknown[0]}'.", code="unknown_parameter",
                        param=unknown[0])
@@ -81,9 +82,15 @@ def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
     if not isinstance(model, str) or not model:
         raise ApiError(400, INVALID, "model is required and must be a non-empty string",
                        code="missing_required_parameter", param="model")
-    if model not in config.models:
+    if model not in models:
         raise ApiError(404, INVALID, f"The model `{model}` does not exist or you do not have access to it.",
                        code="model_not_found")
+    return model
+
+
+def parse_chat_request(body: Any, config: SimConfig) -> ChatRequest:
+    """Validate a decoded chat.completions body; raise ApiError (400/404)."""
+    model = checked_model(body, KNOWN_PARAMETERS, config.models)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise ApiError(400, INVALID, f"stream must be a boolean, got {stream!r}",

@@ -22,7 +22,32 @@ Clock = Callable[[], float]
 _EPSILON = 1e-9
 
 
-class TokenBucket:
+class _Quota:
+    """What both kinds of quota answer from their ``level`` and ``take``."""
+
+    @property
+    def level(self) -> float:
+        raise NotImplementedError
+
+    def take(self, amount: float) -> None:
+        raise NotImplementedError
+
+    def remaining(self) -> int:
+        """Whole units available now, never negative (for headers)."""
+        return max(0, math.floor(self.level + _EPSILON))
+
+    def can_take(self, amount: float) -> bool:
+        return self.level + _EPSILON >= amount
+
+    def try_take(self, amount: float) -> bool:
+        """Debit ``amount`` if it is available now; say whether it was."""
+        if not self.can_take(amount):
+            return False
+        self.take(amount)
+        return True
+
+
+class TokenBucket(_Quota):
     """A bucket of ``capacity`` units refilled continuously at ``refill_per_s``.
 
     It starts full.  ``take`` may push the level below zero (a debt paid back
@@ -62,20 +87,6 @@ class TokenBucket:
         """Units available now (negative while in debt)."""
         self._refill()
         return self._level
-
-    def remaining(self) -> int:
-        """Whole units available now, never negative (for headers)."""
-        return max(0, math.floor(self.level + _EPSILON))
-
-    def can_take(self, amount: float) -> bool:
-        return self.level + _EPSILON >= amount
-
-    def try_take(self, amount: float) -> bool:
-        """Debit ``amount`` if it is available now; say whether it was."""
-        if not self.can_take(amount):
-            return False
-        self._level -= amount
-        return True
 
     def take(self, amount: float) -> None:
         """Debit ``amount`` unconditionally (the level may go negative)."""
@@ -143,7 +154,7 @@ def format_seconds(seconds: float) -> str:
     return f"{whole_s}" if frac_ms == 0 else f"{whole_s}.{frac_ms:03d}".rstrip("0")
 
 
-class SlidingWindow:
+class SlidingWindow(_Quota):
     """At most ``limit`` units charged in any ``window_s`` seconds: a strict upstream's
     per-minute quota (``SimConfig.window = "strict"``).
 
@@ -176,18 +187,6 @@ class SlidingWindow:
     def level(self) -> float:
         self._expire()
         return self.capacity - self._used
-
-    def remaining(self) -> int:
-        return max(0, math.floor(self.level + _EPSILON))
-
-    def can_take(self, amount: float) -> bool:
-        return self.level + _EPSILON >= amount
-
-    def try_take(self, amount: float) -> bool:
-        if not self.can_take(amount):
-            return False
-        self.take(amount)
-        return True
 
     def take(self, amount: float) -> None:
         now_s = self._expire()

@@ -72,18 +72,25 @@ class Keys:
         return f"{self.prefix}unacked_index"
 
     # -- tenants ------------------------------------------------------------
+    # A tenant's record sits under its tenant tag (``tenant_tag``, with its quotas, usage and
+    # batches); the two global indexes below are written in their own single-key steps,
+    # ordered so that a crash between steps leaves nothing a reader trusts half-written
+    # (gateway_tasks/tenants/registry.py): the record first, listed next, its API key
+    # published last; deleted in the reverse order.
     def tenant(self, tenant_id: str) -> str:
-        """Hash: tier, api key hash, created_ms."""
-        return f"{self.prefix}tenant:{tenant_id}"
+        """Hash: tier, api key hash, created_ms, weight, tpm, gen, since_ms."""
+        return f"{self.tenant_tag(tenant_id)}tenant"
 
     @property
     def tenants(self) -> str:
-        """Set of every registered tenant id."""
+        """Set of every registered tenant id (global index: a member without a record is
+        not listed)."""
         return f"{self.prefix}tenants"
 
     @property
     def api_keys(self) -> str:
-        """Hash: sha256(api key) -> tenant id."""
+        """Hash: digest of an API key -> tenant id (global index: an entry authenticates only
+        when the tenant's record holds the same digest)."""
         return f"{self.prefix}apikeys"
 
     # -- one pool's dispatch state -------------------------------------------
@@ -328,7 +335,14 @@ class Keys:
 
     def tenant_bucket(self, tenant_id: str) -> str:
         """Hash: tokens, ts_ms of one tenant's own TPM bucket (lua/tenants/quota_take.lua)."""
-        return f"{self.prefix}tenant-bucket:{tenant_id}"
+        return f"{self.tenant_tag(tenant_id)}tpm-bucket"
+
+    def quota(self, tenant_id: str, hour: int) -> str:
+        """Integer (TTL): tasks one tenant submitted in one clock hour, every path together
+        (Python API, REST and cron fires: lua/tenants/quota_take.lua) (hour = epoch seconds //
+        3600); the limit is the tier's max_tasks_per_hour.  Beside the tenant's TPM bucket,
+        under its tag: one script takes both."""
+        return f"{self.tenant_tag(tenant_id)}quota:{hour}"
 
     # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
     def held(self, task_id: str) -> str:
@@ -399,12 +413,6 @@ class Keys:
     def cron_fired(self, entry_id: str, nominal_ms: int) -> str:
         """String (TTL): idempotency key of one (entry, nominal time) firing."""
         return f"{self.prefix}cron:fired:{entry_id}:{nominal_ms}"
-
-    def quota(self, tenant_id: str, hour: int) -> str:
-        """Integer (TTL): tasks one tenant submitted in one clock hour, every path together
-        (cron fires: lua/beat/cron_fire.lua; Python API and REST: lua/tenants/quota_take.lua)
-        (hour = epoch seconds // 3600); the limit is the tier's max_tasks_per_hour."""
-        return f"{self.prefix}quota:{tenant_id}:{hour}"
 
     @property
     def cron_stats(self) -> str:

@@ -133,21 +133,26 @@ class TenantRegistry:
         key = self.keys.tenant(tenant_id)
         old = [v.decode() for v in self.r.hmget(key, HASH_FIELD, LEGACY_HASH_FIELD) if v]
         stale = {f for o in old for f in _index_fields(o)} - {digest}
-        with self.r.pipeline() as pipe:
-            if stale:
-                pipe.hdel(self.keys.api_keys, *stale)
+        # three single-slot steps, each trusted only once the one before it is written
+        # (Keys.tenant): the record (in its tenant's slot: one transaction), listed, its
+        # key published -- the digest of a key it replaces withdrawn in the same step
+        fresh = not self.r.exists(key)    # a registration from before generations keeps none
+        with self.r.pipeline(transaction=True) as pipe:
             pipe.hdel(key, LEGACY_HASH_FIELD)
-            fresh = not self.r.exists(key)    # a registration from before generations keeps none
             if fresh:
                 pipe.hsetnx(key, "gen", secrets.token_hex(8))
                 pipe.hsetnx(key, "since_ms", tenant.created_ms)
             pipe.hset(key, mapping={"tier": tier_name, HASH_FIELD: digest,
                                     "created_ms": tenant.created_ms, "weight": tenant.weight,
                                     "tpm": tenant.tpm})
-            pipe.hset(self.keys.api_keys, digest, tenant_id)
-            pipe.sadd(self.keys.tenants, tenant_id)
             pipe.hmget(key, "gen", "since_ms")
             gen, since = pipe.execute()[-1]
+        self.r.sadd(self.keys.tenants, tenant_id)
+        with self.r.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.api_keys, digest, tenant_id)
+            if stale:
+                pipe.hdel(self.keys.api_keys, *stale)
+            pipe.execute()
         return dataclasses.replace(tenant, gen=(gen or b"").decode(), since_ms=int(since or 0)), api_key
 
     def _hash(self, api_key: str) -> str:
@@ -206,12 +211,14 @@ class TenantRegistry:
     def _rehash(self, tenant: Tenant, old_field: str, digest: str) -> Tenant:
         """Move a tenant's key from an older hashing scheme to the current one."""
         key = self.keys.tenant(tenant.tenant_id)
-        with self.r.pipeline() as pipe:
-            pipe.hdel(self.keys.api_keys, *set(_index_fields(tenant.api_key_hash)) | {old_field})
-            pipe.hset(self.keys.api_keys, digest, tenant.tenant_id)
+        # the new digest published beside the old ones, then the record moved to it, then the
+        # old ones withdrawn: whichever step a crash stops at, one of them authenticates
+        self.r.hset(self.keys.api_keys, digest, tenant.tenant_id)
+        with self.r.pipeline(transaction=True) as pipe:
             pipe.hset(key, HASH_FIELD, digest)
             pipe.hdel(key, LEGACY_HASH_FIELD)
             pipe.execute()
+        self.r.hdel(self.keys.api_keys, *(set(_index_fields(tenant.api_key_hash)) | {old_field}) - {digest})
         return dataclasses.replace(tenant, api_key_hash=digest)
 
     def delete(self, tenant_id: str) -> bool:
@@ -220,17 +227,23 @@ class TenantRegistry:
         it (``beat.api.delete_tenant``: crons and tasks)."""
         tenant = self.get(tenant_id)
         fields = _index_fields(tenant.api_key_hash)
-        with self.r.pipeline() as pipe:
-            pipe.delete(self.keys.tenant(tenant_id))
-            if fields:
-                pipe.hdel(self.keys.api_keys, *fields)
-            pipe.srem(self.keys.tenants, tenant_id)
-            pipe.execute()
+        # registration's steps in reverse: its key withdrawn first (it stops working), then
+        # unlisted, then the record
+        if fields:
+            self.r.hdel(self.keys.api_keys, *fields)
+        self.r.srem(self.keys.tenants, tenant_id)
+        self.r.delete(self.keys.tenant(tenant_id))
         return True
 
     def list(self) -> list[Tenant]:
+        """Every registered tenant, by id (a listed id whose record is gone -- a deletion cut
+        short -- is not one)."""
         ids = sorted(m.decode() for m in self.r.smembers(self.keys.tenants))
-        return [self.get(t) for t in ids]
+        with self.r.pipeline(transaction=False) as pipe:
+            for t in ids:
+                pipe.hgetall(self.keys.tenant(t))
+            records = pipe.execute()
+        return [self.from_record(t, raw) for t, raw in zip(ids, records) if raw]
 
 
 def _checked_api_key(api_key: object) -> str:

@@ -45,7 +45,7 @@ def test_a_deferred_submit_is_held_and_released_when_the_level_falls(r, make_gat
         assert "utilisation 0.97" in d.message and "held until" in d.message
         assert handle.status == states.PENDING
     assert queued(r, keys, "normal") == queued(r, keys, "batch") == 0          # held, not queued
-    assert r.zcard(keys.deferred("normal")) == r.zcard(keys.deferred("batch")) == 1
+    assert r.zcard(keys.deferred("default", "normal")) == r.zcard(keys.deferred("default", "batch")) == 1
     status = deployment_status(r, s)
     assert status["tiers"]["batch"]["held"] == 1 and status["tiers"]["batch"]["reason"] == "capacity_pressure"
     text = render(r, s).decode()
@@ -56,14 +56,14 @@ def test_a_deferred_submit_is_held_and_released_when_the_level_falls(r, make_gat
 
     controller = OverloadController(r, s, app=gw.app)
     controller.release(3)                                   # still L3, not due: nothing moves
-    assert queued(r, keys, "batch") == 0 and r.zcard(keys.deferred("batch")) == 1
+    assert queued(r, keys, "batch") == 0 and r.zcard(keys.deferred("default", "batch")) == 1
     controller.release(2, room={"default": 1.0})            # paced: one task's worth of room this tick
     assert queued(r, keys, "normal") + queued(r, keys, "batch") == 1
     controller.release(2, room={"default": 0.0}, early=True)   # no room: only what is due (nothing)
     assert queued(r, keys, "normal") + queued(r, keys, "batch") == 1
     controller.release(2)                                   # L2 executes both tiers: released
     assert queued(r, keys, "normal") == queued(r, keys, "batch") == 1
-    assert r.zcard(keys.deferred("normal")) == r.zcard(keys.deferred("batch")) == 0
+    assert r.zcard(keys.deferred("default", "normal")) == r.zcard(keys.deferred("default", "batch")) == 0
     assert not r.exists(keys.held(held["free1"].id))
     controller.release(0)                                   # exactly once
     assert queued(r, keys, "batch") == 1
@@ -80,7 +80,7 @@ def test_a_deadline_before_the_retry_time_is_refused_not_held(r, make_gateway):
         gw.submit("free1", HELLO, deadline_s=30)
     assert (refused.value.retry_after_s, refused.value.reason) == (300.0, "capacity_pressure")
     held = gw.submit("free1", HELLO, deadline_s=3600)          # its deadline outlasts the hold
-    assert held.deferral is not None and r.zcard(keys.deferred("batch")) == 1
+    assert held.deferral is not None and r.zcard(keys.deferred("default", "batch")) == 1
 
 
 def test_released_at_its_retry_time_or_its_off_peak_window_while_the_level_holds(r, make_gateway, settings):
@@ -102,7 +102,7 @@ def test_released_at_its_retry_time_or_its_off_peak_window_while_the_level_holds
         assert queued(r, keys, "batch") == 0
     time.sleep(max(0.0, batch.deferral.until_ms / 1000 - time.time() + 0.05))
     controller.release(3)                                   # its retry time came, still L3
-    assert queued(r, keys, "batch") == 1 and r.zcard(keys.deferred("batch")) == 0
+    assert queued(r, keys, "batch") == 1 and r.zcard(keys.deferred("default", "batch")) == 0
 
 
 def test_a_held_deferral_can_be_cancelled(r, make_gateway):
@@ -112,7 +112,7 @@ def test_a_held_deferral_can_be_cancelled(r, make_gateway):
     handle = gw.submit("free1", HELLO)
     done = gw.cancel(handle.id, "free1")
     assert done.was == "deferred" and done.cancelled
-    assert r.zcard(keys.deferred("batch")) == 0 and not r.exists(keys.held(handle.id))
+    assert r.zcard(keys.deferred("default", "batch")) == 0 and not r.exists(keys.held(handle.id))
     with pytest.raises(TaskCancelled, match="held it deferred"):
         handle.get(timeout=5)
     OverloadController(r, gw.settings, app=gw.app).release(0)
@@ -142,7 +142,7 @@ def test_rest_answers_202_with_the_deferral_unless_refusal_is_asked(r, make_gate
         assert refused.json()["error"]["reason"] == "system_overload"
         bad = client.post("/v1/tasks", json={"messages": HELLO}, headers={**auth, "X-Gateway-On-Defer": "later"})
         assert bad.status_code == 400 and "on_defer" in bad.json()["error"]["message"]
-    assert r.zcard(Keys(gw.settings.key_prefix).deferred("batch")) == 0
+    assert r.zcard(Keys(gw.settings.key_prefix).deferred("default", "batch")) == 0
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_a_storm_deferred_at_l3_loses_nothing(r, settings, tmp_path):
             for h in handles["batch"]:                   # released at its retry time, L3 still
                 h.get(timeout=30)
             assert all(h.status == states.PENDING for h in handles["normal"])
-            assert r.zcard(Keys(s.key_prefix).deferred("normal")) == per_tier
+            assert r.zcard(Keys(s.key_prefix).deferred("default", "normal")) == per_tier
             force_level(r, s, 0, "the storm is over (forced by the test)")
             for h in handles["normal"]:
                 h.get(timeout=30)
@@ -204,5 +204,5 @@ def test_a_deferred_task_vip_work_comes_to_wait_on_is_released_and_boosted(r, ma
     assert leaf.deferral is not None and queued(r, keys, "batch") == 0
     middle = gw.submit("free1", HELLO, depends_on=[leaf.id], on_behalf_of=parent.id)
     assert middle.deferral is None and r.exists(keys.held(middle.id))     # held on its dependency
-    assert queued(r, keys, "batch") == 1 and r.zcard(keys.deferred("batch")) == 0
+    assert queued(r, keys, "batch") == 1 and r.zcard(keys.deferred("default", "batch")) == 0
     assert (r.hget(keys.fair("default"), "b:batch") or b"").startswith(b"vip>free1|")   # boosted: vip priority

@@ -71,6 +71,31 @@ def test_cancelling_a_dependency_fails_its_dependent_and_a_held_task_can_be_canc
     assert queued_ids(gw, "vip") == [b.id]            # dropped, not released
 
 
+def test_a_hold_spans_slots_guarded_and_counts_each_dependency_once(gw):
+    """Holding spans slots -- the task's record, each dependency's waiters -- so it is steps:
+    the record counts one more than its dependencies (the guard) until every one is
+    registered; a dependency that ended before it is registered is counted by the submit, one
+    that ends after by its own end, each once whatever is run again; a submit cut short before
+    its guard goes leaves a record nothing releases."""
+    a = gw.submit("bulk", "ends before it is registered", max_tokens=5)
+    b = gw.submit("bulk", "ends while the hold is guarded", max_tokens=5)
+    scripts, k = depends.scripts_for(gw.r), gw.keys
+    assert scripts.run(depends.DependCall(k, "held-1", (a.id, b.id), '{"task_id": "held-1"}', 60_000, "batch")) == 3
+    assert finish(gw, a.id, ok=True) == 0                      # nobody registered on it yet
+    assert scripts.run(depends.DepsJoinCall(k, a.id, "held-1", 60_000)) == "ok"   # ended: the submit counts it
+    assert scripts.run(depends.DepsReleaseCall(k, "held-1", a.id, "ok")) is None
+    assert scripts.run(depends.DepsJoinCall(k, b.id, "held-1", 60_000)) == ""     # waits on b
+    assert finish(gw, b.id, ok=False) == 0                     # counted, the guard holds it
+    assert scripts.run(depends.DepsReleaseCall(k, "held-1", b.id, "failed")) is None   # once only
+    assert gw.r.hmget(k.held("held-1"), "pending", "deps") == [b"1", b""]
+    assert depends.unguard(gw.r, k, "held-1") == depends.Released({"task_id": "held-1"}, b.id)
+    assert depends.unguard(gw.r, k, "held-1") is None and not gw.r.exists(k.held("held-1"))
+    c = gw.submit("bulk", "its dependent's submit is cut short", max_tokens=5)
+    scripts.run(depends.DependCall(k, "held-2", (c.id,), "{}", 60_000, "batch"))
+    assert scripts.run(depends.DepsJoinCall(k, c.id, "held-2", 60_000)) == ""
+    assert finish(gw, c.id, ok=True) == 0 and gw.r.hget(k.held("held-2"), "pending") == b"1"
+
+
 def test_marked_done_in_the_settle_round_trip_then_finished(gw):
     """The worker marks a task done in its settle round trip (``done_call``: the waiters stay);
     its end then needs nothing more when nobody waits, hands the waiters over when some do, and

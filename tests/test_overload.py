@@ -201,7 +201,7 @@ def test_each_level_at_submit(r, gw):
             gw.submit(tenant, HELLO, on_defer="refuse")
         assert (exc.value.retry_after_s, exc.value.level, exc.value.reason) == (300, 3, "capacity_pressure")
     assert r.zcard(keys.index("default", "batch")) == depth_before   # nothing enqueued, nothing held
-    assert r.zcard(keys.deferred("batch")) == 0
+    assert r.zcard(keys.deferred("default", "batch")) == 0
     force_level(r, gw.settings, 4)
     with pytest.raises(Deferred) as exc:
         gw.submit("pro1", HELLO, on_defer="refuse")

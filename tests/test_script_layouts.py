@@ -15,7 +15,7 @@ import pytest
 
 from gateway_tasks.lifecycle.cancel import CancelCall, TaskRef
 from gateway_tasks.dispatch.deadline import DeadlineCall
-from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsReleaseCall
+from gateway_tasks.lifecycle.depends import DependCall, DepsDoneCall, DepsJoinCall, DepsReleaseCall
 from gateway_tasks.lifecycle.inherit import BoostCall
 from gateway_tasks.dispatch.enqueue import EnqueueCall
 from gateway_tasks.dispatch.evict import EvictCall
@@ -95,17 +95,17 @@ def samples(settings) -> list:
         take, QuotaRefundCall(take, True),
         DependCall(k, "t1", ("d1", "d2"), "{}", 1000),
         DepsDoneCall(k, "t1", "ok", 1000), DepsDoneCall(k, "t1", "ok", 1000, check_cancelled=True),
-        DepsReleaseCall(k, "t1", "d1", "ok"),
+        DepsJoinCall(k, "d1", "t1", 1000), DepsReleaseCall(k, "t1", "d1", "ok"),
         BoostCall(k, pool.name, tier.name, tiers[-1], "e"),
         ResultStoreCall("result", "{}", 0),
-        CancelCall(k, "t1", TaskRef(pool.name, tier.name, "acme", "tag"), "e", 1000),
+        CancelCall(k, "t1", TaskRef(pool.name, tier.name, "acme", "tag"), "e"),
         WithdrawCall(k, pool.name, tier.name, 10),
         ReleaseCall(k, settings, pool.name, "tag"), ReleaseCall(k, settings, pool.name, "tag", wake="bell"),
         RenewCall(k, pool.name, (("a", "1"), ("b", "2")), 1000, 5000),
         plan, plan.batch(4, 2),
         OverloadCommitCall(k, 0, 100, 1, 0, "ok", {}, {}, 5, (None,) * MAX_LEVEL),
         DeferHoldCall(k, "t1", tier.name, "{}", 1000, "capacity_pressure", 3, 5000),
-        DeferReleaseCall(k, tier.name, ("t1", "t2")),
+        DeferReleaseCall(k, "t1"),
         CircuitCall(k, pool.name, "allow", settings.circuit),
         TakeCall(k, pool, 10),
         SettleCall(k, pool, tier.name, "acme", "m", 10, 12, 2, 0.5, False),
@@ -148,7 +148,7 @@ def test_a_call_that_does_not_fit_fails_by_name():
     with pytest.raises(LayoutError, match="past its layout"):
         lay.read(["bucket", "stats", "more"], [1, "x"])
     with pytest.raises(LayoutError, match="records per"):
-        layout("lifecycle/depend").args(task_id="t", send="{}", ttl_ms=1, D=3, dependency=[dict(id="a")])
+        layout("dispatch/evict").args(T=3, tier=[dict(name="a", lag_tokens=0)])
 
 
 def test_positions_are_numbers_computed_once_in_front_of_the_script():

@@ -220,6 +220,13 @@ class Keys:
         the journal that puts it back if the mover dies (gateway_tasks/upstream/rescue.py)."""
         return f"{self.pool_tag(pool)}moving"
 
+    def deferred(self, pool: str, tier: str) -> str:
+        """Sorted set: task id -> deferred_until_ms of a tier's tasks for this pool that the load
+        level deferred and holds (each one's ``held`` record says how to send it;
+        lua/overload/defer_hold.lua).  Under the pool's tag: a deferral takes the place of the
+        enqueue it puts off, on the same shard, so a storm deferred spreads as its pools do."""
+        return f"{self.pool_tag(pool)}deferred:{tier}"
+
     # -- overload: one load level for the deployment (one hash tag, one slot) --
     @property
     def overload_state(self) -> str:
@@ -278,11 +285,6 @@ class Keys:
         tag>|<index entry>' (lifecycle.cancel.TaskRef), written by lua/dispatch/enqueue.lua as it queues it;
         cancel and priority inheritance find the task by it."""
         return f"{self.pool_tag(pool)}ref:{task_id}"
-
-    def cancelled(self, task_id: str) -> str:
-        """String (TTL): a cancelled task's reason ('queued' | 'running'); the worker, the lease
-        sweep and a requeue check it, so a cancelled task never runs or comes back."""
-        return f"{self.prefix}cancelled:{task_id}"
 
     # -- one tenant's own records: one hash tag per tenant, so they stay in one slot
     def tenant_tag(self, tenant_id: str) -> str:
@@ -344,42 +346,54 @@ class Keys:
         under its tag: one script takes both."""
         return f"{self.tenant_tag(tenant_id)}quota:{hour}"
 
-    # -- dependencies (depends_on): one hash tag, so each script's keys share a slot
-    def held(self, task_id: str) -> str:
-        """Hash (TTL): a task held until its dependencies finish -- pending (how many are
-        still running), send (how to send it, JSON), failed (a dependency that did not succeed),
-        tier (the tier it waits at: its effective tier), deps (the ids it waits on, one a line)."""
-        return f"{self.prefix}{{deps}}:held:{task_id}"
+    # -- one task's lifecycle records (depends_on, inheritance, cancel): one hash tag per task,
+    # ``<prefix>{task:<id>}:``, so every script on one task's records stays in one slot and the
+    # tasks spread over every shard.  An operation across tasks (a dependent and its
+    # dependencies, a finishing task and its waiters, a chain of lenders) is a sequence of
+    # single-slot scripts: gateway_tasks/lifecycle/depends.py says how it stays exact.
+    def task_tag(self, task_id: str) -> str:
+        """The common start of a task's lifecycle keys, hash tag included: 'gt:{task:<id>}:'."""
+        return f"{self.prefix}{{task:{task_id}}}:"
 
-    def deferred(self, tier: str) -> str:
-        """Sorted set: task id -> deferred_until_ms of a tier's tasks the load level deferred and
-        holds (each one's ``held`` record says how to send it; lua/overload/defer_hold.lua)."""
-        return f"{self.prefix}{{deps}}:deferred:{tier}"
+    def held(self, task_id: str) -> str:
+        """Hash (TTL): a task held until its dependencies finish -- pending (how many are still
+        running, plus one while its submit registers it: the guard), send (how to send it,
+        JSON), failed (a dependency that did not succeed), tier (the tier it waits at: its
+        effective tier), deps (the ids it still waits on, one a line), c:<id> (that dependency
+        is counted down: a release is counted once) -- or held deferred by the load level
+        (lua/overload/defer_hold.lua)."""
+        return f"{self.task_tag(task_id)}held"
 
     def waiters(self, task_id: str) -> str:
         """Set (TTL): ids of the held tasks that depend on this task."""
-        return f"{self.prefix}{{deps}}:waiters:{task_id}"
+        return f"{self.task_tag(task_id)}waiters"
 
     def done(self, task_id: str) -> str:
         """String (short TTL): this task finished, 'ok' (succeeded) or 'failed' (any other end);
         bridges the moment until its result is stored (a later dependent reads the result)."""
-        return f"{self.prefix}{{deps}}:done:{task_id}"
+        return f"{self.task_tag(task_id)}done"
 
     def lift(self, task_id: str) -> str:
         """Hash (TTL): priority inheritance of one task -- origin task id -> the tier it lends:
         each live higher-tier task that waits on this one, directly or down a chain of held
         tasks, or that it was submitted on behalf of (gateway_tasks.lifecycle.inherit)."""
-        return f"{self.prefix}{{deps}}:lift:{task_id}"
+        return f"{self.task_tag(task_id)}lift"
 
     def lifted(self, task_id: str) -> str:
         """Set (TTL): the tasks this task lends its tier to (its ``lift`` entries, taken back
         when it ends)."""
-        return f"{self.prefix}{{deps}}:lifted:{task_id}"
+        return f"{self.task_tag(task_id)}lifted"
 
     def shared(self, task_id: str) -> str:
         """String (TTL): the tenant a task was submitted on behalf of (its ``on_behalf_of``
         task's owner), which may then name it in ``depends_on`` besides its own owner."""
-        return f"{self.prefix}{{deps}}:shared:{task_id}"
+        return f"{self.task_tag(task_id)}shared"
+
+    def cancelled(self, task_id: str) -> str:
+        """String (TTL): a cancelled task's reason ('queued' | 'running' | 'waiting' | 'deferred'
+        | 'gone'); the worker, the lease sweep and a requeue check it, so a cancelled task never
+        runs or comes back, and lua/lifecycle/deps_done.lua reads it beside the task's done mark."""
+        return f"{self.task_tag(task_id)}cancelled"
 
     def attempts(self, task_id: str) -> str:
         """Integer (TTL): upstream attempts of one task (retry budget)."""

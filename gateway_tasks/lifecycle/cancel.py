@@ -4,11 +4,11 @@ lua/dispatch/enqueue.lua records each gateway task's place as it queues it
 (``Keys.task_ref_in``, under the pool's tag: pool, tier, tenant, delivery tag, index
 entry; ``read_refs`` finds it by task id alone).  Cancelling finds the
 task's index entry in its tenant's range of the tier's index, then runs
-cancel.lua, which marks the task cancelled (``Keys.cancelled``) and -- if it is
-still queued -- removes its entry and message together, atomically: no
-dispatcher can take it afterwards.  A dispatched task is reported as running;
-the producer revokes it, the worker sees the mark and discards it, and the lease
-sweep drops it instead of putting it back (``gateway_tasks.dispatch.leases``).
+cancel.lua, which -- if it is still queued -- removes its entry and message together,
+atomically: no dispatcher can take it afterwards.  The producer then marks the task
+cancelled (``Keys.cancelled``, under the task's own tag).  A dispatched task is reported
+as running; the producer revokes it, the worker sees the mark and discards it, and the
+lease sweep drops it instead of putting it back (``gateway_tasks.dispatch.leases``).
 """
 
 from __future__ import annotations
@@ -94,20 +94,18 @@ class CancelCall:
     task_id: str
     ref: TaskRef
     entry: str          # '' when find_entry found none
-    mark_ttl_ms: int
     lag_tokens: int = 0  # the tier's scheduled lag (gateway_tasks.dispatch.lanes)
 
     @property
     def script_keys(self) -> list[str]:
         k, p, t = self.keys, self.ref.pool, self.ref.tier
         return layout(self.SCRIPT).keys(messages=k.messages(p), index=k.index(p, t), active=k.active(p, t),
-                                        parked=k.parked(p), dispatched=k.dispatched(p),
-                                        cancelled=k.cancelled(self.task_id))
+                                        parked=k.parked(p), dispatched=k.dispatched(p))
 
     @property
     def script_args(self) -> list[str | int]:
         return layout(self.SCRIPT).args(entry=self.entry, tag=self.ref.tag, tier=self.ref.tier, tenant=self.ref.tenant,
-                                        mark_ttl_ms=self.mark_ttl_ms, lag_tokens=self.lag_tokens)
+                                        lag_tokens=self.lag_tokens)
 
     def parse(self, reply: Any) -> str:
         return {1: QUEUED, 2: RUNNING}.get(int(reply), GONE)

@@ -1,13 +1,27 @@
 """Dependencies between tasks (``depends_on``), Redis side, and their release.
 
 A task submitted with ``depends_on=[ids]`` is held -- not queued, so it takes no
-queue space and no tokens -- until every task it names has finished
-(lua/lifecycle/depend.lua).  Whatever ends a task -- the worker (success, any failure), a
-cancel, an eviction -- calls ``finish``: lua/lifecycle/deps_done.lua marks it done and hands
-over its waiters once, lua/lifecycle/deps_release.lua counts each down, and the last
-dependency to finish sends the held task on its way (``send`` below: the Celery
+queue space and no tokens -- until every task it names has finished.  Whatever ends a
+task -- the worker (success, any failure), a cancel, an eviction -- calls ``finish``: the
+last dependency to finish sends the held task on its way (``send`` below: the Celery
 message it would have been at submit).  A dependency that did not succeed fails its
 dependents with ``DependencyFailed`` instead.
+
+Each task's records live under its own hash tag (``Keys.task_tag``), so on Redis Cluster
+the tasks spread over the shards and no script crosses a slot; what spans tasks is a
+sequence of single-slot scripts, exact under concurrency and crashes:
+
+* holding (``hold``, then ``unguard``): the held record first, pending = its dependencies
+  + 1, the guard (lua/lifecycle/depend.lua); then each dependency, in its own slot, either
+  takes the task among its waiters or, finished already, says how it ended
+  (lua/lifecycle/deps_join.lua) and the submit counts it down; the guard is counted down
+  last.  Nothing releases the task before the guard goes, and a submit cut short leaves a
+  record nobody releases: it expires;
+* finishing (``finish``): lua/lifecycle/deps_done.lua marks the task done -- in the slot
+  where deps_join.lua reads the mark, so each (dependency, dependent) pair is counted by
+  exactly one side -- and says who waits; each waiter is counted down in its own slot
+  (lua/lifecycle/deps_release.lua, once per pair however often it is asked: a retried or
+  doubled end counts nothing twice), and the waiters set is deleted last.
 
 While a held task of a higher tier waits on a lower tier's, the tasks down its chain are
 dispatched at the higher tier's priority, charged to their own tenant, and never evicted
@@ -39,13 +53,9 @@ DONE_MARK_TTL_S = 300
 
 
 @dataclass(frozen=True)
-class Held:
-    pending: int        # dependencies still running (0: send it now)
-    failed: str         # a finished dependency that did not succeed ('' if none)
-
-
-@dataclass(frozen=True)
 class DependCall:
+    """lua/lifecycle/depend.lua: the held record of a task waiting on ``depends_on``, guarded."""
+
     SCRIPT: ClassVar[str] = "lifecycle/depend"
 
     keys: Keys
@@ -57,23 +67,46 @@ class DependCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id), dependency=[
-            dict(done=self.keys.done(dep), waiters=self.keys.waiters(dep)) for dep in self.depends_on])
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id))
 
     @property
     def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(task_id=self.task_id, send=self.send_json, ttl_ms=self.ttl_ms,
-                                        tier=self.tier, dependency=[dict(id=dep) for dep in self.depends_on])
+        return layout(self.SCRIPT).args(send=self.send_json, ttl_ms=self.ttl_ms, tier=self.tier,
+                                        deps=self.depends_on)
 
-    def parse(self, reply: Any) -> Held:
-        return Held(int(reply[0]), text(reply[1]))
+    def parse(self, reply: Any) -> int:
+        return int(reply)
+
+
+@dataclass(frozen=True)
+class DepsJoinCall:
+    """lua/lifecycle/deps_join.lua: ``dependent`` waits on ``dependency`` -- or learns how it
+    ended ('' joined, else OK | FAILED)."""
+
+    SCRIPT: ClassVar[str] = "lifecycle/deps_join"
+
+    keys: Keys
+    dependency: str
+    dependent: str
+    ttl_ms: int
+
+    @property
+    def script_keys(self) -> list[str]:
+        return layout(self.SCRIPT).keys(done=self.keys.done(self.dependency),
+                                        waiters=self.keys.waiters(self.dependency))
+
+    @property
+    def script_args(self) -> list[str | int]:
+        return layout(self.SCRIPT).args(dependent=self.dependent, ttl_ms=self.ttl_ms)
+
+    def parse(self, reply: Any) -> str:
+        return text(reply)
 
 
 @dataclass(frozen=True)
 class Done:
-    """What deps_done.lua did: the outcome it marked, the tasks waiting on it (handed over,
-    unless the call only marked: ``done_call``), how many tasks it lends its tier to
-    (``gateway_tasks.lifecycle.inherit``: taken back at its end)."""
+    """What deps_done.lua did: the outcome it marked, the tasks waiting on it, how many tasks
+    it lends its tier to (``gateway_tasks.lifecycle.inherit``: taken back at its end)."""
 
     outcome: str
     waiting: tuple[str, ...]
@@ -88,18 +121,16 @@ class DepsDoneCall:
     outcome: str
     ttl_ms: int
     check_cancelled: bool = False   # a cancel mark on the task makes the outcome 'failed'
-    hand_over: bool = True          # False: only mark, and say who waits (the set stays)
 
     @property
     def script_keys(self) -> list[str]:
-        return layout(self.SCRIPT).keys(
-            done=self.keys.done(self.task_id), waiters=self.keys.waiters(self.task_id),
-            lifted=self.keys.lifted(self.task_id), lift=self.keys.lift(self.task_id), cancelled=self.keys.cancelled(self.task_id) if self.check_cancelled else None)
+        k, t = self.keys, self.task_id
+        return layout(self.SCRIPT).keys(done=k.done(t), waiters=k.waiters(t), lifted=k.lifted(t), lift=k.lift(t),
+                                        cancelled=k.cancelled(t) if self.check_cancelled else None)
 
     @property
     def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(outcome=self.outcome, ttl_ms=self.ttl_ms,
-                                        hand_over=1 if self.hand_over else 0)
+        return layout(self.SCRIPT).args(outcome=self.outcome, ttl_ms=self.ttl_ms)
 
     def parse(self, reply: Any) -> Done:
         return Done(text(reply[0]), tuple(text(x) for x in reply[1]), int(reply[2]))
@@ -107,10 +138,10 @@ class DepsDoneCall:
 
 def done_call(keys: Keys, task_id: str) -> DepsDoneCall:
     """deps_done.lua marking a task that succeeded -- failed, if it was cancelled -- in the
-    worker's settle round trip, without handing its waiters over: ``finish(..., done=its
-    reply)`` at the task's end needs no round trip when nobody waits and the end is the
-    outcome marked; a worker that dies in between leaves the waiters for the task's rerun."""
-    return DepsDoneCall(keys, task_id, OK, DONE_MARK_TTL_S * 1000, check_cancelled=True, hand_over=False)
+    worker's settle round trip, nobody counted down yet: ``finish(..., done=its reply)`` at the
+    task's end needs no round trip when nobody waits and the end is the outcome marked; a
+    worker that dies in between leaves the waiters for the task's rerun."""
+    return DepsDoneCall(keys, task_id, OK, DONE_MARK_TTL_S * 1000, check_cancelled=True)
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,9 @@ class Released:
 
 @dataclass(frozen=True)
 class DepsReleaseCall:
+    """lua/lifecycle/deps_release.lua: ``dependency`` (the dependent's own id: its guard) is
+    counted down on ``dependent``'s held record, once."""
+
     SCRIPT: ClassVar[str] = "lifecycle/deps_release"
 
     keys: Keys
@@ -140,6 +174,27 @@ class DepsReleaseCall:
         if int(reply[0]) == 0:
             return None
         return Released(json.loads(text(reply[1])), text(reply[2]))
+
+
+def hold(client: redis.Redis, keys: Keys, task_id: str, deps: Sequence[str], send_json: str, ttl_ms: int,
+         tier: str) -> tuple[str, ...]:
+    """Hold a task on ``deps``, its guard kept (``unguard`` takes it back): its held record, then
+    each dependency joined in its own slot -- one that has finished already is counted down
+    here, with its outcome.  Returns the ids it waits on (a dependency's end releases it)."""
+    scripts = scripts_for(client)
+    scripts.run(DependCall(keys, task_id, tuple(deps), send_json, ttl_ms, tier))
+    marks, _ = scripts.run_together([DepsJoinCall(keys, dep, task_id, ttl_ms) for dep in deps])
+    ended = [(dep, mark) for dep, mark in zip(deps, marks) if mark]
+    if ended:
+        scripts.run_together([DepsReleaseCall(keys, task_id, dep, mark) for dep, mark in ended])
+    return tuple(dep for dep, mark in zip(deps, marks) if not mark)
+
+
+def unguard(client: redis.Redis, keys: Keys, task_id: str) -> Released | None:
+    """The last step of ``hold``: its guard counted down.  The released task's instructions when
+    every dependency had finished meanwhile (the caller sends it, or fails it when one did not
+    succeed), else None: a dependency's end releases it."""
+    return scripts_for(client).run(DepsReleaseCall(keys, task_id, task_id, OK))
 
 
 def send_spec(task_id: str, queue: str, body: dict[str, Any], headers: dict[str, Any], argsrepr: str) -> str:
@@ -172,11 +227,13 @@ def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: st
         settings = settings_of(app)
         inherit.withdraw(client, keys, settings, [p.name for p in settings.pools], task_id)
     for dependent in marked.waiting:
-        got = scripts.run(DepsReleaseCall(keys, dependent, task_id, outcome))
+        got = scripts.run(DepsReleaseCall(keys, dependent, task_id, marked.outcome))
         if got is None:
             continue
         released += 1
         release(app, client, keys, ttl_s, got.send, got.failed)
+    if marked.waiting:      # each counted down: the set goes (a finish cut short leaves it)
+        client.delete(keys.waiters(task_id))
     return released
 
 

@@ -125,24 +125,29 @@ def lend(client: redis.Redis, keys: Keys, settings: Settings, pools: Sequence[st
     lower = [n for n in nodes if n.tier and settings.tier_rank(n.tier) > rank]
     if not lower:
         return ()
-    with client.pipeline(transaction=False) as pipe:
-        for n in lower:
-            pipe.hset(keys.lift(n.task_id), origin, tier)
-            pipe.expire(keys.lift(n.task_id), ttl_s)
-        pipe.sadd(keys.lifted(origin), *[n.task_id for n in lower])
-        pipe.expire(keys.lifted(origin), ttl_s)
-        pipe.execute()
+    _record_lent(client, keys, origin, tier, [n.task_id for n in lower], ttl_s)
     reboost(client, keys, settings, pools, [n.task_id for n in lower if not n.held])
     return tuple(n.task_id for n in lower)
 
 
 def lend_to(client: redis.Redis, keys: Keys, origin: str, tier: str, task_id: str, ttl_s: int) -> None:
     """``origin`` lends ``tier`` to one task (submitted on its behalf), before it is queued."""
+    _record_lent(client, keys, origin, tier, [task_id], ttl_s)
+
+
+def _record_lent(client: redis.Redis, keys: Keys, origin: str, tier: str, task_ids: Sequence[str],
+                 ttl_s: int) -> None:
+    """``origin`` lends ``tier`` to ``task_ids``: the origin's own record of it first (its slot),
+    then each task's entry (theirs), one round trip after the other -- a crash between leaves
+    the origin taking back what it never lent (nothing), never a lent tier nobody takes back."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.hset(keys.lift(task_id), origin, tier)
-        pipe.expire(keys.lift(task_id), ttl_s)
-        pipe.sadd(keys.lifted(origin), task_id)
+        pipe.sadd(keys.lifted(origin), *task_ids)
         pipe.expire(keys.lifted(origin), ttl_s)
+        pipe.execute()
+    with client.pipeline(transaction=False) as pipe:
+        for task_id in task_ids:
+            pipe.hset(keys.lift(task_id), origin, tier)
+            pipe.expire(keys.lift(task_id), ttl_s)
         pipe.execute()
 
 
@@ -200,9 +205,9 @@ def take_back(client: redis.Redis, keys: Keys, settings: Settings, pools: Sequen
     """What ``origin`` lent to ``task_ids`` is taken back; they are boosted at what is left."""
     if not task_ids:
         return
-    with client.pipeline(transaction=False) as pipe:
+    with client.pipeline(transaction=False) as pipe:     # lending's steps in reverse
         for task_id in task_ids:
             pipe.hdel(keys.lift(task_id), origin)
-        pipe.srem(keys.lifted(origin), *task_ids)
         pipe.execute()
+    client.srem(keys.lifted(origin), *task_ids)
     reboost(client, keys, settings, pools, task_ids)

@@ -145,7 +145,8 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         for read in demand_reads:
             pipe.hmget(read.key, read.fields)
         for tier in settings.tiers:
-            pipe.zcard(keys.deferred(tier.name))
+            for pool in pools:
+                pipe.zcard(keys.deferred(pool, tier.name))
         replies = pipe.execute()
     sec, usec = replies[0]
     snap = Snapshot(now_ms=int(sec) * 1000 + int(usec) // 1000)
@@ -176,10 +177,12 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
             snap.forecast = None
     level, changes = replies[i + 3]
     snap.overload = {"level": (level or b"0").decode(), "changes": (changes or b"0").decode()}
-    held_at = len(replies) - len(settings.tiers)     # the deferred sets' sizes come last
+    held_at = len(replies) - len(settings.tiers) * len(pools)    # the deferred sets' sizes come last
     snap.demand = forecasts(cells, minutes, parse_reads(demand_reads, replies[i + 4:held_at]), snap.forecast,
                             snap.now_ms)
-    snap.deferred_held = {t.name: int(n) for t, n in zip(settings.tiers, replies[held_at:])}
+    sizes = replies[held_at:]
+    snap.deferred_held = {t.name: sum(int(n) for n in sizes[k * len(pools):(k + 1) * len(pools)])
+                          for k, t in enumerate(settings.tiers)}
     snap.inflight_by_tier = _inflight_by_tier(client, keys, settings, inflight)
     return snap
 

@@ -2,9 +2,12 @@
 
 At submit, a request whose action is ``defer`` (gateway_tasks/overload/actions.py) is held
 unless its caller asked for a refusal: its held record (``Keys.held``, the record a task
-waiting on its depends_on has: how to send it) gets when and why, and its id joins its
-tier's deferred set (``Keys.deferred``) scored by ``deferred_until_ms``
-(lua/overload/defer_hold.lua).  Nothing is queued, so it takes no queue space.
+waiting on its depends_on has: how to send it) gets when and why (lua/overload/defer_hold.lua,
+in the task's slot), then its id joins its pool's deferred set of its tier (``Keys.deferred``,
+in the pool's slot) scored by ``deferred_until_ms``.  Nothing is queued, so it takes no queue
+space; the deferral takes the place of the enqueue on the pool's shard.  The record is
+written first and is what a release claims: an id in the set whose record is gone
+(cancelled, expired) is only taken out of the set.
 
 Every worker's controller thread releases held work each tick (``release_deferred``):
 
@@ -18,8 +21,9 @@ Every worker's controller thread releases held work each tick (``release_deferre
   the worker whose decision won the tick releases early, so the room is given out once;
 
 at most ``Overload.deferred_release_per_tick`` tasks a tick, tiers inside their off-peak
-window first.  lua/overload/defer_release.lua takes each exactly once (however many workers
-tick); the task is then sent on its tier's queue as the submit would have sent it.  It joins
+window first, oldest deferral first over the tier's pools.  lua/overload/defer_release.lua
+claims each exactly once in its own slot (however many workers tick); the task is then sent
+on its tier's queue as the submit would have sent it, and its id taken out of the set.  It joins
 its tier as a new arrival: its index entry is stamped at release, so its tenant's start tag
 is the tier's virtual time then -- the time spent held earns it no credit over work that
 was queued meanwhile and costs it none, and the queue-wait signals do not count the
@@ -137,12 +141,12 @@ class DeferHoldCall:
 
     @property
     def script_keys(self) -> list[str]:
-        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id), deferred=self.keys.deferred(self.tier))
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id))
 
     @property
     def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(task_id=self.task_id, send=self.send_json, until_ms=self.until_ms,
-                                        tier=self.tier, reason=self.reason, level=self.level, ttl_ms=self.ttl_ms)
+        return layout(self.SCRIPT).args(send=self.send_json, until_ms=self.until_ms, tier=self.tier,
+                                        reason=self.reason, level=self.level, ttl_ms=self.ttl_ms)
 
     def parse(self, reply: Any) -> int:
         return int(reply)
@@ -150,37 +154,40 @@ class DeferHoldCall:
 
 @dataclass(frozen=True)
 class DeferReleaseCall:
+    """lua/overload/defer_release.lua: one held deferred task claimed for its release (its send
+    record, None when it is not held deferred any more)."""
+
     SCRIPT: ClassVar[str] = "overload/defer_release"
 
     keys: Keys
-    tier: str
-    candidates: tuple[str, ...]
+    task_id: str
 
     @property
     def script_keys(self) -> list[str]:
-        return layout(self.SCRIPT).keys(deferred=self.keys.deferred(self.tier),
-                                        candidate=[dict(held=self.keys.held(c)) for c in self.candidates])
+        return layout(self.SCRIPT).keys(held=self.keys.held(self.task_id))
 
     @property
     def script_args(self) -> list[str | int]:
-        return layout(self.SCRIPT).args(candidate=[dict(id=c) for c in self.candidates])
+        return layout(self.SCRIPT).args()
 
-    def parse(self, reply: Any) -> list[dict[str, Any]]:
-        out = []
-        for i in range(0, len(reply), 2):
-            try:
-                out.append(json.loads(text(reply[i + 1])))
-            except ValueError:
-                logger.error("held deferred task %s has an unreadable send record; dropped", text(reply[i]))
-        return out
+    def parse(self, reply: Any) -> dict[str, Any] | None:
+        if not reply:
+            return None
+        try:
+            return json.loads(text(reply))
+        except ValueError:
+            logger.error("held deferred task %s has an unreadable send record; dropped", self.task_id)
+            return None
 
 
-def hold(client: redis.Redis, keys: Keys, task_id: str, tier: str, send_json: str, action: Action,
+def hold(client: redis.Redis, keys: Keys, task_id: str, tier: str, pool: str, send_json: str, action: Action,
          until_ms: int, now_ms: int, result_ttl_s: int) -> None:
-    """Hold a deferred task until ``until_ms`` (lua/overload/defer_hold.lua)."""
+    """Hold a deferred task until ``until_ms``: its record (lua/overload/defer_hold.lua), then its
+    place in its pool's deferred set of ``tier``."""
     ttl_ms = max(0, until_ms - now_ms) + result_ttl_s * 1000
     scripts_for(client).run(DeferHoldCall(keys, task_id, tier, send_json, until_ms, action.reason,
                                           action.level, ttl_ms))
+    client.zadd(keys.deferred(pool, tier), {task_id: until_ms})
 
 
 def tier_defers(settings: Settings, tier: Tier, level: int) -> bool:
@@ -245,32 +252,43 @@ def release_deferred(client: redis.Redis, app: Celery, settings: Settings, level
     what is due."""
     keys, o = Keys(settings.key_prefix), settings.overload
     budget = o.deferred_release_per_tick
+    pools = [p.name for p in settings.pools]
     order = sorted(settings.tiers, key=lambda t: not in_window(now_ms, t.off_peak, o.off_peak_timezone))
     room = None if room is None else dict(room)
     opened = {t.name for t in order if early and not tier_defers(settings, t, level)}
-    with client.pipeline(transaction=False) as pipe:    # one round trip: each tier's due, and held
+    with client.pipeline(transaction=False) as pipe:    # one round trip: each set's due, and held
         for tier in order:
-            pipe.zrangebyscore(keys.deferred(tier.name), "-inf", now_ms, start=0, num=budget)
-            if tier.name in opened:
-                pipe.zrange(keys.deferred(tier.name), 0, budget - 1)
+            for pool in pools:
+                pipe.zrangebyscore(keys.deferred(pool, tier.name), "-inf", now_ms, start=0, num=budget,
+                                   withscores=True)
+                if tier.name in opened:
+                    pipe.zrange(keys.deferred(pool, tier.name), 0, budget - 1, withscores=True)
         replies = iter(pipe.execute())
-    found = {t.name: ([text(i) for i in next(replies)],
-                      [text(i) for i in next(replies)] if t.name in opened else []) for t in order}
+    found: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {}
+    for t in order:       # a tier's pools merged, oldest deferral first
+        due: list[tuple[float, str, str]] = []
+        held: list[tuple[float, str, str]] = []
+        for pool in pools:
+            due += [(score, text(i), pool) for i, score in next(replies)]
+            if t.name in opened:
+                held += [(score, text(i), pool) for i, score in next(replies)]
+        found[t.name] = ([(i, p) for _, i, p in sorted(due)], [(i, p) for _, i, p in sorted(held)])
     released: dict[str, int] = {}
     failed = 0
     for tier in order:
         if budget <= 0:
             break
-        ids, held = found[tier.name]
+        ids, held_ids = found[tier.name]
         ids = ids[:budget]
-        if held and len(ids) < budget:
-            due = set(ids)
-            more = [x for x in held if x not in due]
+        if held_ids and len(ids) < budget:
+            due_ids = {i for i, _ in ids}
+            more = [x for x in held_ids if x[0] not in due_ids]
             if room is not None and more:
-                sized = _sizes(client, keys, more)
-                more = within_room(sized, room)
+                sized = [(i, pool, est) for (i, pool), (_, _, est) in zip(more, _sizes(client, keys, [i for i, _ in more]))]
+                early_ids = set(within_room(sized, room))
+                more = [x for x in more if x[0] in early_ids]
                 for task_id, pool, est in sized:
-                    if task_id in more:
+                    if task_id in early_ids:
                         room[pool] = room.get(pool, 0.0) - est
             ids += more[:budget - len(ids)]
         if not ids:
@@ -288,16 +306,24 @@ def release_now(client: redis.Redis, app: Celery, settings: Settings, held: Sequ
     other is left alone) -- a task a higher tier has come to wait on is judged at that tier.
     Returns the ids sent."""
     keys, by_tier = Keys(settings.key_prefix), {}
+    pools = {task_id: pool for task_id, pool, _ in _sizes(client, keys, [t for t, _ in held])}
     for task_id, tier in held:
-        by_tier.setdefault(tier, []).append(task_id)
+        if pools.get(task_id):
+            by_tier.setdefault(tier, []).append((task_id, pools[task_id]))
     return [t for tier, ids in by_tier.items() for t in _release(client, app, keys, tier, ids)[0]]
 
 
-def _release(client: redis.Redis, app: Celery, keys: Keys, tier: str, ids: Sequence[str]) -> tuple[list[str], int]:
-    """Take ``ids`` out of the tier's deferred set (lua/overload/defer_release.lua) and send
-    them: (the ids sent, how many the queue refused)."""
+def _release(client: redis.Redis, app: Celery, keys: Keys, tier: str,
+             ids: Sequence[tuple[str, str]]) -> tuple[list[str], int]:
+    """Claim ``ids`` ((task id, pool) of the tier's deferred sets; lua/overload/defer_release.lua,
+    each in its task's slot), send them, then take them out of their sets: (the ids sent, how
+    many the queue refused).  An id whose record is gone (cancelled, claimed by another
+    worker) only leaves its set."""
     sent, failed = [], 0
-    for spec in scripts_for(client).run(DeferReleaseCall(keys, tier, tuple(ids))):
+    specs, _ = scripts_for(client).run_together([DeferReleaseCall(keys, task_id) for task_id, _ in ids])
+    for spec in specs:
+        if spec is None:
+            continue
         if _send(app, spec):
             sent.append(spec["task_id"])
             place = split_queue_name(spec.get("queue", ""))
@@ -305,6 +331,13 @@ def _release(client: redis.Redis, app: Celery, keys: Keys, tier: str, ids: Seque
                 client.hincrby(keys.stats(place[1]), tier_field(DEFERRED_RELEASED, place[0]), 1)
         else:
             failed += 1
+    by_pool: dict[str, list[str]] = {}
+    for task_id, pool in ids:
+        by_pool.setdefault(pool, []).append(task_id)
+    with client.pipeline(transaction=False) as pipe:
+        for pool, members in by_pool.items():
+            pipe.zrem(keys.deferred(pool, tier), *members)
+        pipe.execute()
     return sent, failed
 
 
@@ -322,9 +355,11 @@ def _send(app: Celery, spec: dict[str, Any]) -> bool:
         return False
 
 
-def held_counts(client: redis.Redis, keys: Keys, tiers: Sequence[Tier]) -> dict[str, int]:
-    """Per tier, the deferred tasks held now."""
+def held_counts(client: redis.Redis, keys: Keys, tiers: Sequence[Tier], pools: Sequence[str]) -> dict[str, int]:
+    """Per tier, the deferred tasks held now (over its pools' sets)."""
     with client.pipeline(transaction=False) as pipe:
         for t in tiers:
-            pipe.zcard(keys.deferred(t.name))
-        return {t.name: int(n) for t, n in zip(tiers, pipe.execute())}
+            for pool in pools:
+                pipe.zcard(keys.deferred(pool, t.name))
+        sizes = [int(n) for n in pipe.execute()]
+    return {t.name: sum(sizes[k * len(pools):(k + 1) * len(pools)]) for k, t in enumerate(tiers)}

@@ -74,7 +74,7 @@ def deployment_status(client: redis.Redis, settings: Settings, history: int = 20
         "changes": state.changes,
         "signals": state.signals,
         "degradation": settings.overload.degradation,
-        "tiers": tier_actions(settings, state.level, held_counts(client, keys, settings.tiers)),
+        "tiers": tier_actions(settings, state.level, held_counts(client, keys, settings.tiers, [p.name for p in settings.pools])),
         "pools": pools,
         "history": read_history(client, keys, history),
         "held": {t: h for t, h in read_held(client, keys).items() if tenant_id is None or t == tenant_id},

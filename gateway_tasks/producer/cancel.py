@@ -72,14 +72,15 @@ def cancel_task(gw: "Gateway", task_id: str, tenant_id: str | None = None, why: 
         lag = next((t.scheduled_lag_tokens for t in gw.settings.tiers if t.name == ref.tier), 0)
         for _ in range(CANCEL_TRIES):
             entry = find_entry(gw.r, gw.keys, ref)
-            was = scripts_for(gw.r).run(CancelCall(gw.keys, task_id, ref, entry, gw.settings.result_ttl_s * 1000, lag))
+            was = scripts_for(gw.r).run(CancelCall(gw.keys, task_id, ref, entry, lag))
             if was != GONE or _status(gw, task_id) in states.READY_STATES:
                 break
     if was == GONE:
         status = _status(gw, task_id)
         if status in states.READY_STATES:
             return Cancelled(task_id, FINISHED, status)
-        gw.r.set(gw.keys.cancelled(task_id), GONE, ex=gw.settings.result_ttl_s)
+    # the mark, in the task's own slot, once cancel.lua (its pool's slot) has done its part
+    gw.r.set(gw.keys.cancelled(task_id), was, ex=gw.settings.result_ttl_s)
     if was in (QUEUED, RUNNING):
         gw.r.hincrby(gw.keys.stats(ref.pool), tier_field(CANCELLED, ref.tier), 1)
     if was == QUEUED and entry:
@@ -94,19 +95,19 @@ def _drop_held(gw: "Gateway", task_id: str) -> str:
     """Drop a held task, its TPM tokens given back: WAITING (it was held on its depends_on),
     DEFERRED (held by the load level), '' (it was not held)."""
     key = gw.keys.held(task_id)
-    with gw.r.pipeline() as pipe:
+    with gw.r.pipeline(transaction=True) as pipe:     # one key: its task's slot
         pipe.hmget(key, "send", "tier", "deferred_until_ms")
         pipe.delete(key)
         (spec, tier, until), dropped = pipe.execute()
     if not dropped:
         return ""
-    deferred_tier = tier if until is not None else None     # a deferral's record says until when
-    if deferred_tier:
-        gw.r.zrem(gw.keys.deferred(deferred_tier.decode()), task_id)
     try:
         body = json.loads(spec)["body"] if spec else {}
     except (ValueError, KeyError, TypeError):
         body = {}
+    deferred_tier = tier if until is not None else None     # a deferral's record says until when
+    if deferred_tier and isinstance(body.get("pool"), str):  # its place in the pool's deferred set
+        gw.r.zrem(gw.keys.deferred(body["pool"], deferred_tier.decode()), task_id)
     tenant, est, tpm = body.get("tenant_id"), body.get("est_tokens"), body.get("tenant_tpm")
     if isinstance(tenant, str) and isinstance(est, int) and isinstance(tpm, int) and tpm > 0 and est > 0:
         scripts_for(gw.r).run(tpm_settle(gw.keys, tenant, est, tpm))

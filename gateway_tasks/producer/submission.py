@@ -366,7 +366,9 @@ class Submission:
         self._undos.append(lambda: (self.r.delete(lift, shared), self.r.srem(lifted, task_id)))
 
     def _hold(self) -> bool:
-        """Hold the task on its dependencies; False when none is running any more (send it now)."""
+        """Hold the task on its dependencies; False when none is running any more (send it now).
+        Guarded (``gateway_tasks.lifecycle.depends.hold``): no dependency's end releases it
+        before its chain is lent its tier and checked for a cycle (``_inherit``)."""
         req, deps = self.req, self.deps
         finished = depends.finished_outcomes(self.gw.app, self.r, deps)
         failed = next((d for d, outcome in finished.items() if outcome != depends.OK), "")
@@ -377,15 +379,17 @@ class Submission:
             return False
         spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
                                  req.argsrepr())
-        held = scripts_for(self.r).run(depends.DependCall(self.keys, self.task_id, running, spec,
-                                                          self.settings.result_ttl_s * 1000, req.tier))
-        if held.pending == 0 and held.failed:
-            raise _dependency_failed(held.failed)
-        if held.pending == 0:
-            return False
         self._undos.append(lambda: self._unhold(running))
-        self._inherit(running)
-        return True
+        waiting = depends.hold(self.r, self.keys, self.task_id, running, spec,
+                               self.settings.result_ttl_s * 1000, req.tier)
+        if waiting:
+            self._inherit(waiting)
+        released = depends.unguard(self.r, self.keys, self.task_id)
+        if released is None:
+            return True
+        if released.failed:
+            raise _dependency_failed(released.failed)
+        return False
 
     def _unhold(self, deps: tuple[str, ...]) -> None:
         with self.r.pipeline(transaction=False) as pipe:
@@ -403,7 +407,8 @@ class Submission:
         until = deferral.deferred_until_ms(now_ms, action.retry_after_s, tier.off_peak, o.off_peak_timezone)
         spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
                                  req.argsrepr())
-        deferral.hold(self.r, self.keys, self.task_id, tier.name, spec, action, until, now_ms,
+        self._undos.append(lambda: self.r.delete(self.keys.held(self.task_id)))
+        deferral.hold(self.r, self.keys, self.task_id, tier.name, req.pool, spec, action, until, now_ms,
                       self.settings.result_ttl_s)
         self._count(DEFERRED, action.reason, "held")
         self.deferral = deferral.Deferral.of(action, until, self.level_reason)

@@ -1,16 +1,16 @@
 -- uses: core/prelude
--- lifecycle/cancel.lua: cancel one task.  Marks it cancelled (the worker, a requeue and the lease
--- sweep check the mark, so it never runs or comes back); if it is still queued, removes
--- its index entry and its message together, so no dispatcher can take it; if it is
--- dispatched, says so (the caller revokes it).
+-- lifecycle/cancel.lua: cancel one task in its pool.  If it is still queued, removes its index
+-- entry and its message together, so no dispatcher can take it; if it is dispatched, says so
+-- (the caller revokes it).  The caller then marks it cancelled (``Keys.cancelled``, under the
+-- task's own tag, outside this pool's slot): the worker, a requeue and the lease sweep check
+-- the mark, so a task found running never comes back; a queued one is gone already.
 --
 -- KEYS[1] messages: hash (tag -> message)    KEYS[2] index: the tier's (sorted set)
 -- KEYS[3] active: the tier's active tenants (zset)  KEYS[4] parked: tenants (tenant -> tier)
--- KEYS[5] dispatched: hash (tag -> record)   KEYS[6] cancelled: the task's mark (string)
+-- KEYS[5] dispatched: hash (tag -> record)
 -- ARGV[1] entry: the task's index entry as found by the caller ('' when it found none)
 -- ARGV[2] tag: its delivery tag   ARGV[3] tier   ARGV[4] tenant
--- ARGV[5] mark_ttl_ms: the mark's value is what the task was: 'queued' | 'running'
--- ARGV[6] lag_tokens: the tier's scheduled lag (gateway_tasks/dispatch/lanes.py; '' or 0 = no lanes)
+-- ARGV[5] lag_tokens: the tier's scheduled lag (gateway_tasks/dispatch/lanes.py; '' or 0 = no lanes)
 --
 -- Returns 1 removed while queued, 2 dispatched (running: revoke it), 0 neither (finished,
 -- or never enqueued).
@@ -34,8 +34,5 @@ if ARGV[A_entry] ~= '' and redis.call('ZREM', KEYS[K_index], ARGV[A_entry]) == 1
   outcome = 1
 elseif redis.call('HEXISTS', KEYS[K_dispatched], tag) == 1 then
   outcome = 2
-end
-if outcome ~= 0 then
-  redis.call('SET', KEYS[K_cancelled], outcome == 1 and 'queued' or 'running', 'PX', ARGV[A_mark_ttl_ms])
 end
 return outcome

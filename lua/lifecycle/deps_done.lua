@@ -1,6 +1,8 @@
 -- lifecycle/deps_done.lua: a task has finished (succeeded, failed, was cancelled or evicted): mark it
--- done and hand over the tasks waiting on it, once (the waiters set goes with this call).
--- Once the mark is set no task joins the waiters (lua/lifecycle/depend.lua reads the mark first).
+-- done and say which tasks wait on it.  Once the mark is set no task joins the waiters
+-- (lua/lifecycle/deps_join.lua reads the mark first, in this slot): the set is final.  The
+-- caller counts each waiter down (lua/lifecycle/deps_release.lua, once per pair whatever
+-- happens) and deletes the set after: a finish cut short leaves it to a retried one.
 --
 -- KEYS[1] done: the task's done mark (string)   KEYS[2] waiters: its waiters (set of task ids)
 -- KEYS[3] lifted: the tasks it lends its tier to (set; gateway_tasks/lifecycle/inherit.py takes
@@ -9,8 +11,6 @@
 -- KEYS[5] cancelled?: the task's cancel mark: when set, the outcome is 'failed' whatever
 --         outcome says (a task cancelled while its upstream call ran keeps no result)
 -- ARGV[1] outcome: 'ok' (succeeded) | 'failed'   ARGV[2] ttl_ms: the mark's TTL
--- ARGV[3] hand_over: '1': hand the waiters over (the set goes) | '0': only say who waits (the
---         worker's settle round trip: a worker that dies before its task's end leaves them in place)
 --
 -- Returns {outcome marked, {ids of the tasks waiting on it}, how many tasks it lends its tier to}.
 
@@ -18,6 +18,4 @@ local outcome = ARGV[A_outcome]
 if KEYS[K_cancelled] and redis.call('EXISTS', KEYS[K_cancelled]) == 1 then outcome = 'failed' end
 redis.call('SET', KEYS[K_done], outcome, 'PX', ARGV[A_ttl_ms])
 redis.call('DEL', KEYS[K_lift])
-local waiting = redis.call('SMEMBERS', KEYS[K_waiters])
-if ARGV[A_hand_over] == '1' then redis.call('DEL', KEYS[K_waiters]) end
-return {outcome, waiting, redis.call('SCARD', KEYS[K_lifted])}
+return {outcome, redis.call('SMEMBERS', KEYS[K_waiters]), redis.call('SCARD', KEYS[K_lifted])}

@@ -7,5 +7,5 @@
 * ``beat.engine.CronEngine``: the same loop without Celery (tests, ``gateway-dev cron-bench``);
 * ``beat.jitter`` / ``beat.schedule``: pure jitter and cron-time maths;
 * ``beat.store``: the Redis layout; ``beat.lock``: the leader lock (and its script calls);
-* ``beat.cron_calls``: typed calls of cron_fire.lua, cron_resync.lua, cron_record.lua;
+* ``beat.cron_calls``: typed calls of cron_fire.lua, cron_admitted.lua, cron_resync.lua, cron_record.lua;
 """

@@ -8,8 +8,10 @@ One ``tick``:
    chunks at a time, ordered by tier so VIP runs go first), in chunks,
    plan each entry in Python (cron maths, misfire grace, jitter for the next
    run), then settle each through ``cron_fire.lua`` in one pipeline: that
-   script atomically checks the idempotency key (SET NX PX), checks and counts
-   the tenant's hourly quota and moves the entry to its next fire time;
+   script atomically checks the idempotency key (SET NX PX) and moves the
+   entry to its next fire time, in the beat's slot; each run it claimed then
+   takes its tenant's hourly quota (``quota_take.lua``, in the tenant's slot)
+   and is counted fired or skipped for the quota (``cron_admitted.lua``);
 4. call the fire function for the runs the script admitted -- VIP first, one
    at a time or up to ``fire_concurrency`` at once on a thread pool -- and
    record their task ids (or errors) on the entries;
@@ -47,10 +49,10 @@ from gateway_tasks.core.errors import ConfigError, Deferred
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import scripts_for
 from gateway_tasks.core.settings import Settings
-from gateway_tasks.core.stats import (CRON_DEFERRED, CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE,
+from gateway_tasks.core.stats import (CRON_DEFERRED, CRON_FIRE_ERROR, CRON_FIRED, CRON_MISFIRE, CRON_QUOTA,
                                       CRON_RETRIED, CRON_SUPERSEDED, CRON_UNKNOWN_TENANT, CRON_UNKNOWN_TIER)
 
-from beat.cron_calls import CronFireCall, CronRecordCall, CronResyncCall
+from beat.cron_calls import CLAIMED, CronAdmittedCall, CronFireCall, CronOutcome, CronRecordCall, CronResyncCall
 from beat.entry import CronEntry
 from beat.fire import FireFn, gateway_fire, task_id_of
 from beat.jitter import jitter_offset_s
@@ -64,7 +66,6 @@ DEFAULT_TICK_INTERVAL_S = 1.0
 DEFAULT_BATCH_SIZE = 500
 PRIORITY_CHUNKS = 8           # due entries ordered by tier are read this many chunks at a time
 DEFAULT_FIRE_CONCURRENCY = 1   # fire calls in flight at once (gateway_beat_fire_concurrency)
-QUOTA_TTL_S = 2 * 3600
 QUARANTINE_S = 60          # an entry that cannot be planned is retried this much later
 PLAN_ERROR = "error"       # the status of an entry that cannot be planned
 
@@ -104,7 +105,7 @@ class Planned:
 
 @dataclass(frozen=True)
 class Run:
-    """One run to fire: a due entry cron_fire.lua admitted, or a deferred run tried again."""
+    """One run to fire: a due entry cron_fire.lua claimed within its quota, or a deferred run tried again."""
 
     entry_id: str
     entry: CronEntry         # with the run's tier and jitter window
@@ -177,7 +178,6 @@ class CronEngine:
                  misfire_grace_s: int = MISFIRE_GRACE_S,
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  idempotency_ttl_s: int | None = None,
-                 quota_ttl_s: int = QUOTA_TTL_S,
                  token: str | None = None,
                  fire_concurrency: int = DEFAULT_FIRE_CONCURRENCY):
         if tick_interval_s <= 0:
@@ -208,7 +208,6 @@ class CronEngine:
         self.misfire_grace_s = int(misfire_grace_s)
         self.batch_size = int(batch_size)
         self.idempotency_ttl_ms = int(idempotency_ttl_s * 1000)
-        self.quota_ttl_ms = int(quota_ttl_s * 1000)
         self.lock = BeatLock(client, self.keys.beat_lock, ttl_ms=lock_ttl_ms(self.tick_interval_s),
                              token=token)
         self.scripts = scripts_for(client)
@@ -334,18 +333,36 @@ class CronEngine:
         for row in rows:      # a generation that ended: its crons go (skipped above, not fired)
             if row.tenant_gen and f"{row.tenant_id}/{row.tenant_gen}" in current_tier:
                 self.store.delete(row.tenant_id, row.task_id)  # type: ignore[arg-type]
-        runs: list[Run] = []
+        claimed: list[tuple[Planned, CronFireCall, CronOutcome]] = []
         for step, position in zip(planned, positions):
             outcome = step.call.parse(results[position])
-            report.statuses[outcome.status] += 1
-            if outcome.status == CRON_FIRED and isinstance(step.call, CronFireCall):
-                call = step.call
+            if outcome.status == CLAIMED and isinstance(step.call, CronFireCall):
+                claimed.append((step, step.call, outcome))
+            else:
+                report.statuses[outcome.status] += 1
+        runs: list[Run] = []
+        for (step, call, outcome), status in zip(claimed, self._take_quotas([c for _, c, _ in claimed], now_ms)):
+            report.statuses[status] += 1
+            if status == CRON_FIRED:
                 entry = self._entry(step.row, step.due.fire_ms, outcome.payload_json)
                 entry.tier = call.tier
                 entry.window_s = self._window_s(call.tier)
                 runs.append(Run(step.due.entry_id, entry, call.nominal_ms, step.due.fire_ms,
                                 call.next_fire_ms))
         self._fire_and_record(runs, report, start, keep_leading)
+
+    def _take_quotas(self, claimed: list[CronFireCall], now_ms: int) -> list[str]:
+        """The claimed runs' tasks of the hour, each taken in its tenant's slot (one round trip),
+        then each run counted in the beat's (one more): CRON_FIRED (to fire) or CRON_QUOTA (the
+        tenant's hourly quota is spent: skipped), per run.  A crash between the claim and the
+        fire loses the run, never repeats it (its idempotency key is set)."""
+        if not claimed:
+            return []
+        taken, _ = self.scripts.run_together([call.quota() for call in claimed])
+        statuses = [CRON_FIRED if t.ok else CRON_QUOTA for t in taken]
+        self.scripts.run_together([CronAdmittedCall(self.keys, call.entry_id, status, call.nominal_ms, now_ms)
+                                   for call, status in zip(claimed, statuses)])
+        return statuses
 
     def _fire_and_record(self, runs: list[Run], report: TickReport, start: float,
                          keep_leading: Callable[[], bool] | None) -> None:
@@ -568,7 +585,7 @@ class CronEngine:
             next_nominal_ms=plan.next_nominal_ms,
             next_fire_ms=actual_ms(plan.next_nominal_ms, next_offset), action=action,
             max_per_hour=max_per_hour, now_ms=now_ms, idempotency_ttl_ms=self.idempotency_ttl_ms,
-            quota_ttl_ms=self.quota_ttl_ms, tier=tier_name, next_jitter_offset_s=next_offset))
+            tier=tier_name, next_jitter_offset_s=next_offset))
 
     def _window_s(self, tier_name: str) -> int:
         try:

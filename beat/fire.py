@@ -62,7 +62,7 @@ def gateway_fire(settings: Settings, app: Any = None, client: Any = None) -> Fir
         return gateway.submit(entry.tenant_id, payload["messages"], model=payload.get("model"),
                               max_tokens=payload.get("max_tokens"), source="cron",
                               idempotency_key=run_key(entry.entry_id, nominal_ms, entry.run_secret),
-                              count_quota=False,   # cron_fire.lua counted it in the same counter
+                              count_quota=False,   # beat counted it in the same counter
                               on_defer="refuse",   # beat retries a deferred run itself (beat.engine)
                               cron_run=(entry.entry_id, nominal_ms))
 

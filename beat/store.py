@@ -111,7 +111,7 @@ class CronStore:
         earlier = self.r.hget(key, "tenant_gen")
         if earlier and tenant.gen and earlier.decode() != tenant.gen:
             self.delete(tenant_id, task_id)   # an earlier generation's cron of this id: its history too
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key, own)
@@ -206,7 +206,7 @@ class CronStore:
         validate_ids(tenant_id, task_id)
         eid = entry_id(tenant_id, task_id)
         pending = [m for m, _ in self.r.zscan_iter(self.keys.cron_retry, match=f"{eid}|*", count=1000)]
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.cron(eid), self.keys.cron_payload(eid))
             pipe.zrem(self.keys.cron_due, eid)
             pipe.srem(self.keys.cron_tenant(tenant_id), eid)
@@ -219,7 +219,7 @@ class CronStore:
         """An entry's run secret, stored now if it has none (an entry registered before
         entries had one).  A deleted entry gets a random one, stored nowhere."""
         key = self.keys.cron(eid)
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key)

@@ -88,7 +88,7 @@ def test_a_refused_enqueue_gives_its_quota_back(gw):
 
 
 def test_cron_fires_and_api_submits_share_one_counter(gw):
-    """beat counts a fire in cron_fire.lua; the submit it makes does not count it again,
+    """beat counts a fire when it claims the run; the submit it makes does not count it again,
     and API submits count in the same counter, so the tier's limit holds for both."""
     keys = Keys(gw.settings.key_prefix)
     gw.r.set(keys.quota("free1", hour_of(redis_now_ms(gw.r))), 9)    # 9 cron fires this hour

@@ -25,7 +25,7 @@ from gateway_tasks.core.result_backend import ResultStoreCall
 from gateway_tasks.core.scripts import (GROUP, Layout, LayoutError, available, body, includes, layout, scripts_for,
                                         source)
 from gateway_tasks.core.settings import MAX_LEVEL, Pool
-from beat.cron_calls import CronFireCall, CronRecordCall, CronResyncCall
+from beat.cron_calls import CronAdmittedCall, CronFireCall, CronRecordCall, CronResyncCall
 from beat.lock import LockReleaseCall, LockRenewCall
 from gateway_tasks.bucket.calls import DrainCall, SettleCall, SyncLimitsCall, TakeCall
 from gateway_tasks.upstream.circuit import CircuitCall
@@ -112,7 +112,8 @@ def samples(settings) -> list:
         SyncLimitsCall(k, pool, 100.0, None),
         DrainCall(k, pool, 1000),
         LockRenewCall("lock", "token", 1000), LockReleaseCall("lock", "token"),
-        CronFireCall(k, "c1", "acme", 1, 2, 3, 4, "fire", 10, 5, 1000, 1000, tier.name, 0),
+        CronFireCall(k, "c1", "acme", 1, 2, 3, 4, "fire", 10, 5, 1000, tier.name, 0),
+        CronAdmittedCall(k, "c1", "fired", 2, 5),
         CronResyncCall(k, "c1", 1, 2),
         CronRecordCall(k, "c1", last_error="", last_task_id="t1"),
         UsageCall(k, "acme", 1_700_000_000_000, 31, {"requests": 1, "actual_tokens": 12}),

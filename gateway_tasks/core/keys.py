@@ -399,47 +399,58 @@ class Keys:
         """Integer (TTL): upstream attempts of one task (retry budget)."""
         return f"{self.prefix}attempts:{task_id}"
 
-    # -- beat (tenant crons) ------------------------------------------------
+    # -- beat (tenant crons): the schedule under one hash tag, ``<prefix>{beat}:``, one slot --
+    # one leader beat works it (beat.lock), every script and transaction on it stays in that
+    # slot.  Registration's transaction (beat.store.CronStore.add) checks a tenant's crons
+    # against its tier's limits atomically with writing the entry, so the tenant's cron id set
+    # is a schedule key too (here, not under the tenant's tag): it is touched only when a cron
+    # is registered, deleted or listed, never by a submit or a fire.  The hourly quota a fire
+    # takes is the tenant's (``quota``, its tag): beat takes it in its own step.
+    @property
+    def beat_tag(self) -> str:
+        """The common start of the schedule's keys, hash tag included: 'gt:{beat}:'."""
+        return f"{self.prefix}{{beat}}:"
+
     def cron(self, entry_id: str) -> str:
         """Hash: one cron definition."""
-        return f"{self.prefix}cron:{entry_id}"
+        return f"{self.beat_tag}cron:{entry_id}"
 
     @property
     def cron_due(self) -> str:
         """Sorted set: entry id -> next actual fire time (ms since epoch)."""
-        return f"{self.prefix}cron:due"
+        return f"{self.beat_tag}due"
 
     @property
     def cron_retry(self) -> str:
         """Sorted set: '<entry id>|<nominal ms>' of a run the load level deferred -> when beat
         tries it again (ms since epoch; beat.engine, beat.schedule.deferred_retry_ms)."""
-        return f"{self.prefix}cron:retry"
+        return f"{self.beat_tag}retry"
 
     def cron_tenant(self, tenant_id: str) -> str:
         """Set: entry ids of one tenant."""
-        return f"{self.prefix}cron-tenant:{tenant_id}"
+        return f"{self.beat_tag}tenant-crons:{tenant_id}"
 
     @property
     def beat_lock(self) -> str:
         """String: the id of the active beat process (short TTL)."""
-        return f"{self.prefix}beat:lock"
+        return f"{self.beat_tag}lock"
 
     def cron_fired(self, entry_id: str, nominal_ms: int) -> str:
         """String (TTL): idempotency key of one (entry, nominal time) firing."""
-        return f"{self.prefix}cron:fired:{entry_id}:{nominal_ms}"
+        return f"{self.beat_tag}fired:{entry_id}:{nominal_ms}"
 
     @property
     def cron_stats(self) -> str:
         """Hash: beat outcome counters (fired, quota, misfire, duplicate, ...)."""
-        return f"{self.prefix}cron:stats"
+        return f"{self.beat_tag}stats"
 
     def cron_payload(self, entry_id: str) -> str:
         """String: JSON payload (messages, model, max_tokens) of one cron, kept out
         of its hash so the hash stays a compact listpack."""
-        return f"{self.prefix}cron:payload:{entry_id}"
+        return f"{self.beat_tag}payload:{entry_id}"
 
     @property
     def cron_forecast(self) -> str:
         """String (TTL): JSON token-demand forecast of the cron schedule per pool and tier,
         published by the leader beat (``gateway_tasks.capacity.forecast``)."""
-        return f"{self.prefix}cron:forecast"
+        return f"{self.beat_tag}forecast"

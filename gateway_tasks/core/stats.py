@@ -69,8 +69,8 @@ DISPATCH_DISPATCHED = "dispatched"  # picks that delivered a message
 DISPATCH_COUNTERS = (DISPATCH_PICKS, DISPATCH_WAITS, DISPATCH_DISPATCHED)
 
 # -- Keys.cron_stats: outcomes of settling a due cron run ----------------------
-CRON_FIRED = "fired"               # cron_fire.lua: admitted, then fired
-CRON_QUOTA = "quota"               # cron_fire.lua: skipped, the tenant's hourly quota is spent
+CRON_FIRED = "fired"               # cron_admitted.lua: claimed within the hourly quota, then fired
+CRON_QUOTA = "quota"               # cron_admitted.lua: claimed, skipped: the tenant's hourly quota is spent
 CRON_DUPLICATE = "duplicate"       # cron_fire.lua: already settled (only rescheduled)
 CRON_MISFIRE = "misfire"           # skipped: later than the misfire grace
 CRON_UNKNOWN_TENANT = "unknown_tenant"  # skipped: the tenant is no longer registered

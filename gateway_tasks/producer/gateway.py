@@ -174,7 +174,7 @@ class Gateway:
         The tenant's quotas are taken first, atomically (``gateway_tasks.tenants.quota``):
         ``QuotaExceeded`` (reason, retry_after_s) when its tier's ``max_tasks_per_hour``
         or its TPM quota is spent.  ``count_quota=False``: the hourly count was taken
-        elsewhere (a cron fire, counted by cron_fire.lua); the TPM quota still applies.
+        elsewhere (a cron fire, counted by beat when it claimed the run); the TPM quota still applies.
 
         ``depends_on``: ids of the tenant's own tasks (or of tasks submitted on behalf of one
         of its tasks) that must finish first; the task is held, taking no queue space, until

@@ -6,7 +6,8 @@ never exceed them:
 
 * tasks per clock hour (the tier's ``max_tasks_per_hour``), one counter per tenant
   and hour (``Keys.quota``) that every path counts in: the Python API and REST here,
-  cron fires in lua/beat/cron_fire.lua;
+  cron fires in beat (``beat.cron_calls.CronFireCall.quota``: this script, once the run is
+  claimed);
 * optionally, the tenant's own TPM bucket (its ``tpm``, else its tier's
   ``tenant_tpm``): a continuous bucket of one minute's tokens, debited by the task's
   estimate at submit and settled to the upstream's reported usage when the task ends
@@ -29,7 +30,7 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import layout, text
 
 HOUR_MS = 3_600_000
-QUOTA_TTL_MS = 2 * HOUR_MS       # an hour's counter outlives its hour (cron_fire.lua's too)
+QUOTA_TTL_MS = 2 * HOUR_MS       # an hour's counter outlives its hour
 TASKS_PER_HOUR = "tasks_per_hour"
 TENANT_TPM = "tenant_tpm"
 
@@ -69,7 +70,7 @@ class QuotaTakeCall:
     keys: Keys
     tenant_id: str
     now_ms: int            # the caller's clock (names the hour's counter; the bucket uses Redis TIME)
-    max_per_hour: int      # 0: not counted here (a cron fire: cron_fire.lua counted it)
+    max_per_hour: int      # 0: not counted here (a cron fire: beat counted it)
     est_tokens: int
     tpm: int               # 0: no TPM quota
 

@@ -1,13 +1,13 @@
 -- uses: core/prelude
 -- tenants/quota_take.lua: admit one submit against its tenant's quotas, atomically -- the
 -- tenant's tasks in the current clock hour (the tier's max_tasks_per_hour; the same
--- counter lua/beat/cron_fire.lua counts cron fires in) and, when set, the tenant's own TPM
+-- counter beat counts cron fires in, with this script) and, when set, the tenant's own TPM
 -- bucket.  Takes both or neither, so parallel submits never exceed either quota.
 --
 -- KEYS[1] counter: the tenant's task counter of the current clock hour (integer, TTL)
 -- KEYS[2] bucket: the tenant's TPM bucket hash (tokens, ts_ms)
 -- ARGV[1] max_per_hour: max tasks per hour (0: do not count here -- a cron fire, counted by
---         cron_fire.lua)
+--         beat, with this script, when it claimed the run)
 -- ARGV[2] counter_ttl_ms
 -- ARGV[3] est_tokens: the task's estimated tokens     ARGV[4] tpm: the tenant's TPM (0: no TPM quota)
 -- (the TPM bucket refills on the Redis clock; the caller names the counter's hour from its own,

@@ -390,7 +390,7 @@ def _count_failure(job: Job) -> int:
     """One more failed upstream attempt of a task (every requeue counts: 429s too); returns
     how many it has had."""
     key = job.keys.attempts(job.task_id)
-    with job.r.pipeline() as pipe:
+    with job.r.pipeline(transaction=True) as pipe:      # one key: one slot
         pipe.incr(key)
         pipe.expire(key, job.settings.result_ttl_s)
         return int(pipe.execute()[0])

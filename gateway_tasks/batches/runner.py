@@ -143,7 +143,10 @@ class _Step:
         if not entries:
             return
         numbers = sorted(entries)
-        metas = self.gw.r.mget([self.gw.keys.result(entries[n]["task"]) for n in numbers])
+        with self.gw.r.pipeline(transaction=False) as pipe:    # one key each: one slot each on a cluster
+            for n in numbers:
+                pipe.get(self.gw.keys.result(entries[n]["task"]))
+            metas = pipe.execute()
         out, err, done, completed, failed = [], [], [], 0, 0
         for n, raw in zip(numbers, metas):
             meta = json.loads(raw) if raw else {}

@@ -199,7 +199,7 @@ class DeadLetterer:
                   "task_id": task_id, "reason": reason, "at_ms": int(time.time() * 1000),
                   "message": raw[:RAW_KEPT_CHARS], "message_chars": len(raw)}
         key = self.keys.dead_letters(pool.name)
-        with self.r.pipeline() as pipe:
+        with self.r.pipeline(transaction=True) as pipe:      # the pool's slot
             pipe.lpush(key, json.dumps(record))
             pipe.ltrim(key, 0, DEAD_LETTERS_KEPT - 1)
             pipe.hincrby(self.keys.stats(pool.name), tier_field(DEAD_LETTERED, picked.tier), 1)

@@ -262,7 +262,10 @@ def release(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, spec: dict
 def finished_outcomes(app: Celery, client: redis.Redis, deps: Sequence[str]) -> dict[str, str]:
     """The dependencies whose result is stored already: id -> OK | FAILED (a running or
     queued one is absent)."""
-    raws = client.mget([app.backend.get_key_for_task(d) for d in deps]) if deps else []
+    with client.pipeline(transaction=False) as pipe:    # one key each: one slot each on a cluster
+        for d in deps:
+            pipe.get(app.backend.get_key_for_task(d))
+        raws = pipe.execute()
     out: dict[str, str] = {}
     for dep, raw in zip(deps, raws):
         outcome = stored_outcome(raw)

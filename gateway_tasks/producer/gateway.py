@@ -282,7 +282,11 @@ class Gateway:
         batch: list[bytes] = []
 
         def flush() -> None:
-            for key, owner in zip(batch, self.r.mget(batch)):
+            with self.r.pipeline(transaction=False) as pipe:    # one key each: one slot each on a cluster
+                for key in batch:
+                    pipe.get(key)
+                owners = pipe.execute()
+            for key, owner in zip(batch, owners):
                 if owner is not None and owner.decode() == tag:
                     found.append(key.decode()[head:])
             batch.clear()

@@ -1,5 +1,5 @@
 """Every Lua script and every MULTI transaction of the project, run on a real Redis Cluster
-(the session's 3 masters) with the keys the project's own call builders and functions
+(conftest's redis_cluster fixture, 3 masters) with the keys the project's own call builders and functions
 produce: none crosses a hash slot -- redis-py refuses such a call before sending it, the
 server answers CROSSSLOT -- and no fixed hash tag gathers every tenant's or every task's
 keys (one hot shard).  A script or a transaction added without a case here fails the
@@ -55,7 +55,7 @@ POOL = "default"
 
 @pytest.fixture
 def cl(redis_cluster, key_prefix, redis_url):
-    """A RedisCluster client on the session's cluster, and settings under the test's prefix
+    """A RedisCluster client on the fixture's cluster, and settings under the test's prefix
     (its keys go at teardown)."""
     client = redis_cluster.client()
     settings = load_settings(env={}, redis_url=redis_url, key_prefix=key_prefix)

@@ -64,6 +64,7 @@ rpm = 10
      "tpm"),
     ({"GATEWAY_POOLS_JSON": '[{"name": "p", "colour": "red"}]'}, "unknown keys"),
     ({"GATEWAY_KEY_PREFIX": "nocolon"}, "key_prefix"),
+    ({"GATEWAY_KEY_PREFIX": "gt:{one-slot}:"}, "key_prefix"),
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "0"}, r"worker_switch_interval_ms=0\.0 is invalid; expected in \[0\.05, 1000\] ms"),
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "nan"}, "worker_switch_interval_ms"),
     ({"GATEWAY_WORKER_SWITCH_INTERVAL_MS": "fast"}, "not a valid float"),

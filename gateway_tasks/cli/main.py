@@ -38,6 +38,7 @@ examples:
   gateway capacity --measure-s 30 --peak-qps 120   instances needed, from measured rates
   gateway capacity forecast                   token demand per pool from the cron schedule
   gateway status                              load level L0-L4, its reason, pools' circuits
+  gateway migrate-keys --apply                after an upgrade: data under the old key names moved
 
 workers and beat run under Celery:
   celery -A workers.app worker -Q gt.vip.default,gt.normal.default,gt.batch.default -P threads -c 16 -E
@@ -71,6 +72,7 @@ COMMAND_MODULES = (
     "gateway_tasks.cli.dead_letters",     # dead-letters
     "gateway_tasks.cli.capacity",         # capacity, capacity forecast
     "gateway_tasks.cli.status",           # status
+    "gateway_tasks.cli.migrate_keys",     # migrate-keys
 )
 
 

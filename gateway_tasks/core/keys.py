@@ -3,6 +3,15 @@
 All keys start with the settings' key_prefix, which is also kombu's
 ``global_keyprefix``: Celery's queue lists and its unacked hash live beside
 ours, so one prefix isolates one deployment (or one test) completely.
+
+On Redis Cluster a key's hash slot is that of its ``{hash tag}``.  Every Lua script and
+every MULTI transaction touches the keys of one tag only, and no fixed tag gathers every
+tenant's or every task's keys: a pool's dispatch state is under ``{p:<pool>}``, a tenant's
+own records under ``{t:<tenant>}``, a task's lifecycle records under ``{task:<id>}``, the
+cron schedule under ``{beat}``, the load level under ``{overload}``.  What spans tags runs
+as ordered single-slot steps (each section below says which); tests/test_cluster_slots.py
+runs every script and transaction on a real cluster.  A tag is the first ``{...}`` of a
+key, so the prefix holds no ``{``.
 """
 
 from __future__ import annotations

@@ -570,8 +570,9 @@ class Settings:
 
     def validate(self) -> "Settings":
         _require(self.policy in POLICIES, "settings", "policy", self.policy, f"one of {POLICIES}")
-        _require(bool(self.key_prefix) and ":" in self.key_prefix and " " not in self.key_prefix,
-                 "settings", "key_prefix", self.key_prefix, "a prefix ending in ':', e.g. 'gt:'")
+        _require(bool(self.key_prefix) and ":" in self.key_prefix and " " not in self.key_prefix
+                 and not {"{", "}"} & set(self.key_prefix),   # a hash tag there: every key in one slot
+                 "settings", "key_prefix", self.key_prefix, "a prefix ending in ':' without '{' or '}', e.g. 'gt:'")
         _require(len(self.tiers) > 0, "settings", "tiers", self.tiers, "at least one tier")
         _require(len(self.pools) > 0, "settings", "pools", self.pools, "at least one pool")
         _require(self.max_prompt_tokens > 0, "settings", "max_prompt_tokens",

@@ -96,6 +96,40 @@ def test_a_hold_spans_slots_guarded_and_counts_each_dependency_once(gw):
     assert finish(gw, c.id, ok=True) == 0 and gw.r.hget(k.held("held-2"), "pending") == b"1"
 
 
+def test_dependents_submitted_while_their_dependency_ends_are_each_queued_once(gw):
+    """Submits holding on a task race its end (threads): whichever way each hold and the end
+    interleave -- joined before the done mark, or seeing it -- every dependent is queued
+    exactly once, and nothing stays held."""
+    import threading
+    import time
+
+    dep = gw.submit("acme", "ends while its dependents are submitted", max_tokens=5)
+    ids: list[str] = []
+    ended: list[int] = []
+    go = threading.Barrier(9)
+
+    def submit() -> None:
+        go.wait()
+        for _ in range(4):
+            ids.append(gw.submit("acme", "after it", max_tokens=5, depends_on=[dep.id]).id)
+
+    def end() -> None:
+        go.wait()
+        while len(ids) < 12:      # some held already, the others on their way
+            time.sleep(0.001)
+        ended.append(finish(gw, dep.id, ok=True))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)] + [threading.Thread(target=end)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queued = queued_ids(gw, "vip")
+    assert len(ids) == 32 and sorted(queued) == sorted([dep.id, *ids])       # each once
+    assert ended[0] >= 12                 # those held before its end: released by it, the others by their submit
+    assert not any(gw.r.exists(gw.keys.held(i)) for i in ids) and not gw.r.exists(gw.keys.waiters(dep.id))
+
+
 def test_marked_done_in_the_settle_round_trip_then_finished(gw):
     """The worker marks a task done in its settle round trip (``done_call``: the waiters stay);
     its end then needs nothing more when nobody waits, hands the waiters over when some do, and

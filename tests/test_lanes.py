@@ -298,7 +298,7 @@ def test_cancelling_a_tenants_last_interactive_task_puts_it_in_the_scheduled_lan
     push(r, s, "acme", SCHEDULED)
     late, _ = push(r, s, "late")          # after acme, same virtual time: acme would go first
     ref = TaskRef("default", "normal", "acme", mine, entry)
-    assert scripts_for(r).run(CancelCall(keys, "task-1", ref, entry, 60_000, LAG)) == "queued"
+    assert scripts_for(r).run(CancelCall(keys, "task-1", ref, entry, LAG)) == "queued"
     assert score_of(r, s, "acme") == active_score(0, True, LAG)
     assert [p.tenant for p in served(r, plan, 2)] == ["late", "acme"]
 

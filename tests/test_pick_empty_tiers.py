@@ -206,7 +206,7 @@ def test_random_mix_never_leaves_dispatchable_work_behind_a_flag(r, settings):
             tag = rnd.choice(sorted(queued))
             tier, tenant = queued.pop(tag)
             ref = TaskRef("default", tier, tenant, tag)
-            outcome = scripts_for(r).run(CancelCall(keys, tag, ref, find_entry(r, keys, ref), 60_000,
+            outcome = scripts_for(r).run(CancelCall(keys, tag, ref, find_entry(r, keys, ref),
                                                     s.tier(tier).scheduled_lag_tokens))
             assert outcome == "queued"
             cancelled.add(tag)

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from gateway_tasks.core.errors import ConfigError
 from gateway_tasks.core.keys import queue_name
-from gateway_tasks.core.urls import REDIS_SCHEMES, TLS_CERT_REQS, with_redis_auth_and_tls, without_credentials
+from gateway_tasks.core.urls import (CLUSTER_SCHEMES, REDIS_SCHEMES, TLS_CERT_REQS, TLS_SCHEMES, cluster_nodes,
+                                     is_cluster_url, with_redis_auth_and_tls, without_credentials)
 
 MIN_SECRET_CHARS = 16
 # a tier's scheduled lag, at most: a tag this far ahead still compares exactly as an integer score
@@ -485,7 +486,15 @@ class Circuit:
 
 @dataclass(frozen=True)
 class Settings:
-    redis_url: str = ""                # redis://[user:password@]host:port/db, or rediss:// for TLS
+    # the deployment's Redis: redis://[user:password@]host:port/db (rediss:// for TLS), or a Redis
+    # Cluster, redis+cluster://host1:port,host2:port (rediss+cluster:// for TLS; any of its
+    # masters, the others are discovered), which then needs control_redis_url
+    redis_url: str = ""
+    # a small standalone Redis for Celery's own machinery, which cannot live on a cluster (kombu's
+    # bindings, worker control and its replies, task events for Flower): required with a cluster
+    # redis_url, optional otherwise ('' = redis_url).  Queues, tenants, buckets and results stay
+    # on redis_url; REDIS_USERNAME, REDIS_PASSWORD and REDIS_TLS_* apply to both
+    control_redis_url: str = ""
     key_prefix: str = "gt:"            # every Redis key starts with it: several deployments per Redis
     policy: str = "wfq"                # the order between tiers: fifo | strict | aging | wfq
     tiers: tuple[Tier, ...] = field(default_factory=default_tiers)   # the tenant tiers ([[tiers]])
@@ -532,11 +541,12 @@ class Settings:
     redis_tls_cert_reqs: str = "required"   # rediss://: none | optional | required
 
     def __post_init__(self) -> None:
-        composed = with_redis_auth_and_tls(
-            self.redis_url, username=self.redis_username, password=self.redis_password,
-            ca_file=self.redis_tls_ca_file, cert_file=self.redis_tls_cert_file,
-            key_file=self.redis_tls_key_file, cert_reqs=self.redis_tls_cert_reqs)
-        object.__setattr__(self, "redis_url", composed)
+        for name in ("redis_url", "control_redis_url"):
+            composed = with_redis_auth_and_tls(
+                getattr(self, name), username=self.redis_username, password=self.redis_password,
+                ca_file=self.redis_tls_ca_file, cert_file=self.redis_tls_cert_file,
+                key_file=self.redis_tls_key_file, cert_reqs=self.redis_tls_cert_reqs)
+            object.__setattr__(self, name, composed)
     # producers refuse submits (RedisFull) once Redis uses this fraction of its maxmemory,
     # so the dispatch machinery (picks, acks, results) keeps head-room; 0 = never refuse early
     redis_memory_refuse_ratio: float = 0.9
@@ -660,17 +670,55 @@ class Settings:
         scheme = urlsplit(self.redis_url).scheme if self.redis_url else ""
         if self.redis_url and scheme not in REDIS_SCHEMES:
             raise ConfigError(f"settings: redis_url={without_credentials(self.redis_url)!r} is invalid; "
-                              f"expected redis://, rediss:// (TLS) or unix://")
+                              f"expected redis://, rediss:// (TLS), unix:// or, for a Redis Cluster, "
+                              f"redis+cluster://host1:port,host2:port (rediss+cluster:// for TLS)")
+        if scheme in CLUSTER_SCHEMES:
+            self._validate_cluster_url()
+        control = urlsplit(self.control_redis_url).scheme if self.control_redis_url else ""
+        if self.control_redis_url and control not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"settings: control_redis_url={without_credentials(self.control_redis_url)!r} is "
+                              f"invalid; expected one standalone Redis: redis://host:port/db, rediss:// (TLS) "
+                              f"or unix:// (Celery's control machinery cannot live on a cluster)")
         _require(self.redis_tls_cert_reqs in TLS_CERT_REQS, "settings", "redis_tls_cert_reqs",
                  self.redis_tls_cert_reqs, f"one of {TLS_CERT_REQS}")
         tls_files = [n for n in ("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
                      if getattr(self, n)]
-        if tls_files and self.redis_url and scheme != "rediss":
+        if tls_files and self.redis_url and scheme not in TLS_SCHEMES:
             raise ConfigError(f"settings: {', '.join(tls_files)} set but redis_url is not rediss://: "
-                              f"use rediss://host:port/db for TLS")
+                              f"use rediss://host:port/db (rediss+cluster://host1:port,... for a cluster) for TLS")
+        if tls_files and self.control_redis_url and control != "rediss":
+            raise ConfigError(f"settings: {', '.join(tls_files)} set but control_redis_url is not rediss://: "
+                              f"use rediss://host:port/db for the control Redis too")
         if self.redis_username and not self.redis_password and "@" not in urlsplit(self.redis_url).netloc:
             raise ConfigError("settings: redis_username is set without redis_password "
                               "(REDIS_PASSWORD): an ACL user needs its password")
+
+    def _validate_cluster_url(self) -> None:
+        shown = without_credentials(self.redis_url)
+        try:
+            cluster_nodes(self.redis_url)
+        except ValueError as exc:
+            raise ConfigError(f"settings: redis_url={shown!r} is invalid ({exc}); expected "
+                              f"redis+cluster://host1:port,host2:port") from None
+        if urlsplit(self.redis_url).path.strip("/") not in ("", "0"):
+            raise ConfigError(f"settings: redis_url={shown!r} is invalid; a Redis Cluster has only "
+                              f"database 0 (leave the path out, or /0)")
+        if not self.control_redis_url:
+            raise ConfigError(f"settings: redis_url={shown!r} is a Redis Cluster, and Celery's control "
+                              f"machinery (kombu's bindings, worker control and replies, task events) cannot "
+                              f"live on one; set control_redis_url (GATEWAY_CONTROL_REDIS_URL) to a small "
+                              f"standalone Redis, e.g. GATEWAY_CONTROL_REDIS_URL=redis://control-host:6379/0 "
+                              f"(docs/redis-cluster.md)")
+
+    @property
+    def redis_cluster(self) -> bool:
+        """Whether redis_url names a Redis Cluster."""
+        return is_cluster_url(self.redis_url)
+
+    @property
+    def broker_url(self) -> str:
+        """Where Celery's broker connection goes: control_redis_url, else redis_url."""
+        return self.control_redis_url or self.redis_url
 
     # -- look-ups -----------------------------------------------------------
     def tier(self, name: str) -> Tier:
@@ -739,6 +787,7 @@ class Settings:
         """These settings without secrets (the pools' API keys, credentials in the Redis
         URL, the API-key hashing secret and the admin credential): safe to show, log or pass in the broker's transport options."""
         return replace(self, redis_url=without_credentials(self.redis_url),
+                       control_redis_url=without_credentials(self.control_redis_url),
                        pools=tuple(p.public() for p in self.pools), api_key_secret="", admin_key="",
                        api_key_secret_previous="", redis_password="", redis_username="")
 
@@ -874,6 +923,7 @@ def _cell(data: Any) -> LevelAction:
 # environment variables that set one setting each, over the file's (see load_settings)
 ENV_SETTINGS: dict[str, tuple[str, Any]] = {
     "REDIS_URL": ("redis_url", str),
+    "GATEWAY_CONTROL_REDIS_URL": ("control_redis_url", str),
     "GATEWAY_KEY_PREFIX": ("key_prefix", str),
     "GATEWAY_POLICY": ("policy", str),
     "GATEWAY_AGING": ("aging", str),

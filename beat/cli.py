@@ -14,10 +14,9 @@ import argparse
 import json
 from typing import Any
 
-import redis
 
 from gateway_tasks.core.settings import Settings, load_settings
-from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.redis_client import Client, data_client
 
 from beat.api import ROW_FIELDS, delete_cron, list_crons, register_cron
 
@@ -63,10 +62,9 @@ def register(subparsers: Any) -> None:
     rm.set_defaults(func=cmd_delete)
 
 
-def _connect() -> tuple[Settings, redis.Redis]:
+def _connect() -> tuple[Settings, Client]:
     settings = load_settings()
-    url = settings.require_redis_url("`gateway cron add/list/delete`")
-    return settings, redis.Redis.from_url(url, **connection_kwargs())
+    return settings, data_client(settings, "`gateway cron add/list/delete`")
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

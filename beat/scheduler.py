@@ -43,7 +43,7 @@ from celery.utils.log import get_logger
 from celery.utils.imports import symbol_by_name
 
 from gateway_tasks.core.settings import Settings, get_settings
-from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.redis_client import data_client
 from gateway_tasks.core.urls import without_credentials
 
 from beat.engine import DEFAULT_TICK_INTERVAL_S, CronEngine, TickReport
@@ -81,8 +81,7 @@ class TenantCronScheduler(Scheduler):
                  misfire_grace_s: int | None = None, **kwargs: Any):
         settings = settings or _conf(app, "gateway_settings") or _app_settings(app)
         if client is None:
-            client = redis.Redis.from_url(settings.require_redis_url("the tenant cron scheduler"),
-                                             **connection_kwargs())
+            client = data_client(settings, "the tenant cron scheduler")
         fire = fire or _conf(app, "gateway_beat_fire")
         if isinstance(fire, str):
             fire = symbol_by_name(fire)

@@ -32,7 +32,7 @@ from gateway_tasks.core.errors import (ConfigError, DeadlineExceeded, Expired, I
                                        TaskCancelled, UpstreamError, UpstreamRejected)
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.overload.actions import degrade, record
-from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.redis_client import Client, connect
 from gateway_tasks.dispatch.lanes import SCHEDULED
 from gateway_tasks.dispatch.request import CHAT, EMBEDDINGS, InferenceRequest
 from gateway_tasks.core.result_backend import HeldStarted, take_started
@@ -61,9 +61,10 @@ DEPS_DONE = "gt_deps_done"   # on the task's request: deps_done.lua's reply from
 
 
 @lru_cache(maxsize=8)
-def redis_for(url: str) -> redis.Redis:
-    """The client of a task's own reads and writes: every command rides a Redis restart."""
-    return redis.Redis.from_url(url, retry=riding_retry(), **connection_kwargs())
+def redis_for(url: str) -> Client:
+    """The client of a task's own reads and writes (the deployment's Redis, a cluster client
+    on a Redis Cluster): every command rides a Redis restart."""
+    return connect(url, retry=riding_retry())
 
 
 # -- the records between the stages ---------------------------------------------------------
@@ -84,7 +85,7 @@ class Job:
     def of(cls, task: Any) -> "Job":
         settings = settings_of(task.app)
         keys = Keys(settings.key_prefix)
-        r = redis_for(task.app.conf.broker_url)
+        r = redis_for(settings.redis_url)
         dispatch = Dispatch.of_request(task.request)
         reservation = Reservation(r, keys, dispatch.tier if dispatch else "", dispatch.tenant if dispatch else "")
         if dispatch is not None:

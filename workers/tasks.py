@@ -53,7 +53,7 @@ def _finished(task: Any, ok: bool) -> None:
     settings = settings_of(task.app)
     done = getattr(task.request, DEPS_DONE, None)   # marked done already, in the settle round trip
     try:
-        through_restarts(lambda: depends.finish(task.app, redis_for(task.app.conf.broker_url),
+        through_restarts(lambda: depends.finish(task.app, redis_for(settings.redis_url),
                                                 Keys(settings.key_prefix), settings.result_ttl_s,
                                                 task.request.id, ok, done),
                          f"release of the tasks depending on {task.request.id}")

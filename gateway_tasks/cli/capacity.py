@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import redis
 
+from gateway_tasks.core.redis_client import Client, data_client
 from gateway_tasks.capacity.model import (DEFAULT_JITTER_WINDOW_S, DEFAULT_SAFETY_FACTOR, NO_JITTER_WINDOW_S,
                                           CapacityPlan, Instance, TenantLoad, TenantPlan,
                                           instance_rps_from_concurrency, plan, tenant_plan)
@@ -356,8 +357,8 @@ def format_tenant_plan(p: TenantPlan, measured: Measured | None = None) -> str:
     return "\n".join(lines)
 
 
-def _client(settings: Settings, who: str) -> redis.Redis:
-    return redis.Redis.from_url(settings.require_redis_url(who))
+def _client(settings: Settings, who: str) -> Client:
+    return data_client(settings, who)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

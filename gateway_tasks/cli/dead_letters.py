@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any
 
-import redis
 
+from gateway_tasks.core.redis_client import data_client
 from gateway_tasks.dispatch.dead_letters import dead_letters
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import get_settings
@@ -18,7 +18,7 @@ from gateway_tasks.core.settings import get_settings
 
 def _run(args: argparse.Namespace) -> int:
     settings = get_settings()
-    client = redis.Redis.from_url(settings.require_redis_url("`gateway dead-letters`"))
+    client = data_client(settings, "`gateway dead-letters`")
     pools = [args.pool] if args.pool else [p.name for p in settings.pools]
     out = []
     for pool in pools:

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 import httpx
-import redis
 
 from gateway_tasks.core.celery_app import make_app
+from gateway_tasks.core.redis_client import connect
+from gateway_tasks.core.redis_failures import CLIENT_ERRORS
 from gateway_tasks.core.settings import get_settings
 from gateway_tasks.core.urls import without_credentials
 
@@ -22,10 +23,17 @@ POLL_S = 0.25
 
 
 def _redis_ok(url: str) -> bool:
+    """Whether the Redis at ``url`` answers (a cluster: its slots are all served)."""
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except (redis.RedisError, OSError):
+        client = connect(url, socket_connect_timeout=1)
+    except (*CLIENT_ERRORS, OSError):
         return False
+    try:
+        return bool(client.ping())
+    except (*CLIENT_ERRORS, OSError):
+        return False
+    finally:
+        client.close()
 
 
 def _url_ok(url: str) -> bool:
@@ -43,8 +51,9 @@ def wait_ready(*, workers: int, urls: list[str], timeout_s: float) -> list[str]:
     app = None
     while True:
         missing = []
-        if not _redis_ok(settings.redis_url):
-            missing.append(f"Redis at {without_credentials(settings.redis_url)}")
+        down = [u for u in (settings.redis_url, settings.control_redis_url) if u and not _redis_ok(u)]
+        if down:
+            missing += [f"Redis at {without_credentials(u)}" for u in down]
         elif workers:
             app = app or make_app(settings)
             seen = len(app.control.ping(timeout=0.5) or [])

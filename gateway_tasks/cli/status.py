@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any
 
-import redis
 
+from gateway_tasks.core.redis_client import data_client
 from gateway_tasks.core.config_report import config_summary, format_config
 from gateway_tasks.core.settings import get_settings
 from gateway_tasks.overload.status import deployment_status, format_status
@@ -18,7 +18,7 @@ from gateway_tasks.overload.status import deployment_status, format_status
 
 def _run(args: argparse.Namespace) -> int:
     settings = get_settings()
-    client = redis.Redis.from_url(settings.require_redis_url("`gateway status`"))
+    client = data_client(settings, "`gateway status`")
     try:   # Redis down: one line and its exit status (gateway_tasks.cli.main)
         status = deployment_status(client, settings, history=args.history)
     finally:

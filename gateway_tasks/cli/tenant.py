@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any
 
-import redis
 
+from gateway_tasks.core.redis_client import data_client
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.usage.counters import usage_report
@@ -26,8 +26,7 @@ from beat.api import delete_tenant
 
 def registry_from_env(settings: Settings | None = None) -> TenantRegistry:
     settings = settings or get_settings()
-    url = settings.require_redis_url("`gateway tenant`")
-    return TenantRegistry(redis.Redis.from_url(url), settings)
+    return TenantRegistry(data_client(settings, "`gateway tenant`"), settings)
 
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:

@@ -24,8 +24,11 @@ from gateway_tasks.core.urls import without_credentials
 
 AUTHENTICATION_FAILED = "authentication failed"
 AT_MAXMEMORY = "at its maxmemory"
+# a Redis Cluster client's own errors for a cluster it cannot reach, or whose slots are not
+# all served (a master down): not RedisErrors
+CLUSTER_OUTAGES = (redis.exceptions.RedisClusterUnreachableError, redis.exceptions.SlotNotCoveredError)
 # the client's errors that can be Redis being down, refusing us, or full
-CLIENT_ERRORS = (redis.RedisError, OperationalError)
+CLIENT_ERRORS = (redis.RedisError, OperationalError, *CLUSTER_OUTAGES)
 
 # Telling Redis's "at maxmemory" refusal apart from other errors, on Redis 6.2 and 7.
 #
@@ -58,7 +61,8 @@ def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` says the gateway's Redis cannot serve us now (unreachable, refusing
     our credentials, loading, read-only, at its maxmemory) rather than a bug in a command."""
     for err in _chain(exc):
-        if isinstance(err, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)):
+        if isinstance(err, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError,
+                            redis.exceptions.ClusterDownError, *CLUSTER_OUTAGES)):
             return True
         if is_out_of_memory(err):
             return True
@@ -77,6 +81,8 @@ def cause_of(exc: BaseException) -> str:
             return "loading its data set"
         if isinstance(err, redis.exceptions.ReadOnlyError):
             return "a read-only replica"
+        if isinstance(err, (redis.exceptions.ClusterDownError, *CLUSTER_OUTAGES)):
+            return "the cluster is down or unreachable"
         if isinstance(err, (redis.TimeoutError, TimeoutError)):
             return "timed out"
         if isinstance(err, OSError) and err.strerror:

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import redis
 
+from gateway_tasks.core.redis_client import queue_time
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.dispatch.index_entry import IndexEntry, tenant_range
 
@@ -109,7 +110,7 @@ def read_spot(r: redis.Redis, keys: Keys, pool: str, tier: str, tiers: Sequence[
     """The task's place, read in two pipelined round trips (plain reads, nothing written)."""
     index, low = keys.index(pool, tier), tenant_range(tenant)[0]
     with r.pipeline(transaction=False) as pipe:
-        pipe.time()
+        queue_time(pipe)
         pipe.zscore(index, entry) if entry else pipe.exists("")
         pipe.zlexcount(index, low, f"({entry}") if entry else pipe.exists("")
         pipe.zlexcount(index, *tenant_range(tenant))

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway_tasks.core.redis_client import data_client, queue_time
 from gateway_tasks.capacity.forecast import Forecast
 from gateway_tasks.capacity.history import (LEAD_FROM_MIN, LEAD_TO_MIN, DemandForecast, cells_of, forecasts,
                                             minute_of, parse_reads, plan_reads, same_time_minutes)
@@ -127,7 +128,7 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
     minutes = same_time_minutes(minute_of(int(time.time() * 1000)))
     demand_reads = plan_reads(keys, cells, minutes)
     with client.pipeline(transaction=False) as pipe:
-        pipe.time()
+        queue_time(pipe)
         for pool in pools:
             pipe.hgetall(keys.stats(pool))
             pipe.hgetall(keys.bucket(pool))
@@ -439,7 +440,7 @@ def render(gateway_or_client: Any, settings: Settings | None = None) -> bytes:
 # -- CLI ----------------------------------------------------------------------
 def _print_once(args: argparse.Namespace) -> int:
     settings = get_settings()
-    client = redis.Redis.from_url(settings.require_redis_url("`gateway metrics`"))
+    client = data_client(settings, "`gateway metrics`")
     try:   # Redis down: one line and its exit status (gateway_tasks.cli.main)
         text = render(client, settings).decode()
     finally:

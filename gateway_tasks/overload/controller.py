@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import redis
 from celery.signals import worker_ready, worker_shutdown
 
+from gateway_tasks.core.redis_client import data_client, queue_time
 from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.clock import redis_now_ms
 from gateway_tasks.dispatch.index_entry import IndexEntry, mean_est_tokens, tenant_range
@@ -43,7 +44,6 @@ from gateway_tasks.core.settings import Settings
 from gateway_tasks.upstream.rescue import Rescuer
 from gateway_tasks.core.stats import (ACTUAL_TOKENS, COMPLETED, DISPATCHED, UPSTREAM_429, UPSTREAM_ERRORS,
                                       UPSTREAM_MS, WAIT_MS, tier_field)
-from gateway_tasks.core.packer import connection_kwargs
 
 logger = logging.getLogger(__name__)
 EXTRA_SAMPLES = 5
@@ -144,7 +144,7 @@ def in_flight_of(values: Any) -> dict[str, tuple[str, int, float]]:
 def read_counters(client: redis.Redis, keys: Keys, settings: Settings) -> Counters:
     """The counters, queue depths and backlog, the stored state and samples: one round trip."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.time()
+        queue_time(pipe)
         for pool in settings.pools:
             pipe.hgetall(keys.stats(pool.name))
             for tier in settings.tiers:
@@ -398,8 +398,7 @@ def _start_with_the_worker(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     settings = settings_of(app)
-    controller = OverloadController(redis.Redis.from_url(app.conf.broker_url, **connection_kwargs()), settings,
-                                    app=app).start()
+    controller = OverloadController(data_client(settings, "the load-level controller"), settings, app=app).start()
     _running.append(controller)
 
 

@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 from celery.result import AsyncResult
 
+from gateway_tasks.core.redis_client import data_client
 from gateway_tasks.core.celery_app import make_app, settings_of
 from gateway_tasks.core.errors import Deferred, Rejected, TaskNotFound
 from gateway_tasks.core.scripts import scripts_for
@@ -31,7 +32,6 @@ from gateway_tasks.dispatch.request import CHAT, InferenceRequest
 from gateway_tasks.overload.deferral import HOLD, Deferral
 from gateway_tasks.core.settings import Settings, get_settings
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
-from gateway_tasks.core.packer import connection_kwargs
 from gateway_tasks.core.errors import UnknownTask
 from gateway_tasks.core.redis_failures import redis_errors
 from gateway_tasks.producer.cancel import ALREADY_CANCELLED, FINISHED, WAITING, Cancelled, cancel_task
@@ -106,7 +106,7 @@ class Gateway:
                  client: redis.Redis | None = None):
         self.settings = settings or get_settings()
         self.app = app or make_app(self.settings)
-        self.r = client or redis.Redis.from_url(self.app.conf.broker_url, **connection_kwargs())
+        self.r = client or data_client(self.settings, "a Gateway")
         self.keys = Keys(self.settings.key_prefix)
         self._pool_names = tuple(p.name for p in self.settings.pools)
         self.tenants = TenantRegistry(self.r, self.settings)

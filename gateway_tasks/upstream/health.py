@@ -13,6 +13,7 @@ from typing import Sequence
 
 import redis
 
+from gateway_tasks.core.redis_client import queue_time
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 
@@ -63,7 +64,7 @@ def _f(raw: dict[bytes, bytes], name: str, default: float) -> float:
 def read_health(client: redis.Redis, keys: Keys, pools: Sequence[Pool]) -> dict[str, PoolHealth]:
     """Every named pool's health, refilled to Redis TIME, in one round trip."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.time()
+        queue_time(pipe)
         for pool in pools:
             pipe.hgetall(keys.bucket(pool.name))
             pipe.hgetall(keys.circuit(pool.name))

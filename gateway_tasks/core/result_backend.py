@@ -18,17 +18,23 @@ retries also ride out a full Redis.
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import redis
+from redis.cluster import RedisCluster
 
 from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
+from gateway_tasks.core.redis_client import connect
 from gateway_tasks.core.redis_failures import is_out_of_memory
 from gateway_tasks.core.scripts import layout, scripts_for
+from gateway_tasks.core.urls import is_cluster_url, without_credentials
 
 RESULT_BACKEND = "gateway_tasks.core.result_backend:ResultBackend"
 
@@ -103,7 +109,60 @@ def take_started(task_id: str) -> HeldStarted | None:
     return held if held is not None and held.task_id == task_id else None
 
 
+class NodePools:
+    """A cluster client's node connection pools seen as one pool: what Celery resets after a
+    fork and before it reconnects its result subscriber."""
+
+    def __init__(self, cluster: RedisCluster):
+        self._cluster = cluster
+
+    def reset(self) -> None:
+        for node in self._cluster.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.reset()
+
+
+class ClusterResults(RedisCluster):
+    """The result backend's client on a Redis Cluster (see the module's docstring)."""
+
+    @property
+    def connection_pool(self) -> NodePools:
+        return NodePools(self)
+
+    def mget(self, keys: Any, *args: Any) -> list[Any]:
+        """The values of keys of any slots (one MGET per slot), in order."""
+        return self.mget_nonatomic(keys, *args)
+
+    def pubsub(self, **kwargs: Any) -> redis.client.PubSub:
+        """A pub/sub connection to one master, chosen at random (each reconnect may find
+        another, should that one be down)."""
+        node = random.choice(self.get_primaries())
+        return node.redis_connection.pubsub(**kwargs)
+
+
+# the connection parameter holding a cluster URL (ResultBackend._params_from_url)
+CLUSTER_URL = "gt_cluster_url"
+
+
 class ResultBackend(RedisBackend):
+    def _params_from_url(self, url: str, defaults: dict[str, Any]) -> dict[str, Any]:
+        """A cluster URL is kept whole: its client is made by ``core.redis_client.connect``."""
+        if is_cluster_url(url):
+            return {CLUSTER_URL: url}
+        return super()._params_from_url(url, defaults)
+
+    def _create_client(self, **params: Any) -> Any:
+        if params.get(CLUSTER_URL):
+            return connect(params[CLUSTER_URL], cluster_class=ClusterResults)
+        return super()._create_client(**params)
+
+    def as_uri(self, include_password: bool = False) -> str:
+        """The backend's URL as the worker's banner shows it (a cluster URL, which kombu's
+        URL parser cannot read, without its credentials)."""
+        if self.url and is_cluster_url(self.url) and not include_password:
+            return without_credentials(self.url)
+        return super().as_uri(include_password)
+
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
         return bool(super().exception_safe_to_retry(exc)) or is_out_of_memory(exc)
 

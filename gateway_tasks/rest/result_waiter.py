@@ -10,6 +10,10 @@ so the answer leaves as soon as the worker has written it.
 A lost pub/sub connection costs nothing but latency: the waiter reads the stored meta
 again every ``RECHECK_S`` and on every error, so a request never waits past its task's
 end by more than that.
+
+On a Redis Cluster the reads go through a cluster client (each result key to its master)
+and the pub/sub connection to one node (a PUBLISH reaches every node of a cluster): a
+lost one is replaced by one to the next node (``core.redis_client.subscriber_urls``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import redis
 import redis.asyncio as aioredis
 from celery import states
+
+from gateway_tasks.core.redis_client import async_client, subscriber_urls
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +40,13 @@ IDLE_CHANNEL = b"gateway:result-waiter"   # keeps the connection subscribed betw
 class ResultWaiter:
     """One per API process and event loop: ``await waiter.wait(task_id, timeout_s)``."""
 
-    def __init__(self, client: aioredis.Redis, key_for_task: Callable[[str], bytes],
-                 decode: Callable[[bytes], dict[str, Any]]):
+    def __init__(self, client: Any, key_for_task: Callable[[str], bytes],
+                 decode: Callable[[bytes], dict[str, Any]], subscriber_urls: Sequence[str] = ()):
         self._client = client
+        # where the pub/sub connection goes, in turn after each loss ((): ``client``'s own)
+        self._subscriber_urls = tuple(subscriber_urls)
+        self._subscriber: aioredis.Redis | None = None
+        self._subscribers_made = 0
         self._key_for_task = key_for_task
         self._decode = decode
         self._pubsub: Any = None
@@ -49,15 +59,30 @@ class ResultWaiter:
     def for_backend(cls, backend: Any, redis_url: str) -> "ResultWaiter":
         """A waiter on the Redis at ``redis_url`` for ``backend``'s result keys (the
         gateway's result backend lives in the deployment's Redis)."""
-        return cls(aioredis.Redis.from_url(redis_url), backend.get_key_for_task, backend.decode_result)
+        subscribers = subscriber_urls(redis_url)
+        return cls(async_client(redis_url), backend.get_key_for_task, backend.decode_result,
+                   subscribers if subscribers != [redis_url] else ())
 
     async def _ensure_reader(self) -> None:
         async with self._start_lock:
             if self._reader is not None and not self._reader.done():
                 return
-            self._pubsub = self._client.pubsub()
+            self._pubsub = (await self._next_subscriber()).pubsub()
             await self._pubsub.subscribe(IDLE_CHANNEL)
             self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _next_subscriber(self) -> Any:
+        """The client the pub/sub connection is made from: ``client``, or a client of the next
+        subscriber URL (the previous one closed)."""
+        if not self._subscriber_urls:
+            return self._client
+        if self._subscriber is not None:
+            with contextlib.suppress(Exception):
+                await self._subscriber.aclose()
+        url = self._subscriber_urls[self._subscribers_made % len(self._subscriber_urls)]
+        self._subscribers_made += 1
+        self._subscriber = async_client(url)
+        return self._subscriber
 
     async def _read(self) -> None:
         pubsub = self._pubsub
@@ -166,6 +191,9 @@ class ResultWaiter:
                 await self._pubsub.aclose()
         with contextlib.suppress(Exception):
             await self._client.aclose()
+        if self._subscriber is not None:
+            with contextlib.suppress(Exception):
+                await self._subscriber.aclose()
 
 
 _waiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ResultWaiter]" = weakref.WeakKeyDictionary()

@@ -67,6 +67,9 @@ METHODS = [
     Used(virtual.Transport, "_deliver", ("self", "message", "queue"), "Channel.deliver_message"),
     Used(redis.Redis, "parse_response", ("self", "connection", "command_name", "**options"),
          "Channel.read_poll_reply"),
+    # Channel: the poll client (kombu's own, or one of the deployment's Redis) and its connections
+    Used(kredis.Channel, "_create_client", ("self", "asynchronous=False"), "Channel.kombu_client"),
+    Used(kredis.Channel, "_on_connection_disconnect", ("self", "connection"), "Channel.poll_connection_class"),
     # QoS: the in-memory half of the ack emulation, and what the consumer half overrides
     Used(virtual.QoS, "append", ("self", "message", "delivery_tag"), "QoS.record_delivery"),
     Used(virtual.QoS, "ack", ("self", "delivery_tag"), "QoS.forget_delivery"),
@@ -88,7 +91,10 @@ ATTRIBUTES = {
     "_brpop_sent_at": "Channel.poll_begin",
     "_delivered": "QoS.delivered_tags / drop_delivered",
     "_vrestore_count": "QoS.restore_scanned",
+    "_registered": "Channel.poll_connection_class",
 }
+# kombu's public names the adapter replaces on purpose, each routed to a hook
+REPLACED = {"client": "Channel.poll_client"}
 PRIVATE_NAMES = {m.name for m in METHODS if m.name.startswith("_")} | set(ATTRIBUTES)
 
 
@@ -187,7 +193,7 @@ def test_the_transport_halves_override_no_private_kombu_name(cls):
                          ids=lambda c: c.__name__)
 def test_the_adapter_hooks_shadow_no_kombu_name(cls):
     """A hook named like a kombu method would replace it behind kombu's back."""
-    hooks = [n for n in vars(cls) if not n.startswith("_") and n not in ("QoS", "Channel")]
+    hooks = [n for n in vars(cls) if not n.startswith("_") and n not in ("QoS", "Channel", *REPLACED)]
     clashing = [n for n in hooks if any(n in vars(base) for base in kombu_bases(cls))]
     assert not clashing, fail(f"{cls.__name__}'s base", f"now defines {clashing} itself", f"{cls.__name__}")
 
@@ -271,3 +277,27 @@ def test_restore_unacked_restores_each_delivered_tag_by_tag():
     assert "self._delivered" in source and "self.restore_by_tag" in calls_in(kredis.QoS.restore_unacked), fail(
         "kombu.transport.redis.QoS.restore_unacked", "no longer restores self._delivered by tag",
         "QoS.delivered_tags / drop_delivered")
+
+
+def test_kombu_makes_its_client_and_connections_as_the_poll_client_hooks_assume():
+    """``client`` is replaced by a property (``poll_client``): kombu's own client is made by
+    ``_create_client(asynchronous=True)`` and kept in the instance's ``__dict__``, which
+    ``kombu_client`` does too; kombu's asynchronous connections tell the channel when they
+    disconnect (``_on_connection_disconnect``, once ``_registered``), as the connections of
+    ``poll_connection_class`` do; and the poller reaches the poll connection through
+    ``channel.client``."""
+    made = inspect.getattr_static(kredis.Channel, "client").func
+    assert "self._create_client" in calls_in(made) and "asynchronous=True" in inspect.getsource(made), \
+        fail("kombu.transport.redis.Channel.client", "is no longer _create_client(asynchronous=True)",
+             "Channel.kombu_client")
+    connparams = inspect.getsource(kredis.Channel._connparams)
+    assert "if channel._registered:" in connparams and "channel._on_connection_disconnect(self)" in connparams, \
+        fail("kombu.transport.redis.Channel._connparams", "no longer makes connections that report their "
+             "disconnect to the channel", "Channel.poll_connection_class")
+    register = inspect.getsource(kredis.MultiChannelPoller._register_BRPOP)
+    assert "ident = channel, channel.client, 'BRPOP'" in register, fail(
+        "kombu.transport.redis.MultiChannelPoller._register_BRPOP", "no longer registers channel.client",
+        REPLACED["client"])
+    assert "chan.client.connection.disconnect()" in inspect.getsource(kredis.MultiChannelPoller.on_readable), \
+        fail("kombu.transport.redis.MultiChannelPoller.on_readable", "no longer reaches channel.client",
+             REPLACED["client"])

@@ -5,7 +5,9 @@ One hook, on ``celeryd_after_setup`` (its ``-Q`` queues applied and logging set 
 before the banner and the first poll), checks in order:
 
 * the queues: gateway queues of known tiers and pools (the plan the transport would
-  build), or none;
+  build), or none -- and on a Redis Cluster the queues of one pool only: pick.lua takes
+  the pools of a worker's queues in one call, and a pool's keys share one hash slot, so
+  the pools of one worker would cross slots (run one worker per pool there);
 * the configuration line (gateway_tasks.core.config_report: the source, each pool's
   name, base URL and whether its key is present);
 * the keys: only workers call the upstream, so only they need its keys -- every other
@@ -53,9 +55,16 @@ def called_pools(settings: Settings, queues: Iterable[str]) -> list[str]:
 
 def check_queues(settings: Settings, names: list[str]) -> None:
     """ConfigError unless ``names`` are queues the transport can dispatch: gateway queues
-    of known tiers and pools (the plan it would build), or none."""
+    of known tiers and pools (the plan it would build), or none; on a Redis Cluster, of one pool."""
     if names and all(is_gateway_queue(n) for n in names):
         PickPlan(settings, names)
+    pools = sorted({parts[1] for parts in map(split_queue_name, names) if parts is not None})
+    if settings.redis_cluster and len(pools) > 1:
+        example = ",".join(settings.queue_name(t.name, pools[0]) for t in settings.tiers)
+        raise ConfigError(f"on a Redis Cluster a worker serves the queues of one pool, and these -Q queues "
+                          f"are of {len(pools)} pools {pools} (each pool's keys live in one hash slot, and "
+                          f"a pick takes a worker's pools in one call); run one worker per pool, e.g. "
+                          f"-Q {example} (docs/redis-cluster.md)")
 
 
 def check_worker(app: Celery) -> None:

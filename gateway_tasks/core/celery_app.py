@@ -1,7 +1,12 @@
 """The Celery application: JSON only, late acks, prefetch 1, events on for Flower.
 
 ``make_app(settings)`` builds an app bound to one deployment (its Redis URL and
-key prefix) on the producer-side transport; ``workers.app`` builds the
+key prefix) on the producer-side transport.  Its broker connection goes to the
+control Redis when the settings name one (``control_redis_url``: required on a
+Redis Cluster, where Celery's bindings, control replies and events cannot live)
+and the gateway's transport runs every gateway operation on the deployment's
+Redis (``gateway_tasks.dispatch.broker``); results stay on the deployment's Redis
+(``gateway_tasks.core.result_backend``). ``workers.app`` builds the
 consumer's app on the dispatching transport and ``beat.app`` the scheduler's.
 ``app`` is the process-wide producer app built from the environment, used by
 ``celery -A gateway_tasks.core.celery_app flower``.
@@ -15,6 +20,7 @@ the settings' public view (API keys removed).
 from __future__ import annotations
 
 import logging
+import weakref
 from functools import lru_cache
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -23,6 +29,7 @@ from celery import Celery
 from gateway_tasks.core.errors import EXIT_CONFIG, ConfigError
 from gateway_tasks.core.result_backend import backend_url
 from gateway_tasks.core.settings import Settings, get_settings, settings_to_json
+from gateway_tasks.core.urls import is_cluster_url
 
 PRODUCER_TRANSPORT = "gateway_tasks.dispatch.broker:Transport"
 TASK_NAME = "gateway.infer"
@@ -32,17 +39,38 @@ log = logging.getLogger(__name__)
 # transport option holding the settings' public view (no API keys)
 PUBLIC_SETTINGS_OPTION = "gateway_public_settings"
 
+# the settings of this process's apps by their public view: a channel reads the public view
+# from its transport options and finds here the settings it was made from, credentials
+# included (the deployment's Redis, when the broker is another Redis: control_redis_url)
+_behind_public: "weakref.WeakValueDictionary[str, Settings]" = weakref.WeakValueDictionary()
+
+
+def public_view(settings: Settings) -> str:
+    """The settings' public view as JSON (the transport option), remembered as theirs."""
+    text = settings_to_json(settings.public())
+    _behind_public[text] = settings
+    return text
+
+
+def settings_behind(public_json: str) -> Settings | None:
+    """The settings of this process whose public view is ``public_json`` (None: not made here)."""
+    return _behind_public.get(public_json)
+
 
 def celery_config(settings: Settings, redis_url: str, *,
                   transport: str = PRODUCER_TRANSPORT) -> dict[str, Any]:
+    """The Celery configuration of a deployment whose Redis is at ``redis_url`` (its results
+    there; the broker at ``settings.control_redis_url`` when set, else there too)."""
     prefix = settings.key_prefix
+    if is_cluster_url(redis_url) and not settings.control_redis_url:
+        settings.with_(redis_url=redis_url)   # raises the ConfigError naming control_redis_url
     return {
-        "broker_url": redis_url,
+        "broker_url": settings.control_redis_url or redis_url,
         "broker_transport": transport,
         "broker_transport_options": {
             "global_keyprefix": prefix,
             "visibility_timeout": settings.visibility_timeout_s,
-            PUBLIC_SETTINGS_OPTION: settings_to_json(settings.public()),
+            PUBLIC_SETTINGS_OPTION: public_view(settings),
         },
         "broker_connection_retry_on_startup": True,
         "result_backend": backend_url(redis_url),
@@ -77,8 +105,13 @@ def make_app(settings: Settings, redis_url: str | None = None, name: str = "gate
              transport: str = PRODUCER_TRANSPORT, imports: Sequence[str] = (),
              **conf: Any) -> Celery:
     url = redis_url or settings.require_redis_url("a gateway Celery app")
+    if url != settings.redis_url:
+        # the app's processes (its workers' tasks, the transport when the broker is a control
+        # Redis) find the deployment's Redis in its settings
+        settings = settings.with_(redis_url=url)
     celery = Celery(name)
-    celery.conf.update(celery_config(settings, url, transport=transport), imports=list(imports), **conf)
+    celery.conf.update(celery_config(settings, settings.redis_url, transport=transport), imports=list(imports),
+                       **conf)
     celery.gateway_settings = settings  # type: ignore[attr-defined]
     return celery
 

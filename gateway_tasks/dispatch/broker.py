@@ -8,6 +8,15 @@ consumer (pick.lua).
 
 A channel reads the deployment's settings from the broker's transport options
 (their public view, without API keys: see ``gateway_tasks.core.celery_app``).
+
+The broker's Redis is the deployment's Redis, unless the settings name a control
+Redis (``control_redis_url``; always on a Redis Cluster): then the broker connection
+carries only Celery's own machinery (other queues, bindings, control, events) and
+every gateway operation -- enqueue, queue sizes, purges here; picks, bell waits,
+releases, leases and dead letters in the consumer -- runs on the deployment's Redis
+(``_gt_raw``: a cluster client on a cluster), found in the settings the app was made
+with (``celery_app.settings_behind``: the URL's credentials never travel in the
+transport options).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 import redis
 from kombu.exceptions import InconsistencyError
 
-from gateway_tasks.core.celery_app import PUBLIC_SETTINGS_OPTION
+from gateway_tasks.core.celery_app import PUBLIC_SETTINGS_OPTION, settings_behind
 from gateway_tasks.core.keys import BELL_MAX, Keys, QUEUE_PREFIX, split_queue_name
 from gateway_tasks.dispatch.deadline import DeadlineCall, urgent_from_ms
 from gateway_tasks.dispatch.enqueue import EnqueueCall, POOL_FULL, TIER_FULL, enqueue, throttle_retry_after_s
@@ -36,6 +45,7 @@ from gateway_tasks.dispatch import kombu_adapter
 from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.core.settings import Settings, get_settings, settings_from_json
 from gateway_tasks.core.packer import connection_kwargs
+from gateway_tasks.core.redis_client import Client, shared_client
 
 ANONYMOUS_TENANT = "_anonymous"  # messages on a gateway queue without a (valid) tenant header
 
@@ -46,6 +56,19 @@ def channel_settings(transport_options: dict[str, Any]) -> Settings:
     return settings_from_json(text) if text else get_settings()
 
 
+def data_url(transport_options: dict[str, Any]) -> str:
+    """The deployment's Redis URL, credentials included, when it is not the broker's (the
+    settings name a control Redis); '' when the broker's Redis is the deployment's."""
+    text = transport_options.get(PUBLIC_SETTINGS_OPTION)
+    full = (settings_behind(text) if text else None) or get_settings()
+    public = channel_settings(transport_options)
+    if not public.control_redis_url:
+        return ""
+    if full.key_prefix != public.key_prefix or not full.redis_url:
+        full = public   # settings made elsewhere: their public view (a URL without credentials)
+    return full.redis_url
+
+
 def is_gateway_queue(name: str) -> bool:
     return split_queue_name(name) is not None
 
@@ -53,8 +76,10 @@ def is_gateway_queue(name: str) -> bool:
 class Channel(kombu_adapter.Channel):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._gt_settings = channel_settings(self.connection.client.transport_options)
+        options = self.connection.client.transport_options
+        self._gt_settings = channel_settings(options)
         self._gt_keys = Keys(self._gt_settings.key_prefix)
+        self._gt_data_url = data_url(options)
         if (self.global_keyprefix or "") != self._gt_settings.key_prefix:
             raise InconsistencyError(
                 f"broker global_keyprefix {self.global_keyprefix!r} must equal the gateway "
@@ -66,12 +91,13 @@ class Channel(kombu_adapter.Channel):
         params.update(connection_kwargs())
         return params
 
-    # -- raw client: our scripts take full key names, unlike kombu's prefixing client
+    # -- raw client: our scripts take full key names, unlike kombu's prefixing client; the
+    # deployment's Redis (a cluster client on a cluster), which is the broker's without a control Redis
     @property
-    def _gt_raw(self) -> redis.Redis:
+    def _gt_raw(self) -> Client:
         raw = getattr(self, "_gt_raw_client", None)
         if raw is None:
-            raw = redis.Redis(connection_pool=self.pool)
+            raw = shared_client(self._gt_data_url) if self._gt_data_url else redis.Redis(connection_pool=self.pool)
             self._gt_raw_client = raw
         return raw
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import redis
 
 from gateway_tasks.core.keys import BELL_MAX, DEMAND_RETENTION_S, Keys
+from gateway_tasks.core.redis_client import REDIRECTS, after_redirect, is_cluster, node_client
 from gateway_tasks.dispatch.lanes import INTERACTIVE
 from gateway_tasks.core.scripts import Scripts, layout, scripts_for, text
 from gateway_tasks.core.settings import Tier
@@ -122,14 +123,28 @@ def queue_enqueue(scripts: Scripts, call: EnqueueCall, pipe: redis.client.Pipeli
 
 def enqueue(client: redis.Redis | redis.RedisCluster, call: EnqueueCall) -> Enqueued:
     """Queue one task (message + index entry) atomically, in one round trip.  On a Redis
-    Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it).
+    Cluster the MULTI goes to the master of the pool's slot (every key of a pool shares it,
+    ``core.redis_client.node_client``); a master that answers MOVED (or ASK, CLUSTERDOWN,
+    TRYAGAIN: nothing ran) has the client's slot map refreshed and the enqueue sent once
+    more to the slot's owner now.  A connection error refreshes the map too, and propagates.
 
     A server that lost its scripts since this client loaded them (restart, SCRIPT FLUSH)
     answers NOSCRIPT for the EVALSHA alone -- the HSET ran, the script did not -- so the
     script is loaded and run once more on its own: the task is queued once, its message
     written twice with the same bytes."""
-    if isinstance(client, redis.RedisCluster):
-        client = client.get_node_from_key(call.keys.pool_tag(call.pool)).redis_connection
+    tag = call.keys.pool_tag(call.pool)
+    try:
+        return _enqueue_on(node_client(client, tag), call)
+    except (*REDIRECTS, redis.ConnectionError) as exc:
+        if not is_cluster(client):
+            raise
+        after_redirect(client, exc)
+        if not isinstance(exc, REDIRECTS):
+            raise
+    return _enqueue_on(node_client(client, tag), call)
+
+
+def _enqueue_on(client: redis.Redis, call: EnqueueCall) -> Enqueued:
     scripts = scripts_for(client)
     with client.pipeline(transaction=True) as pipe:
         queue_enqueue(scripts, call, pipe)

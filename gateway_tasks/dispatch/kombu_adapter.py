@@ -12,6 +12,14 @@ and the consumer half (``gateway_tasks.dispatch.transport``) subclass ``Channel`
   Channel._connparams             connection_params  (the redis-py connection kwargs)
   Channel._brpop_start            poll_start         (send the poll command)
   Channel._brpop_read             poll_read          (read its reply, deliver)
+  Channel.client                  poll_client        (whose connection the poller waits on)
+
+``client`` is the client whose ``connection`` kombu's poller registers and its
+BRPOP commands use: kombu's own (``kombu_client``, on the broker's Redis) unless
+``poll_client`` names another -- the gateway's consumer, when the deployment's Redis
+is not the broker's (a Redis Cluster: the master owning its pool's slot), polls
+there.  A connection of such a client is made of ``poll_connection_class``, which
+tells kombu's poller when it disconnects, as kombu's own connections do.
 
 A ``poll_start``/``poll_read`` that sends a command of its own instead of kombu's
 BRPOP uses ``poll_begin``, ``read_poll_reply`` and ``poll_read_done``, which do
@@ -72,6 +80,38 @@ class Channel(kredis.Channel):
     QoS = QoS
 
     # -- the hooks (kombu's behaviour unless overridden) ---------------------
+    @property
+    def client(self) -> redis.Redis:
+        """The poll client (``poll_client``): kombu's poller registers its connection's
+        socket, and kombu's BRPOP is sent on it."""
+        return self.poll_client()
+
+    def poll_client(self) -> redis.Redis:
+        """The client whose connection carries the poll command (kombu: its own client)."""
+        return self.kombu_client()
+
+    def kombu_client(self) -> redis.Redis:
+        """kombu's own client on the broker's Redis (made once, kept where kombu keeps it:
+        its close and re-auth find it there)."""
+        found = self.__dict__.get("client")
+        if found is None:
+            found = self.__dict__["client"] = self._create_client(asynchronous=True)
+        return found
+
+    def poll_connection_class(self, base: type[redis.Connection]) -> type[redis.Connection]:
+        """A subclass of ``base`` whose connections, when they disconnect, tell the channel
+        (and through it kombu's poller, which stops watching the socket), as the connections
+        kombu makes itself do."""
+        channel = self
+
+        class PollConnection(base):  # type: ignore[valid-type, misc]
+            def disconnect(self, *args: Any, **kwargs: Any) -> None:
+                super().disconnect(*args, **kwargs)
+                if channel._registered:
+                    channel._on_connection_disconnect(self)
+
+        return PollConnection
+
     def connection_params(self, asynchronous: bool = False) -> dict[str, Any]:
         """The keyword arguments of the channel's redis-py connections."""
         return super()._connparams(asynchronous)

@@ -14,6 +14,15 @@ Both are single non-blocking-to-the-worker socket commands, so they plug into
 kombu's event loop exactly where BRPOP did: the poll_start / poll_read hooks of
 ``gateway_tasks.dispatch.kombu_adapter``, the one module that touches kombu's private
 API.  Channels that also consume other queues fall back to plain BRPOP.
+
+The poll connection is the broker's (kombu's) unless the deployment's Redis is another
+(a control Redis carries the broker: ``gateway_tasks.dispatch.broker``): then it is a
+connection of the deployment's Redis -- on a Redis Cluster, to the master owning the
+pool's slot, where every key of a pick and a bell wait lives (a dispatcher serves one
+pool there: pick.lua takes its pools in one call).  A reply MOVED/ASK/CLUSTERDOWN/
+TRYAGAIN (a failover, slots moved) or a lost connection refreshes the slot map
+(``core.redis_client.after_redirect``); the next poll goes to the slot's owner now,
+on a new connection, loading the scripts there if it lacks them (NOSCRIPT).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from typing import Any
 
 import redis
 from kombu.utils.encoding import bytes_to_str
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from gateway_tasks.dispatch import broker, kombu_adapter
 from gateway_tasks.dispatch.kombu_adapter import Empty
@@ -37,7 +48,9 @@ from gateway_tasks.core.faults import AFTER_ACK, AFTER_PICK, kill_point
 from gateway_tasks.dispatch.leases import LeaseKeeper, sweep_expired
 from gateway_tasks.dispatch.poll_step import (PICK, RESERVED_AND_OWN, RESERVED_AND_POOL, WAIT, next_step,
                                               wait_bells)
+from gateway_tasks.core.redis_client import REDIRECTS, after_redirect, node_address, server_client
 from gateway_tasks.core.redis_retry import through_restarts
+from gateway_tasks.core.scripts import Scripts, scripts_for
 from gateway_tasks.dispatch.release import ACK, REQUEUE, ReleaseCall
 from gateway_tasks.dispatch.router import PickBatch, Picked, PickPlan, general_picks, kept_slots, pick_now
 
@@ -47,6 +60,9 @@ BRPOP = "brpop"   # the channel's mode when it consumes other queues too: kombu'
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
 FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
 FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
+# the poll connection's commands are not retried in place: the event loop must not stall on
+# a node that went away (the error ends the poll; the next one reconnects, to the owner now)
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 def bell_timeout(wait_s: float) -> str:
@@ -169,6 +185,8 @@ class Channel(broker.Channel):
         # while only those are free, the wait also listens on this dispatcher's own bell
         self._gt_id = uuid.uuid4().hex[:12]
         self._gt_slot_limited = False
+        # poll clients of the deployment's Redis by node address (a control Redis is the broker)
+        self._gt_polls: dict[tuple[str, int] | None, redis.Redis] = {}
 
     def _gt_count(self, name: str) -> None:
         self._gt_tally.round_trip(name)
@@ -183,6 +201,54 @@ class Channel(broker.Channel):
         with contextlib.suppress(redis.RedisError, OSError):
             self._gt_tally.flush(self._gt_raw)
         super().close()
+        self._gt_drop_polls()
+
+    # -- the poll connection ----------------------------------------------------
+    def poll_client(self) -> redis.Redis:
+        """kombu's client, unless the deployment's Redis is not the broker's and this channel
+        dispatches (its queues are all gateway queues): then a client of the deployment's
+        Redis, on a cluster of the master that owns the pool's slot as the slot map says now."""
+        if not getattr(self, "_gt_data_url", ""):   # kombu pings before this channel is set up
+            return self.kombu_client()
+        if self._in_poll:   # a reply is awaited: on the connection it was sent on
+            for found in self._gt_polls.values():
+                if found.connection is self._in_poll:
+                    return found
+            return self.kombu_client()
+        plan = self._gt_plan_now()
+        if plan is None:
+            return self.kombu_client()
+        address = node_address(self._gt_raw, self._gt_keys.pool_tag(plan.pools[0].name))
+        found = self._gt_polls.get(address)
+        if found is None:
+            self._gt_drop_polls()   # one of another node: the slot has moved
+            found = self._gt_polls[address] = server_client(self._gt_data_url, address,
+                                                            wrap=self.poll_connection_class, retry=NO_RETRY)
+        return found
+
+    def _gt_poll_scripts(self) -> Scripts:
+        """The scripts of the poll connection's server: the raw client's, or on a poll client
+        of its own, that client's (loaded on its node, over the poll connection while idle)."""
+        return scripts_for(self.client) if self._gt_data_url else self._gt_scripts
+
+    def _gt_drop_polls(self) -> None:
+        """Close the poll clients of the deployment's Redis (kombu's poller stops watching
+        their sockets as they disconnect)."""
+        polls, self._gt_polls = self._gt_polls, {}
+        for client in polls.values():
+            conn, client.connection = client.connection, None
+            with contextlib.suppress(redis.RedisError, OSError):
+                if conn is not None:
+                    conn.disconnect()
+                client.connection_pool.disconnect()
+
+    def _gt_redirected(self, exc: BaseException) -> None:
+        """The poll's node said the slot is elsewhere (or could not be reached): refresh the
+        slot map; the next poll reconnects to the owner now."""
+        logger.warning("dispatcher %s: %s on the poll connection; refreshing the Redis Cluster slot map",
+                       self._gt_id, type(exc).__name__)
+        after_redirect(self._gt_raw, exc)
+        self._gt_drop_polls()
 
     def _gt_released_one(self) -> None:
         if self._gt_closing and not self._gt_picked:
@@ -245,7 +311,7 @@ class Channel(broker.Channel):
             # of them for reserved tiers' interactive work
             self._gt_batch = plan.batch(free, general)
             self._gt_slot_limited = self._gt_batch.general == 0
-            conn.send_command(*self._gt_scripts.command(self._gt_batch))
+            conn.send_command(*self._gt_poll_scripts().command(self._gt_batch))
 
     def _gt_general_now(self, plan: PickPlan, free: int | None = None) -> int:
         """pick.lua's ARGV[7] for this dispatcher's free slots now (``free``: as counted
@@ -264,8 +330,15 @@ class Channel(broker.Channel):
             try:
                 reply = self.read_poll_reply("EVALSHA" if mode == PICK else "BLPOP", **options)
             except redis.exceptions.NoScriptError:
-                self._gt_scripts.lost()  # the server lost its scripts (restart): load on the next poll
+                self._gt_poll_scripts().lost()  # the server lost its scripts (restart): load on the next poll
                 raise Empty() from None
+            except REDIRECTS as exc:
+                self._gt_redirected(exc)   # nothing ran: poll the slot's owner now
+                raise Empty() from None
+            except redis.ConnectionError as exc:
+                if self._gt_polls:   # the deployment's Redis is not the broker's: find its owner again
+                    after_redirect(self._gt_raw, exc)
+                raise
             except redis.exceptions.ResponseError as exc:
                 if mode != PICK or not is_out_of_memory(exc):
                     raise

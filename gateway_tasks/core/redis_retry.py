@@ -21,7 +21,7 @@ import redis
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
 
-from gateway_tasks.core.redis_failures import is_out_of_memory
+from gateway_tasks.core.redis_failures import CLUSTER_OUTAGES, is_out_of_memory
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,8 +60,11 @@ def riding_retry(budget_s: float = RETRY_BUDGET_S) -> Retry:
 
 
 def worth_retrying(exc: BaseException) -> bool:
-    """Whether a Redis error may go away by itself: unreachable (a restart), or full."""
-    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) or is_out_of_memory(exc)
+    """Whether a Redis error may go away by itself: unreachable (a restart), full, or on a
+    Redis Cluster a master rejoining after its restart (CLUSTERDOWN) or a slot moving."""
+    return (isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError,
+                             redis.exceptions.TryAgainError, *CLUSTER_OUTAGES))
+            or is_out_of_memory(exc))
 
 
 def through_restarts(fn: Callable[[], T], what: str, budget_s: float = RETRY_BUDGET_S,
@@ -74,7 +77,7 @@ def through_restarts(fn: Callable[[], T], what: str, budget_s: float = RETRY_BUD
     while True:
         try:
             return fn()
-        except redis.RedisError as exc:
+        except (redis.RedisError, *CLUSTER_OUTAGES) as exc:
             pause = backoff_s(attempt)
             if not worth_retrying(exc) or clock() + pause > deadline:
                 raise

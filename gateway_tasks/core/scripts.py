@@ -66,6 +66,8 @@ USES_PRELUDE = f"-- uses: {PRELUDE}"
 INCLUDE = re.compile(r"^-- include: ([\w/]+)$", re.M)
 
 Arg = str | bytes | int | float
+# a cluster master's refusals of a command it did not run: it may be sent again
+NOT_RUN = (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
@@ -428,7 +430,10 @@ class Scripts:
 
         Each script runs exactly once: one the server had lost (NOSCRIPT: it did not run)
         is loaded and run alone, the others' replies stand; the reads are sent again after
-        it, so they see it.  Any other error of a call is raised once every reply is in."""
+        it, so they see it.  On a Redis Cluster the calls go to their slots' masters, and
+        one a master refused without running it (CLUSTERDOWN while it rejoins after a
+        restart, TRYAGAIN while its slot migrates) is run alone the same way, through the
+        client's retries.  Any other error of a call is raised once every reply is in."""
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.execute_command(*self._evalsha(call))
@@ -439,6 +444,9 @@ class Scripts:
         for call, reply in zip(calls, got):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 self.lost()
+                lost = True
+                replies.append(self.run(call))
+            elif isinstance(reply, NOT_RUN):
                 lost = True
                 replies.append(self.run(call))
             elif isinstance(reply, Exception):

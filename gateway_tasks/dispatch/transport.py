@@ -57,6 +57,10 @@ from gateway_tasks.dispatch.router import PickBatch, Picked, PickPlan, general_p
 logger = logging.getLogger(__name__)
 
 BRPOP = "brpop"   # the channel's mode when it consumes other queues too: kombu's own BRPOP
+# the channel's mode while the deployment's Redis Cluster refuses its poll (CLUSTERDOWN: a master
+# rejoining, or down; TRYAGAIN): a timed BLPOP on the broker's Redis, where nothing rings the key
+PAUSE = "pause"
+REFUSED_PAUSE_S = 0.25
 MAX_WAIT_S = 1.0  # longest BLPOP on the bell; bounds how stale a decision can get
 FULL_PAUSE_S = 0.5   # between picks refused by Redis at its maxmemory
 FULL_WARN_EVERY = 20  # of those refusals in a row, one in this many is logged (every 10 s)
@@ -216,7 +220,7 @@ class Channel(broker.Channel):
                     return found
             return self.kombu_client()
         plan = self._gt_plan_now()
-        if plan is None:
+        if plan is None or self._gt_mode == PAUSE:
             return self.kombu_client()
         address = node_address(self._gt_raw, self._gt_keys.pool_tag(plan.pools[0].name))
         found = self._gt_polls.get(address)
@@ -243,12 +247,19 @@ class Channel(broker.Channel):
                 client.connection_pool.disconnect()
 
     def _gt_redirected(self, exc: BaseException) -> None:
-        """The poll's node said the slot is elsewhere (or could not be reached): refresh the
-        slot map; the next poll reconnects to the owner now."""
-        logger.warning("dispatcher %s: %s on the poll connection; refreshing the Redis Cluster slot map",
-                       self._gt_id, type(exc).__name__)
+        """The poll's node said the slot is elsewhere, or refused it (CLUSTERDOWN, TRYAGAIN):
+        refresh the slot map; the next poll reconnects to the owner now -- after a pause of
+        REFUSED_PAUSE_S when refused (the cluster is rejoining: asking again at once would
+        spin)."""
+        refused = not isinstance(exc, redis.exceptions.AskError)   # MovedError is an AskError
+        if self._gt_refused % FULL_WARN_EVERY == 0 or not refused:
+            logger.warning("dispatcher %s: the Redis Cluster answered %s to a poll; refreshing its slot map%s",
+                           self._gt_id, type(exc).__name__, " and pausing" if refused else "")
+        self._gt_refused = self._gt_refused + 1 if refused else 0
         after_redirect(self._gt_raw, exc)
         self._gt_drop_polls()
+        if refused:
+            self._gt_mode = PAUSE
 
     def _gt_released_one(self) -> None:
         if self._gt_closing and not self._gt_picked:
@@ -288,6 +299,9 @@ class Channel(broker.Channel):
             self._gt_mode = BRPOP
             return super().poll_start(timeout)
         conn = self.poll_begin()
+        if self._gt_mode == PAUSE:   # on the broker's Redis (poll_client): a timer, not a poll
+            conn.send_command("BLPOP", self._gt_own_bells(plan)[0], bell_timeout(REFUSED_PAUSE_S))
+            return
         # its free slots now, of them how many may take work outside the reserve; a slot of its
         # own freed since it began waiting for one: pick (gateway_tasks.dispatch.poll_step)
         free = self.qos.can_consume_max_estimate() or 1
@@ -326,6 +340,16 @@ class Channel(broker.Channel):
         if self._gt_mode == BRPOP:
             return super().poll_read(**options)
         mode = self._gt_mode
+        if mode == PAUSE:
+            with self.poll_read_done():
+                self._gt_mode = PICK
+                try:
+                    self.read_poll_reply("BLPOP", **options)
+                finally:   # kombu's poller stops watching the broker connection: polls go elsewhere
+                    paused_on = self.kombu_client().connection
+                    if paused_on is not None:
+                        paused_on.disconnect()
+                raise Empty()
         with self.poll_read_done():
             try:
                 reply = self.read_poll_reply("EVALSHA" if mode == PICK else "BLPOP", **options)
@@ -333,7 +357,7 @@ class Channel(broker.Channel):
                 self._gt_poll_scripts().lost()  # the server lost its scripts (restart): load on the next poll
                 raise Empty() from None
             except REDIRECTS as exc:
-                self._gt_redirected(exc)   # nothing ran: poll the slot's owner now
+                self._gt_redirected(exc)   # nothing ran: poll the slot's owner now (after a pause if refused)
                 raise Empty() from None
             except redis.ConnectionError as exc:
                 if self._gt_polls:   # the deployment's Redis is not the broker's: find its owner again

@@ -58,6 +58,7 @@ from importlib import resources
 from typing import Any, ClassVar, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import redis
+from redis.cluster import ClusterPipeline
 from redis.commands.core import Script
 
 LUA_PACKAGE = "gateway_tasks.lua"
@@ -407,8 +408,18 @@ class Scripts:
         return call.parse(self._script(call.SCRIPT)(keys=call.script_keys, args=call.script_args))
 
     def queue(self, call: ScriptCall[Any], pipe: redis.client.Pipeline) -> None:
-        """Add a call to a pipeline; parse its reply with ``call.parse`` after execute()."""
-        self._script(call.SCRIPT)(keys=call.script_keys, args=call.script_args, client=pipe)
+        """Add a call to a pipeline; parse its reply with ``call.parse`` after execute().  A
+        Redis Cluster's pipeline does not load its scripts as a server's does: the first call
+        of each script queued in it checks that every master has it (SCRIPT EXISTS) and loads
+        it where missing, as a server's pipeline checks before it executes."""
+        script = self._script(call.SCRIPT)
+        if isinstance(pipe, ClusterPipeline):
+            checked = pipe.__dict__.setdefault("_gateway_scripts_checked", set())
+            if script.sha not in checked:
+                if not all(self.client.script_exists(script.sha)):
+                    self.client.script_load(script.script)
+                checked.add(script.sha)
+        script(keys=call.script_keys, args=call.script_args, client=pipe)
 
     def command(self, call: ScriptCall[Any]) -> tuple[Arg, ...]:
         """The EVALSHA command of a call, for ``connection.send_command(*command)``;

@@ -444,7 +444,8 @@ class Scripts:
         it, so they see it.  On a Redis Cluster the calls go to their slots' masters, and
         one a master refused without running it (CLUSTERDOWN while it rejoins after a
         restart, TRYAGAIN while its slot migrates) is run alone the same way, through the
-        client's retries.  Any other error of a call is raised once every reply is in."""
+        client's retries, and the reads are sent again.  Any other error of a call or a read
+        is raised once every reply is in."""
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 pipe.execute_command(*self._evalsha(call))
@@ -465,8 +466,11 @@ class Scripts:
             else:
                 replies.append(call.parse(reply))
         read = got[len(calls):]
-        if lost:
+        if lost or any(isinstance(reply, NOT_RUN) for reply in read):
             read = [self.client.execute_command(*command) for command in reads]
+        failed = next((reply for reply in read if isinstance(reply, Exception)), None)
+        if failed is not None:
+            raise failed
         return replies, read
 
     def lost(self) -> None:

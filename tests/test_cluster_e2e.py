@@ -38,7 +38,7 @@ from devtools.api_thread import ApiThread
 from devtools.redis_cluster import slot_of
 from devtools.run_redis import delete_prefix
 from gateway_tasks.core.celery_app import make_app
-from gateway_tasks.core.errors import ConfigError, RedisUnavailable, TaskCancelled
+from gateway_tasks.core.errors import ConfigError, RedisFull, RedisUnavailable, TaskCancelled
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.redis_client import connect, node_options, server_client
 from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
@@ -49,6 +49,7 @@ from gateway_tasks.core.urls import cluster_nodes, without_credentials
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.cancel import WAITING
 from gateway_tasks.producer.gateway import Gateway
+from gateway_tasks.producer.memory_guard import MIB, MemoryGuard
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 from workers.startup import check_queues
 
@@ -185,6 +186,20 @@ def test_results_are_stored_on_the_cluster_and_waited_for_by_celery_and_the_rest
     assert backend.client.mget([backend.get_key_for_task(i) for i in ids])[5] is not None   # several slots
     assert [app.AsyncResult(i).get(timeout=5) for i in ids[2:]] == ids[2:]
     app.close()
+
+
+def test_submits_stop_when_one_master_is_near_its_maxmemory(redis_cluster, cluster_url):
+    """The producer's memory guard goes by the master with the least head-room."""
+    client = connect(cluster_url)
+    assert MemoryGuard(client, 0.9).check() is None
+    fullest = redis_cluster.ports[2]                # not a seed of the URL: found through the cluster
+    with redis_cluster.node_client(fullest) as node:
+        node.config_set("maxmemory", int(node.info("memory")["used_memory"]) + 1_000_000)
+        try:
+            with pytest.raises(RedisFull, match="maxmemory"):    # less than the 4 MiB reserve left there
+                MemoryGuard(client, 0.9, reserve_bytes=4 * MIB).check()
+        finally:
+            node.config_set("maxmemory", 0)
 
 
 # -- end to end on the cluster -----------------------------------------------------------------

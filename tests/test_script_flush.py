@@ -99,7 +99,7 @@ def test_pick_through_the_event_loop_and_basic_get_after_flush(gw, client, monke
     real_lost = Scripts.lost
     # who found NOSCRIPT: the producer's enqueue (dispatch/enqueue.py) or the worker's pick
     monkeypatch.setattr(Scripts, "lost", lambda self: lost.append(
-        "enqueue" if sys._getframe(1).f_code.co_name == "enqueue" else "pick") or real_lost(self))
+        "enqueue" if sys._getframe(1).f_code.co_name in ("enqueue", "_enqueue_on") else "pick") or real_lost(self))
     worker_app = make_worker_app(gw.settings, gw.settings.redis_url)
     queue = gw.settings.queue_name("vip", "default")
     got: list = []

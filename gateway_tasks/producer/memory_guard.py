@@ -20,7 +20,9 @@ So a burst from one producer stops within a submit of the limit, and producers
 sharing a Redis overshoot it by the submits in flight at that moment, not by an
 interval of everybody's traffic.  A refusal rests on a read; a read that was
 over the limit stands for the interval (a flood of refused submits costs no
-INFO calls).
+INFO calls).  On a Redis Cluster it reads every master's and goes by the one with
+the least head-room (a full master refuses its slots' writes, whichever pool or
+tenant they are of).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 from typing import Callable
 
 import redis
+from redis.cluster import RedisCluster
 
 from gateway_tasks.core.errors import RedisFull
 
@@ -107,11 +110,19 @@ class MemoryGuard:
             self._charged += max(0, nbytes)
 
     def _read(self, now: float) -> None:
-        info = self.client.info("memory")
-        used, maximum = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        used, maximum = self._fullest()
         if self._anchor is None:
             self._anchor = (now, used)
         elif now - self._anchor[0] >= self.every_s:   # a rate over at least one interval, not noise
             self._rate = max(0.0, (used - self._anchor[1]) / (now - self._anchor[0]))
             self._anchor = (now, used)
         self._used, self._max, self._read_at, self._charged = used, maximum, now, 0
+
+    def _fullest(self) -> tuple[int, int]:
+        """(used_memory, maxmemory) of the server, or of the master closest to its limit."""
+        if not isinstance(self.client, RedisCluster):
+            info = self.client.info("memory")
+            return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        masters = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES).values()
+        pairs = [(int(i.get("used_memory", 0)), int(i.get("maxmemory", 0))) for i in masters]
+        return min(pairs, key=lambda p: (p[1] - p[0]) if p[1] > 0 else float("inf"))

@@ -2,7 +2,7 @@
 
 First the configuration alone: a cluster URL (``redis+cluster://``, ``rediss+cluster://``)
 is a first-class REDIS_URL, it needs a control Redis for Celery's machinery, and neither
-shows a credential.  Then end to end on the session's 3-master cluster (``redis_cluster``)
+shows a credential.  Then end to end on the 3-master cluster the test fixtures start (``redis_cluster``)
 with the test Redis (6379) as the control Redis: two pools whose hash tags live on
 different masters, one real Celery worker per pool, the simulator upstream, tenants
 registered by the CLI and the Python API, tasks submitted over REST and Python, results
@@ -131,7 +131,7 @@ def test_on_a_cluster_a_worker_serves_one_pools_queues():
 
 @pytest.fixture
 def cluster_url(redis_cluster, key_prefix):
-    """The session cluster's URL (two of its masters as seeds); the test's keys go at teardown."""
+    """The test cluster's URL (two of its masters as seeds); the test's keys go at teardown."""
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in redis_cluster.ports[:2])
     yield url
     with connect(url) as rc:

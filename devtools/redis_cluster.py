@@ -189,6 +189,11 @@ class EmbeddedRedisCluster:
         server = next(s for s in self.servers if s.port == port)
         server.stop()
         server.start(timeout_s)
+        self.wait_until_ok(timeout_s)
+
+    def wait_until_ok(self, timeout_s: float = 20.0) -> None:
+        """Wait until every node says the cluster is ok and all agree on who owns which slot
+        (StartupError naming what is missing after ``timeout_s``)."""
         self._wait_until_formed(time.monotonic() + timeout_s, timeout_s)
 
     def stop(self) -> None:

@@ -43,6 +43,8 @@ from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.redis_client import connect, node_options, server_client
 from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.rest.result_waiter import ResultWaiter
+from kombu import Queue
+from workers.app import make_worker_app
 from gateway_tasks.core.result_backend import ClusterResults
 from gateway_tasks.core.settings import Pool, Settings, load_settings, settings_to_json
 from gateway_tasks.core.urls import cluster_nodes, without_credentials
@@ -186,6 +188,48 @@ def test_results_are_stored_on_the_cluster_and_waited_for_by_celery_and_the_rest
     assert backend.client.mget([backend.get_key_for_task(i) for i in ids])[5] is not None   # several slots
     assert [app.AsyncResult(i).get(timeout=5) for i in ids[2:]] == ids[2:]
     app.close()
+
+
+def test_a_dispatcher_picks_on_its_pools_master_and_waits_out_a_cluster_that_refuses(redis_cluster, cluster_url,
+                                                                                     key_prefix, redis_url, caplog):
+    """The worker transport's event loop on a cluster: a message published through the
+    producer transport is enqueued on the pool's master and picked there over the poll
+    connection; while that master refuses (CLUSTERDOWN: a slot of its own unassigned, the
+    cluster not fully covered) the dispatcher pauses and polls again, and picks once the
+    cluster is whole."""
+    s = load_settings(env={}, redis_url=cluster_url, control_redis_url=redis_url, key_prefix=key_prefix)
+    queue = s.queue_name("vip", "default")
+    producer, worker = make_app(s), make_worker_app(s)
+    got: list = []
+
+    def publish(n: int) -> None:
+        with producer.connection_for_write() as conn:
+            conn.Producer(serializer="json").publish(   # a Celery message, as Gateway.submit's
+                [[n], {}, {}], routing_key=queue,
+                headers={"gt_est_tokens": 10, "gt_tenant": "acme", "task": "gateway.noop", "id": uuid.uuid4().hex})
+
+    master = owner(redis_cluster, Keys(key_prefix).pool_tag("default"))
+    with redis_cluster.node_client(master) as node:
+        free = next(slot for start, end, m, *_ in node.execute_command("CLUSTER SLOTS") if int(m[1]) == master
+                    for slot in range(start, end + 1) if node.cluster("COUNTKEYSINSLOT", slot) == 0
+                    and slot != slot_of(Keys(key_prefix).pool_tag("default")))
+        with worker.connection_for_read() as conn, conn.Consumer(
+                [Queue(queue, no_declare=True)], accept=["json"], callbacks=[lambda body, m: (got.append(body), m.ack())]):
+            publish(1)
+            conn.drain_events(timeout=5)
+            publish(2)
+            node.cluster("DELSLOTS", free)
+            try:
+                with pytest.raises(TimeoutError), caplog.at_level("WARNING"):
+                    conn.drain_events(timeout=1.0)          # refused: no pick, no error
+            finally:
+                node.cluster("ADDSLOTS", free)
+                redis_cluster.wait_until_ok()
+            conn.drain_events(timeout=5)
+    assert [args for args, _, _ in got] == [[1], [2]]
+    assert any("ClusterDownError" in r.getMessage() and "pausing" in r.getMessage() for r in caplog.records)
+    producer.close()
+    worker.close()
 
 
 def test_submits_stop_when_one_master_is_near_its_maxmemory(redis_cluster, cluster_url):

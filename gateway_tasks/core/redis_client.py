@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.cluster as aiocluster
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gateway_tasks.core.packer import FAST_PACKER, connection_kwargs
@@ -98,11 +99,18 @@ def connect(url: str, *, retry: Retry | None = None, cluster_class: type[RedisCl
     return cluster_class(startup_nodes=[ClusterNode(h, p) for h, p in cluster_nodes(url)], **options)
 
 
+# the transport's client: its calls made in kombu's event loop (a dispatch counter flush, an
+# enqueue) fail at once rather than stall the loop behind a cluster client's back-off (ten
+# retries, up to a second apart); one immediate retry reconnects a connection gone stale
+FAIL_FAST = Retry(NoBackoff(), 1)
+
+
 @lru_cache(maxsize=8)
 def shared_client(url: str) -> Client:
     """One client of ``url`` per process (thread-safe), for the transport's channels: they
-    come and go with broker connections, the deployment's Redis stays."""
-    return connect(url)
+    come and go with broker connections, the deployment's Redis stays.  It fails fast
+    (``FAIL_FAST``); what must ride a restart retries around it (``core.redis_retry``)."""
+    return connect(url, retry=FAIL_FAST)
 
 
 def data_client(settings: Any, who: str = "a gateway Redis client", *, retry: Retry | None = None,
@@ -189,5 +197,5 @@ def after_redirect(client: Client, exc: BaseException | None = None) -> None:
             manager.move_slot(exc)
         else:
             manager.initialize()
-    except (redis.RedisError, OSError) as err:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as err:
         log.warning("Redis Cluster: slot map not refreshed (%s); trying again on the next call", err)

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
+from kombu import Queue
 
 from beat.engine import CronEngine
 from beat.fire import gateway_fire
@@ -41,18 +42,17 @@ from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.errors import ConfigError, RedisFull, RedisUnavailable, TaskCancelled
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.redis_client import connect, node_options, server_client
-from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
-from gateway_tasks.rest.result_waiter import ResultWaiter
-from kombu import Queue
-from workers.app import make_worker_app
 from gateway_tasks.core.result_backend import ClusterResults
 from gateway_tasks.core.settings import Pool, Settings, load_settings, settings_to_json
 from gateway_tasks.core.urls import cluster_nodes, without_credentials
+from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.cancel import WAITING
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.producer.memory_guard import MIB, MemoryGuard
+from gateway_tasks.rest.result_waiter import ResultWaiter
 from gateway_tasks.simulator import SimConfig, SimulatorThread
+from workers.app import make_worker_app
 from workers.startup import check_queues
 
 pytestmark = [pytest.mark.slow,

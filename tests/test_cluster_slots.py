@@ -228,7 +228,7 @@ TRANSACTIONS = {
     "gateway_tasks.producer.cancel:_drop_held": run_crons,
     "gateway_tasks.dispatch.dead_letters:DeadLetterer.__call__": run_dead_letter,
     "workers.pipeline:_count_failure": run_count_failure,
-    "gateway_tasks.dispatch.enqueue:enqueue": run_enqueue,
+    "gateway_tasks.dispatch.enqueue:_enqueue_on": run_enqueue,
     "gateway_tasks.dispatch.broker:purge_tier": run_purge,
 }
 
@@ -277,17 +277,7 @@ def test_every_transaction_of_the_runtime_has_a_case_here():
     assert transaction_sites() == set(TRANSACTIONS)
 
 
-# dispatch/broker.py's purge_tier deletes two keys of one pool in a pipeline that a cluster
-# client sends without MULTI, and redis-py's cluster pipeline refuses a multi-key DEL
-# ("deleting multiple keys is not implemented in pipeline command"): one slot, but it asks
-# for no transaction.  The broker belongs to the cluster transport's work; strict, so the
-# fix there shows here.
-BROKEN_ON_A_CLUSTER = {"run_purge"}
-
-
-@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, reason="purge_tier's pipeline: no MULTI on a cluster, multi-key DEL refused"))
-    if name in BROKEN_ON_A_CLUSTER else name for name in sorted({f.__name__ for f in TRANSACTIONS.values()})])
+@pytest.mark.parametrize("case", sorted({f.__name__ for f in TRANSACTIONS.values()}))
 def test_every_transaction_runs_on_a_cluster(cl, case):
     client, settings = cl
     {f.__name__: f for f in TRANSACTIONS.values()}[case](client, settings)

@@ -190,10 +190,11 @@ def purge_tier(client: redis.Redis, keys: Keys, pool: str, tier: str) -> int:
     """Drop every queued (not dispatched) task of one tier on one pool; returns how many."""
     entries = client.zrange(keys.index(pool, tier), 0, -1)
     tags = [IndexEntry.decode(e).tag for e in entries]
-    with client.pipeline() as pipe:
+    with client.pipeline(transaction=True) as pipe:   # one MULTI in the pool's slot
         if tags:
             pipe.hdel(keys.messages(pool), *tags)
-        pipe.delete(keys.index(pool, tier), keys.active(pool, tier))
+        # one DEL of the two keys (a cluster pipeline's delete() takes one key)
+        pipe.execute_command("DEL", keys.index(pool, tier), keys.active(pool, tier))
         pipe.execute()
     return len(tags)
 

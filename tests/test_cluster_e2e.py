@@ -9,10 +9,6 @@ registered by the CLI and the Python API, tasks submitted over REST and Python, 
 read, a cron fired by the beat engine, cancel and dependencies across pools, and a master
 restarted mid-run (SIGTERM: its append-only file written out) with nothing lost.
 
-The flows marked ``NEEDS_KEYS`` cross hash slots in scripts or transactions whose keys are
-re-tagged single-slot by the keys re-tagging (tenant keys under the tenant's tag, the
-quota, cron, cancel and dependency keys): they fail on a cluster until it lands.
-
 The module starts its own servers: it does not run again under GATEWAY_TEST_REDIS=embedded.
 """
 
@@ -58,9 +54,6 @@ from workers.startup import check_queues
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("GATEWAY_TEST_REDIS") == "embedded",
                                  reason="starts its own Redis Cluster: run once, not again on the embedded Redis")]
-
-# flows whose scripts or transactions cross slots until the keys re-tagging lands
-NEEDS_KEYS = pytest.mark.xfail(strict=True, reason="needs the keys re-tagging")
 
 SECRET = "s3cr3t-Pa55word"
 CONTROL = "redis://127.0.0.1:6379/0"
@@ -345,7 +338,6 @@ def test_each_pool_lives_on_its_master_and_celery_on_the_control_redis(deploymen
     assert not keys_on(d.cluster, f"*{d.settings.key_prefix}_kombu*")
 
 
-@NEEDS_KEYS
 def test_python_submits_to_two_pools_on_two_masters_and_results_come_back(deployment):
     d = deployment
     tenant, _ = d.tenant("vip")
@@ -364,7 +356,6 @@ def test_python_submits_to_two_pools_on_two_masters_and_results_come_back(deploy
     assert all(f'gateway_completed_tasks_total{{pool="{p}",tier="vip"}} 3.0' in metrics for p in d.pools), metrics
 
 
-@NEEDS_KEYS
 def test_rest_submits_wait_and_stream_on_the_cluster(deployment):
     d = deployment
     _, key = d.tenant("normal")
@@ -394,7 +385,6 @@ def test_the_cli_registers_a_tenant_and_shows_the_status_on_the_cluster(deployme
     assert SECRET not in status.stdout
 
 
-@NEEDS_KEYS
 def test_a_cron_fired_by_the_beat_engine_runs_on_the_cluster(deployment):
     d = deployment
     tenant, _ = d.tenant("vip")
@@ -408,7 +398,6 @@ def test_a_cron_fired_by_the_beat_engine_runs_on_the_cluster(deployment):
     assert d.gw.result(fired.last_task_id).get(timeout=30)["tenant_id"] == tenant
 
 
-@NEEDS_KEYS
 def test_cancel_and_dependencies_across_pools(deployment):
     d = deployment
     a, b = d.pools
@@ -423,7 +412,6 @@ def test_cancel_and_dependencies_across_pools(deployment):
         dropped.get(timeout=10)
 
 
-@NEEDS_KEYS
 def test_a_master_restarted_mid_run_loses_nothing(deployment):
     """Tasks in flight on both pools while the master of the first pool's slot restarts:
     every accepted task completes once; submits refused while it is down are retried."""

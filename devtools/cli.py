@@ -24,6 +24,7 @@ examples:
   gateway-dev bench --quick             the router benchmark at small sizes (make bench: full)
   gateway-dev bench-fairness --check    the noisy-neighbour bench, exit 1 on a missed target
   gateway-dev bench-fairness --scenario zipf   10,000 Zipf tenants vs 10: small tenants' waits per quartile of ids
+  gateway-dev bench-cluster             6 pools' dispatch on 1 and on 3 Redis Cluster masters (make bench-cluster)
   gateway-dev cron-bench --storm        the cron storm end to end (make bench-beat)
   gateway-dev bench-abuse --quick       one tenant flooding beside a victim of each tier
   gateway-dev chaos --quick             the fault suite at test sizes (make chaos: full)
@@ -36,6 +37,7 @@ COMMAND_MODULES = (
     "devtools.bench.main",       # bench
     "devtools.bench.fairness",   # bench-fairness
     "devtools.bench.dispatch",   # bench-dispatch
+    "devtools.bench.cluster",    # bench-cluster
     "devtools.bench.lifecycle",  # bench-lifecycle
     "devtools.bench.inherit",    # bench-inherit
     "devtools.bench.overload",   # bench-overload

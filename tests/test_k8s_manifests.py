@@ -12,7 +12,10 @@ Redis's maxmemory leaves head-room under its container limit; NetworkPolicies
 deny ingress and egress by default and admit only what each component needs;
 every image is pinned by digest or through the kustomize images list.
 tests/test_k8s_pods.py runs a worker and the API with the environments the
-manifests give their pods."""
+manifests give their pods.  The Redis Cluster variant (deploy/k8s/redis-cluster, an overlay
+of base/ with patches) is checked on its rendering by tests/test_k8s_cluster_manifests.py;
+the helpers here take the documents to look at (``docs``: by default those of base/ and its
+two variants)."""
 
 from __future__ import annotations
 
@@ -39,13 +42,19 @@ from gateway_tasks.core.settings import Settings, load_settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
+CLUSTER = K8S / "redis-cluster"   # an overlay of base/: its files are patches and additions
 NAMESPACE = "gateway"
-WORKLOADS = ("Deployment", "StatefulSet")
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
+
+Docs = list[dict[str, Any]]
 
 
 def all_docs() -> list[tuple[str, dict[str, Any]]]:
+    """Every document of base/ and the two variants, with the file it is in."""
     out = []
     for path in sorted(K8S.rglob("*.yaml")):
+        if CLUSTER in path.parents:
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 out.append((str(path.relative_to(K8S)), doc))
@@ -55,25 +64,25 @@ def all_docs() -> list[tuple[str, dict[str, Any]]]:
 DOCS = all_docs()
 
 
-def of_kind(kind: str) -> list[dict[str, Any]]:
-    return [d for _, d in DOCS if d.get("kind") == kind]
+def of_kind(kind: str, docs: Docs | None = None) -> list[dict[str, Any]]:
+    return [d for d in ([d for _, d in DOCS] if docs is None else docs) if d.get("kind") == kind]
 
 
-def one(kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in of_kind(kind) if d["metadata"]["name"] == name]
+def one(kind: str, name: str, docs: Docs | None = None) -> dict[str, Any]:
+    found = [d for d in of_kind(kind, docs) if d["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
     return found[0]
 
 
-def containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def containers(docs: Docs | None = None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     for kind in WORKLOADS:
-        for workload in of_kind(kind):
+        for workload in of_kind(kind, docs):
             for c in workload["spec"]["template"]["spec"]["containers"]:
                 yield workload, c
 
 
-def gateway_containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    for workload, c in containers():
+def gateway_containers(docs: Docs | None = None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for workload, c in containers(docs):
         if c.get("command", [""])[0] in ("celery", "gateway"):
             yield workload, c
 
@@ -95,11 +104,11 @@ def configmap() -> dict[str, Any]:
 UPSTREAM_SECRET = "gateway-upstream"
 
 
-def secret_data(name: str) -> dict[str, str]:
+def secret_data(name: str, docs: Docs | None = None) -> dict[str, str]:
     """A Secret's keys and (placeholder) values, from stringData or base64 data."""
     import base64
 
-    doc = one("Secret", name)
+    doc = one("Secret", name, docs)
     data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
     return {**data, **(doc.get("stringData") or {})}
 
@@ -115,19 +124,19 @@ def worker_key_env() -> dict[str, str]:
 
 def pod_env(workload: dict[str, Any], container: dict[str, Any], root: Path,
             secrets: dict[str, dict[str, str]] | None = None,
-            config: dict[str, str] | None = None) -> dict[str, str]:
+            config: dict[str, str] | None = None, docs: Docs | None = None) -> dict[str, str]:
     """The environment Kubernetes gives ``container`` (env and envFrom, ConfigMap and Secret
     references resolved), its ConfigMap volumes written under ``root`` as they would be
     mounted, and every value naming a path in such a mount moved under ``root``.  Secret
     values come from ``secrets`` (name -> key -> value) or else the manifests' placeholders;
     ConfigMap values from ``config`` (key -> value) or else the manifest."""
-    cm = {**one("ConfigMap", "gateway-config")["data"], **(config or {})}
+    cm = {**one("ConfigMap", "gateway-config", docs)["data"], **(config or {})}
 
     def configmap(name: str) -> dict[str, str]:
-        return cm if name == "gateway-config" else one("ConfigMap", name)["data"]
+        return cm if name == "gateway-config" else one("ConfigMap", name, docs)["data"]
 
     def secret(name: str) -> dict[str, str]:
-        return (secrets or {}).get(name) or secret_data(name)
+        return (secrets or {}).get(name) or secret_data(name, docs)
 
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
@@ -191,11 +200,12 @@ def test_every_yaml_parses_into_named_objects():
 
 
 def _kustomize(directory: Path) -> list[dict[str, Any]]:
-    """What `kubectl kustomize DIR` renders, for these plain kustomizations (resources,
-    and images: a new name, tag or digest for an image name)."""
+    """What `kubectl kustomize DIR` renders, for these plain kustomizations: resources,
+    strategic-merge patches (``patches``: a file of them, or one inline for a ``target`` of
+    a kind and a name pattern) and images (a new name, tag or digest for an image name)."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    assert set(kust) <= {"apiVersion", "kind", "resources", "images"}, \
-        f"{directory}: only resources and images are used"
+    assert set(kust) <= {"apiVersion", "kind", "resources", "patches", "images"}, \
+        f"{directory}: only resources, patches and images are used"
     out: list[dict[str, Any]] = []
     for res in kust["resources"]:
         target = (directory / res).resolve()
@@ -204,7 +214,12 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
             out += _kustomize(target)
         else:
             out += [d for d in yaml.safe_load_all(target.read_text()) if d is not None]
-    out = json.loads(json.dumps(out))          # the images below change copies
+    out = json.loads(json.dumps(out))          # the patches and images below change copies
+    for rule in kust.get("patches", []):
+        patches = [yaml.safe_load(rule["patch"])] if "patch" in rule else \
+            [d for d in yaml.safe_load_all((directory / rule["path"]).read_text()) if d is not None]
+        for patch in patches:
+            out = _patched(out, patch, rule.get("target"))
     for image in kust.get("images", []):
         for doc in out:
             if doc["kind"] not in WORKLOADS:
@@ -214,6 +229,37 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
                 if _image_name(c["image"]) == image["name"]:
                     c["image"] = _new_image(c["image"], image)
     return out
+
+
+def _patched(docs: list[dict[str, Any]], patch: dict[str, Any],
+             target: dict[str, str] | None) -> list[dict[str, Any]]:
+    """``docs`` with a strategic-merge patch applied to the documents it names (its own kind
+    and name, or ``target``'s kind and name pattern): ``$patch: delete`` removes them, else
+    it is merged in (``_merged``).  A patch that names nothing fails, as in kustomize."""
+    kind = (target or patch)["kind"]
+    name = (target or {}).get("name") or patch["metadata"]["name"]
+    hits = [i for i, d in enumerate(docs) if d["kind"] == kind and re.fullmatch(name, d["metadata"]["name"])]
+    assert hits, f"a patch names no document: {kind} {name}"
+    if patch.get("$patch") == "delete":
+        return [d for i, d in enumerate(docs) if i not in hits]
+    body = {k: v for k, v in patch.items() if k != "$patch"}
+    return [_merged(d, body) if i in hits else d for i, d in enumerate(docs)]
+
+
+def _named(items: Any) -> bool:
+    return isinstance(items, list) and bool(items) and all(isinstance(i, dict) and "name" in i for i in items)
+
+
+def _merged(base: Any, patch: Any) -> Any:
+    """A strategic merge, as far as these manifests use it: maps merge key by key, lists of
+    named maps (containers, env, volumes, ports) merge item by name, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _merged(base[k], v) if k in base else v for k, v in patch.items()}}
+    if _named(base) and _named(patch):
+        mine = {i["name"]: i for i in patch}
+        kept = [_merged(i, mine.pop(i["name"])) if i["name"] in mine else i for i in base]
+        return [*mine.values(), *kept]           # new items first, as kustomize puts them
+    return patch
 
 
 def _image_name(ref: str) -> str:
@@ -230,8 +276,10 @@ def _new_image(ref: str, rule: dict[str, str]) -> str:
 
 
 def _listed_files(directory: Path) -> set[Path]:
+    """The files a kustomization names: its resources (not folders) and its patch files."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    return {(directory / r).resolve() for r in kust["resources"] if not (directory / r).is_dir()}
+    return {(directory / r).resolve() for r in kust["resources"] if not (directory / r).is_dir()} | \
+        {(directory / p["path"]).resolve() for p in kust.get("patches", []) if "path" in p}
 
 
 VARIANTS = {"hpa": K8S, "keda": K8S / "keda"}
@@ -639,16 +687,17 @@ def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
-def _workloads() -> dict[str, dict[str, str]]:
+def _workloads(docs: Docs | None = None) -> dict[str, dict[str, str]]:
     return {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"]
-            for k in WORKLOADS for w in of_kind(k)}
+            for k in WORKLOADS for w in of_kind(k, docs)}
 
 
-def admitted(target: str, port: int) -> set[str]:
+def admitted(target: str, port: int, docs: Docs | None = None) -> set[str]:
     """Who the NetworkPolicies let reach ``target`` (a workload) on ``port``: workload
     names, or "anyone" (a rule without sources, an ipBlock or another namespace)."""
-    labels = _workloads()[target]
-    policies = [p for p in of_kind("NetworkPolicy")
+    workloads = _workloads(docs)
+    labels = workloads[target]
+    policies = [p for p in of_kind("NetworkPolicy", docs)
                 if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
                 and _matches(p["spec"]["podSelector"], labels)]
     assert policies, f"no NetworkPolicy selects {target}: everything may reach it"
@@ -664,7 +713,7 @@ def admitted(target: str, port: int) -> set[str]:
                 if "ipBlock" in peer or "namespaceSelector" in peer:
                     sources.add("anyone")
                 elif "podSelector" in peer:
-                    sources |= {n for n, lb in _workloads().items() if _matches(peer["podSelector"], lb)}
+                    sources |= {n for n, lb in workloads.items() if _matches(peer["podSelector"], lb)}
     return sources
 
 
@@ -690,12 +739,13 @@ def test_nothing_public_reaches_flower_and_the_api_is_open():
     assert admitted("gateway-api", api_port["containerPort"]) == {"anyone"}
 
 
-def egress(source: str) -> set[tuple[str, str, int]]:
+def egress(source: str, docs: Docs | None = None) -> set[tuple[str, str, int]]:
     """Where the NetworkPolicies let ``source`` (a workload) connect: (destination, protocol,
     port), the destination a workload name, "dns" (kube-dns in kube-system), an ipBlock
     ("cidr except a,b"), or "anywhere" (a rule without destinations or ports)."""
-    labels = _workloads()[source]
-    policies = [p for p in of_kind("NetworkPolicy")
+    workloads = _workloads(docs)
+    labels = workloads[source]
+    policies = [p for p in of_kind("NetworkPolicy", docs)
                 if "Egress" in p["spec"].get("policyTypes", [])
                 and _matches(p["spec"]["podSelector"], labels)]
     assert policies, f"no egress NetworkPolicy selects {source}: it may connect anywhere"
@@ -717,7 +767,7 @@ def egress(source: str) -> set[tuple[str, str, int]]:
                         pods == {"k8s-app": "kube-dns"}, peer
                     dests = {"dns"}
                 else:
-                    dests = {n for n, lb in _workloads().items() if _matches(peer["podSelector"], lb)}
+                    dests = {n for n, lb in workloads.items() if _matches(peer["podSelector"], lb)}
                     assert dests, f"{policy['metadata']['name']}: {peer} selects no pod"
                 out |= {(d, proto, port) for d in dests for proto, port in ports}
     return out
@@ -757,9 +807,9 @@ def test_only_gateway_pods_reach_redis_and_flower_only_from_its_namespace():
 
 
 # -- security: pods and containers --------------------------------------------------------
-def _pods() -> Iterator[tuple[str, dict[str, Any]]]:
+def _pods(docs: Docs | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     for kind in WORKLOADS:
-        for w in of_kind(kind):
+        for w in of_kind(kind, docs):
             yield w["metadata"]["name"], w["spec"]["template"]["spec"]
 
 

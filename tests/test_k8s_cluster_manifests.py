@@ -257,10 +257,14 @@ def test_redis_memory_leaves_head_room_and_never_evicts(workload):
     maxmemory = redis_bytes(arg_after(args, "--maxmemory"))
     assert 0 < maxmemory <= MAXMEMORY_SHARE * quantity_bytes(c["resources"]["limits"]["memory"])
     assert arg_after(args, "--maxmemory-policy") == "noeviction"
+    assert arg_after(args, "--appendonly") == "yes"          # on the volume mounted at /data
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/data"}
     if workload == NODES_SET:
-        assert arg_after(args, "--appendonly") == "yes" and arg_after(args, "--cluster-enabled") == "yes"
+        assert arg_after(args, "--cluster-enabled") == "yes"
         assert arg_after(args, "--cluster-config-file").startswith("/data/")
-        assert {m["mountPath"] for m in c["volumeMounts"]} == {"/data"}
+    else:
+        [volume] = one(kind, workload, DOCS)["spec"]["template"]["spec"]["volumes"]
+        assert one("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"], DOCS)
 
 
 def acl_users(args: list[str]) -> dict[str, list[str]]:

@@ -31,12 +31,12 @@ yaml = pytest.importorskip("yaml")
 
 from devtools.redis_cluster import slot_of, slot_ranges  # noqa: E402
 from gateway_tasks.core.keys import Keys  # noqa: E402
-from gateway_tasks.core.settings import Settings  # noqa: E402
+from gateway_tasks.core.settings import ENV_SETTINGS, Settings, load_settings  # noqa: E402
 from tests.test_k8s_manifests import (CLUSTER, K8S, K8S_VERSIONS, MAXMEMORY_SHARE, UPSTREAM_SECRET,  # noqa: E402
                                       WORKLOADS, _image_name, _images, _kustomize, _matches, _pods,
                                       _workloads, admitted, arg_after, egress, env_of, gateway_containers,
-                                      is_worker, of_kind, one, quantity_bytes, redis_bytes, secret_data,
-                                      secret_refs)
+                                      is_worker, of_kind, one, pod_env, quantity_bytes, redis_bytes,
+                                      secret_data, secret_refs)
 
 DOCS = _kustomize(CLUSTER)
 NODES_SET = "redis-cluster"
@@ -182,6 +182,52 @@ def test_redis_url_names_every_node_and_the_control_url_the_control_service():
 
 def job_env() -> dict[str, str]:
     return {e["name"]: e["value"] for e in job_container()["env"] if "value" in e}
+
+
+def test_every_gateway_pod_gets_the_settings_it_needs_under_their_names():
+    """Every variable a gateway container gets is a setting's (ENV_SETTINGS), the config
+    file's, Flower's auth or a pool's key; each gets REDIS_URL and the control URL from the
+    ConfigMap, and a worker only its own pool's key."""
+    keys = {p["name"]: p["api_key_env"] for p in cluster_toml()["pools"]}
+    allowed = set(ENV_SETTINGS) | {"GATEWAY_CONFIG", "FLOWER_BASIC_AUTH"} | set(keys.values())
+    seen = 0
+    for workload, c in gateway_containers(DOCS):
+        env = env_of(c)
+        name = workload["metadata"]["name"]
+        assert set(env) <= allowed, (name, set(env) - allowed)
+        for var in ("REDIS_URL", "GATEWAY_CONTROL_REDIS_URL", "REDIS_USERNAME"):
+            ref = env[var]["valueFrom"]["configMapKeyRef"]
+            assert (ref["name"], ref["key"]) == ("gateway-config", var), name
+        pool_keys = {v for v in env if v in keys.values()}
+        assert pool_keys == ({keys[workload["metadata"]["labels"]["gateway-tasks/pool"]]} if is_worker(workload)
+                             else set()), name
+        seen += 1
+    assert seen == len(pool_names()) + 3          # the pools' workers, the API, beat, Flower
+
+
+@pytest.mark.parametrize("deployment", ["gateway-worker-openai", "gateway-worker-mistral", "gateway-api",
+                                        "gateway-beat", "flower"])
+def test_each_pod_s_environment_loads_cluster_settings(deployment, tmp_path):
+    """What each pod loads from the environment the variant gives it: the cluster's nodes as
+    redis_url, the control Redis, both with the ACL login; a worker has its own pool's key
+    and no other, the API, beat and Flower none."""
+    workload = one("Deployment", deployment, DOCS)
+    [c] = workload["spec"]["template"]["spec"]["containers"]
+    s = load_settings(env=pod_env(workload, c, tmp_path, docs=DOCS))
+    assert s.redis_cluster and s.public().redis_url.startswith("redis+cluster://")
+    password = secret_data("gateway-redis", DOCS)["REDIS_PASSWORD"]
+    control = urlsplit(s.control_redis_url)
+    assert (control.username, control.password, control.hostname) == \
+        ("gateway", password, urlsplit(config()["GATEWAY_CONTROL_REDIS_URL"]).hostname)
+    assert [p.name for p in s.pools] == pool_names()
+    keys = secret_data(UPSTREAM_SECRET, DOCS)
+    with_key = {p.name for p in s.pools if p.api_key}
+    if is_worker(workload):
+        pool = workload["metadata"]["labels"]["gateway-tasks/pool"]
+        assert with_key == {pool} and s.pool(pool).api_key == keys[s.pool(pool).api_key_env]
+        s.require_keys([pool])
+    else:
+        assert with_key == set()
 
 
 # -- references ----------------------------------------------------------------------------

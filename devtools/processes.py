@@ -1,4 +1,4 @@
-"""Child processes of a local deployment: Celery workers, `gateway api` and Flower
+"""Child processes of a local deployment: Celery workers, beat, `gateway api` and Flower
 (``gateway_tasks.local.children.stop_process`` stops a single server process).
 
 Used by `make demo`, the benchmark and the multi-process tests.  Each child
@@ -101,6 +101,13 @@ def worker(settings: Settings, *, queues: Sequence[str] | None = None, concurren
     argv = celery_worker_argv("workers.app", list(queues or settings.queue_names()),
                               concurrency=concurrency, pool=pool, name=name, loglevel=loglevel)
     return Child(argv, child_env(settings) if env is None else env, log_path)
+
+
+def beat(settings: Settings, *, schedule_path: str, log_path: str = "", loglevel: str = "warning") -> Child:
+    """``celery -A beat.app beat`` on ``child_env(settings)``; ``schedule_path``: the file of
+    Celery's own static schedule (tenant crons are in Redis)."""
+    argv = [sys.executable, "-m", "celery", "-A", "beat.app", "beat", "-s", schedule_path, "-l", loglevel]
+    return Child(argv, child_env(settings), log_path)
 
 
 def gateway_argv(*args: str) -> list[str]:

@@ -7,7 +7,9 @@ with the test Redis (6379) as the control Redis: two pools whose hash tags live 
 different masters, one real Celery worker per pool, the simulator upstream, tenants
 registered by the CLI and the Python API, tasks submitted over REST and Python, results
 read, a cron fired by the beat engine, cancel and dependencies across pools, and a master
-restarted mid-run (SIGTERM: its append-only file written out) with nothing lost.
+restarted mid-run (SIGTERM: its append-only file written out) with nothing lost.  The other
+processes run as the manual starts them: beat firing a cron, `gateway api`, `gateway flower`
+(its pages free of secrets), `gateway metrics` and the operator commands.
 
 The module starts its own servers: it does not run again under GATEWAY_TEST_REDIS=embedded.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -29,11 +32,12 @@ from kombu import Queue
 
 from beat.engine import CronEngine
 from beat.fire import gateway_fire
-from beat.store import CronStore
+from beat.store import CronStore, now_ms
 from devtools import processes
 from devtools.api_thread import ApiThread
 from devtools.redis_cluster import slot_of
 from devtools.run_redis import delete_prefix
+from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.celery_app import make_app
 from gateway_tasks.core.errors import ConfigError, RedisFull, RedisUnavailable, TaskCancelled
 from gateway_tasks.core.keys import Keys
@@ -41,7 +45,9 @@ from gateway_tasks.core.redis_client import connect, node_options, server_client
 from gateway_tasks.core.result_backend import ClusterResults
 from gateway_tasks.core.settings import Pool, Settings, load_settings, settings_to_json
 from gateway_tasks.core.urls import cluster_nodes, without_credentials
+from gateway_tasks.dispatch.dead_letters import dead_letters
 from gateway_tasks.dispatch.enqueue import EnqueueCall, enqueue
+from gateway_tasks.local.ports import free_port
 from gateway_tasks.metrics.exporter import render
 from gateway_tasks.producer.cancel import WAITING
 from gateway_tasks.producer.gateway import Gateway
@@ -56,6 +62,9 @@ pytestmark = [pytest.mark.slow,
                                  reason="starts its own Redis Cluster: run once, not again on the embedded Redis")]
 
 SECRET = "s3cr3t-Pa55word"
+POOL_KEY = "sk-cluster-e2e-0123456789SECRET"      # the pools' upstream key: never served, never printed
+ADMIN_KEY = "admin-cluster-e2e-SECRET"
+SECRETS = (POOL_KEY, ADMIN_KEY, "SECRET")             # what no process serves or prints
 CONTROL = "redis://127.0.0.1:6379/0"
 HELLO = [{"role": "user", "content": "Say hello"}]
 
@@ -286,10 +295,10 @@ def deployment(redis_cluster, redis_url, module_key_prefix, tmp_path_factory):
     keys = Keys(module_key_prefix)
     names = two_pools_on_two_masters(redis_cluster, keys)
     with SimulatorThread(SimConfig(base_latency_ms=10, ms_per_output_token=2.0)) as sim:
-        pools = tuple(Pool(n, base_url=sim.base_url, api_key="k", models=(m,), tpm=600_000, rpm=6_000)
+        pools = tuple(Pool(n, base_url=sim.base_url, api_key=POOL_KEY, models=(m,), tpm=600_000, rpm=6_000)
                       for n, m in zip(names, ("gpt-4o-mini", "gpt-4o")))
         s = load_settings(env={}, redis_url=cluster_url, control_redis_url=redis_url, key_prefix=module_key_prefix,
-                          pools=pools, result_ttl_s=600)
+                          pools=pools, result_ttl_s=600, admin_key=ADMIN_KEY)
         gw = Gateway(s)
         workers = [processes.worker(s, queues=[s.queue_name(t.name, n) for t in s.tiers], concurrency=4,
                                     name=f"cl-{n}", log_path=str(logs / f"worker-{n}.log")).start() for n in names]
@@ -410,6 +419,179 @@ def test_cancel_and_dependencies_across_pools(deployment):
     assert parent.async_result.successful()
     with pytest.raises(TaskCancelled):
         dropped.get(timeout=10)
+
+
+# -- the other processes of the deployment, each started as the docs start it --------------------
+
+class Services:
+    def __init__(self, api_url: str, flower_url: str, flower_auth: tuple[str, str], logs):
+        self.api_url, self.flower_url, self.flower_auth, self.logs = api_url, flower_url, flower_auth, logs
+
+
+def wait_for_http(url: str, child: processes.Child, auth=None, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert child.alive(), f"{child.argv} exited: see {child.log_path}"
+        try:
+            if httpx.get(url, auth=auth, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not up in {timeout_s} s: see {child.log_path}")
+
+
+@pytest.fixture(scope="module")
+def services(deployment, tmp_path_factory):
+    """Beat (``celery -A beat.app beat``), ``gateway api`` and ``gateway flower`` on the
+    deployment's environment, started together, stopped after the module."""
+    d = deployment
+    logs = tmp_path_factory.mktemp("cluster-services")
+    api_port, flower_port = free_port(), free_port()
+    flower_auth = flower_cli.generated_basic_auth()
+    children = {
+        "beat": processes.beat(d.settings, schedule_path=str(logs / "beat-schedule"), loglevel="info",
+                               log_path=str(logs / "beat.log")),
+        "api": processes.api(d.env(), port=api_port, log_path=str(logs / "api.log")),
+        "flower": processes.Child(processes.gateway_argv("flower", "--port", str(flower_port)),
+                                  {**d.env(), flower_cli.AUTH_ENV: flower_auth}, str(logs / "flower.log")),
+    }
+    for child in children.values():
+        child.start()
+    try:
+        api_url, flower_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{flower_port}"
+        user, password = flower_cli.first_credentials(flower_auth)
+        wait_for_http(f"{api_url}/healthz", children["api"])
+        wait_for_http(f"{flower_url}/healthcheck", children["flower"], auth=(user, password))
+        yield Services(api_url, flower_url, (user, password), logs)
+        assert all(c.alive() for c in children.values()), {n: c.log_path for n, c in children.items()}
+    finally:
+        for child in children.values():
+            child.stop()
+
+
+def gateway_cli(d: Deployment, *argv: str) -> subprocess.CompletedProcess:
+    """``gateway ARGV...`` as a process on the deployment's environment; it printed no secret."""
+    run = subprocess.run(processes.gateway_argv(*argv), env=d.env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, (argv, run.stderr[-2000:])
+    assert not any(s in run.stdout + run.stderr for s in SECRETS), argv
+    return run
+
+
+def test_beat_as_a_process_fires_a_tenant_cron_whose_result_is_read(deployment, services):
+    d = deployment
+    tenant, _ = d.tenant("vip")
+    store = CronStore(d.gw.r, d.settings, d.gw)
+    # registered as of a minute ago: its run of the minute just gone is due now (vip: no jitter)
+    store.add(tenant, "digest", "* * * * *", {"messages": HELLO, "model": d.models[d.pools[0]], "max_tokens": 8},
+              now=now_ms() - 60_000)
+    deadline = time.monotonic() + 30
+    while (fired := store.get(tenant, "digest")).last_task_id is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fired.last_task_id, (services.logs / "beat.log").read_text()[-2000:]
+    assert fired.last_status == "fired"
+    result = d.gw.result(fired.last_task_id).get(timeout=30)
+    assert result["tenant_id"] == tenant and result["response"]["model"] == d.models[d.pools[0]]
+    published = json.loads(gateway_cli(d, "capacity", "forecast", "--published", "--json").stdout)
+    assert published["generated_ms"] > 0        # the leader's forecast, written in the beat's slot
+
+
+def test_gateway_api_as_a_process_serves_completions_and_metrics_from_the_cluster(deployment, services):
+    d = deployment
+    tenant, key = d.tenant("normal")
+    for pool in d.pools:
+        reply = httpx.post(f"{services.api_url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                           json={"model": d.models[pool], "messages": HELLO, "max_tokens": 8}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == d.models[pool] and reply.json()["choices"][0]["message"]["content"]
+    assert httpx.get(f"{services.api_url}/metrics", timeout=10).status_code == 401
+    scraped = httpx.get(f"{services.api_url}/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+    assert scraped.status_code == 200
+    metrics = scraped.text
+    for pool in d.pools:     # each pool's counters and bucket, read from its own master
+        assert f'gateway_completed_tasks_total{{pool="{pool}",tier="normal"}}' in metrics, metrics
+        assert f'gateway_bucket_capacity_tokens{{pool="{pool}"}}' in metrics
+    assert float(re.search(r"^gateway_tenants (\S+)$", metrics, flags=re.M).group(1)) >= 2
+    assert not any(s in metrics for s in SECRETS)
+
+
+def test_flower_shows_the_clusters_workers_and_task_events_and_no_secret(deployment, services):
+    d = deployment
+    tenant, key = d.tenant("vip")
+    handles = [d.gw.submit(tenant, f"flower {p}", model=d.models[p], max_tokens=8) for p in d.pools]
+    for h in handles:
+        h.get(timeout=30)
+    base = services.flower_url
+    for path in ("/", "/api/workers", "/metrics"):
+        assert httpx.get(base + path, timeout=5).status_code == 401, path
+    with httpx.Client(auth=services.flower_auth, timeout=10) as client:
+        workers = poll(client, f"{base}/api/workers?refresh=1",
+                       lambda body: all(any(n.startswith(f"cl-{p}-") for n in body) for p in d.pools))
+        tasks = poll(client, f"{base}/api/tasks",
+                     lambda body: all(body.get(h.id, {}).get("state") == "SUCCESS" for h in handles))
+        assert {tasks[h.id]["name"] for h in handles} == {"gateway.infer"}
+        assert all("flower" not in (tasks[h.id].get("args") or "") for h in handles)   # no prompt shown
+        names = sorted(workers)
+        pages = ["/", "/workers", "/tasks", "/broker", "/api/tasks", "/api/task/types",
+                 *(f"/worker/{n}" for n in names), *(f"/task/{h.id}" for h in handles)]
+        scraped = {}
+        for path in pages:
+            resp = client.get(base + path)
+            assert resp.status_code == 200, (path, resp.text[:300])
+            scraped[path] = resp.text
+    served = "\n".join(scraped.values()) + json.dumps(workers)
+    assert not any(s in served for s in (*SECRETS, key, services.flower_auth[1]))
+
+
+def poll(client: httpx.Client, url: str, ok, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = client.get(url)
+            if last.status_code == 200 and ok(last.json()):
+                return last.json()
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never satisfied the check; last answer: {last and last.text[:500]}")
+
+
+def test_the_operator_commands_read_the_cluster(deployment):
+    """`gateway cron add`, `metrics`, `status`, `capacity`, `capacity forecast`, `dead-letters`
+    and `tenant usage`, each a process on the deployment's environment."""
+    d = deployment
+    a, b = d.pools
+    tenant, _ = d.tenant("batch")
+    for h in [d.gw.submit(tenant, f"usage {p}", model=d.models[p], max_tokens=8) for p in d.pools]:
+        h.get(timeout=30)
+    tag = uuid.uuid4().hex          # a malformed message on the second pool: its worker dead-letters it
+    assert enqueue(d.gw.r, EnqueueCall(d.keys, d.settings.tier("vip"), b, tenant, tag, 10, "[1, 2]")).accepted
+    deadline = time.monotonic() + 20
+    while not dead_letters(d.gw.r, d.keys, b) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cron_tenant, _ = d.tenant("vip")
+    gateway_cli(d, "cron", "add", cron_tenant, "minutely", "* * * * *", "--prompt", "tick", "--model", d.models[a])
+    commands = {"metrics": ("metrics",), "status": ("status",),
+                "capacity": ("capacity", "--from-deployment", "--measure-s", "1", "--p99-target-ms", "3000",
+                             "--tasks-per-tenant-per-hour", "3", "--peak-multiplier", "2", "--json"),
+                "forecast": ("capacity", "forecast", "--json"),
+                "dead-letters": ("dead-letters", "--pool", b), "usage": ("tenant", "usage", tenant)}
+    with ThreadPoolExecutor(2) as pool:
+        runs = dict(zip(commands, pool.map(lambda argv: gateway_cli(d, *argv), commands.values())))
+    metrics = runs["metrics"].stdout
+    assert all(f'gateway_completed_tasks_total{{pool="{p}",tier="batch"}}' in metrics for p in d.pools), metrics
+    assert f'gateway_dead_lettered_messages_total{{pool="{b}",tier="vip"}} 1.0' in metrics
+    assert all(pool in runs["status"].stdout for pool in d.pools)
+    capacity = json.loads(runs["capacity"].stdout)
+    assert capacity["measured"]["workers"] == 2            # `inspect stats` over the control Redis
+    assert capacity["deployed"]["tenants"] >= 2 and capacity["deployed"]["completed"] >= 2
+    forecast = json.loads(runs["forecast"].stdout)         # the cron's runs, read from the beat's slot
+    assert sum(sum(s["runs"]) for s in forecast["series"] if s["pool"] == a and s["tier"] == "vip") >= 9
+    [letter] = json.loads(runs["dead-letters"].stdout)
+    assert letter["tag"] == tag and "not a JSON object" in letter["reason"]
+    usage = json.loads(runs["usage"].stdout)
+    assert usage["tenant_id"] == tenant and usage["totals"]["hours"]["requests"] == 2
 
 
 def test_a_master_restarted_mid_run_loses_nothing(deployment):

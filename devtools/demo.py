@@ -1,6 +1,7 @@
 """`make demo`: a whole local deployment, a mixed load, per-tier results.
 
-Starts (or uses) Redis, the upstream simulator, a Celery worker and Flower;
+Starts (or uses) Redis, the upstream simulator, a Celery worker and Flower (on a Redis
+Cluster too: REDIS_URL=redis+cluster://... with GATEWAY_CONTROL_REDIS_URL);
 registers VIP / normal / batch tenants; floods the batch tier with long tasks,
 starts an OpenAI Batch API job (the official SDK against the gateway's REST API:
 /v1/files + /v1/batches, its lines run in the batch tier's scheduled lane), then sends
@@ -20,10 +21,10 @@ import time
 from typing import Any
 
 import openai
-import redis
 
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.redis_client import connect
 from gateway_tasks.core.settings import Pool, load_settings
 from devtools.quotas import for_load
 from devtools import processes
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             prefix = f"gt-demo-{os.getpid()}:"
             settings = for_load(base.with_(redis_url=redis_url, pools=(pool,), key_prefix=prefix,
                                            batch_dir=os.path.join(logdir, "batches")))
-            client = redis.Redis.from_url(redis_url)
+            client = connect(redis_url)
             gw = Gateway(settings, client=client)
             for tenant, tier in (("acme", "vip"), ("globex", "normal"), ("bulkco", "batch")):
                 gw.register_tenant(tenant, tier)
@@ -94,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
                 flower.stop()
                 worker.stop()
                 discard_prefix(client, prefix)
+                if settings.control_redis_url:        # Celery's bindings, on a Redis of their own
+                    with connect(settings.control_redis_url) as control:
+                        discard_prefix(control, prefix)
     return 0
 
 

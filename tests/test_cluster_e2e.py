@@ -9,7 +9,7 @@ registered by the CLI and the Python API, tasks submitted over REST and Python, 
 read, a cron fired by the beat engine, cancel and dependencies across pools, and a master
 restarted mid-run (SIGTERM: its append-only file written out) with nothing lost.  The other
 processes run as the manual starts them: beat firing a cron, `gateway api`, `gateway flower`
-(its pages free of secrets), `gateway metrics` and the operator commands.
+(its pages free of secrets), `gateway metrics` and the operator commands, and `make demo`.
 
 The module starts its own servers: it does not run again under GATEWAY_TEST_REDIS=embedded.
 """
@@ -20,7 +20,9 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -592,6 +594,28 @@ def test_the_operator_commands_read_the_cluster(deployment):
     assert letter["tag"] == tag and "not a JSON object" in letter["reason"]
     usage = json.loads(runs["usage"].stdout)
     assert usage["tenant_id"] == tenant and usage["totals"]["hours"]["requests"] == 2
+
+
+def test_the_demo_runs_on_a_cluster(redis_cluster, redis_url):
+    """`make demo` with a cluster URL and a control Redis (docs/redis-cluster.md), shortened; it
+    leaves no key behind on either."""
+    env = {**processes.without_settings_env(os.environ), "GATEWAY_CONTROL_REDIS_URL": redis_url,
+           "REDIS_URL": "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in redis_cluster.ports[:2])}
+    demo = subprocess.Popen([sys.executable, "-m", "devtools", "demo", "--batch", "10", "--vip", "6",
+                             "--batch-api-lines", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:             # stuck: interrupted, it stops its worker and Flower
+            demo.send_signal(signal.SIGINT)
+            demo.communicate(timeout=30)
+    assert demo.returncode == 0, out[-2000:] + err[-2000:]
+    assert re.search(r"^vip\s+6\s", out, flags=re.M) and "completed, 4/4 completed" in out
+    prefix = f"gt-demo-{demo.pid}:"           # the demo's own keys
+    with redis.Redis.from_url(redis_url) as control:
+        assert not list(control.scan_iter(match=f"{prefix}*", count=1000))
+    assert not keys_on(redis_cluster, f"{prefix}*")
 
 
 def test_a_master_restarted_mid_run_loses_nothing(deployment):

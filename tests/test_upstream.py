@@ -3,6 +3,8 @@ are the caller's error (``refusal_of``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 
@@ -109,3 +111,57 @@ def test_a_stream_cut_mid_way_by_the_connection_is_stream_broken():
         chat_stream(pool, "m", [{"role": "user", "content": "hi"}], 10, None, got.append, prompt_tokens=5)
     assert len(got) == 2
     thread.join(timeout=10)
+
+
+def _serving(status: int, payload: bytes) -> tuple[Pool, Any]:
+    """A one-route HTTP server on a free port answering every POST with ``payload``."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:   # noqa: N802 -- http.server's name
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pool = Pool("raw", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k",
+                models=("m",), tpm=100_000, rpm=1_000, timeout_s=10)
+    return pool, server
+
+
+def test_a_chat_reply_is_the_upstreams_json_as_it_sent_it():
+    """The body is the upstream's object field for field -- a vendor's extra field kept, no
+    field of the SDK's models added -- and its usage counts the tokens."""
+    import json
+
+    from gateway_tasks.upstream.client import chat
+    sent = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9},
+            "x_vendor": {"region": "eu"}}
+    pool, server = _serving(200, json.dumps(sent).encode())
+    try:
+        reply = chat(pool, "m", [{"role": "user", "content": "hi"}], 10)
+    finally:
+        server.shutdown()
+    assert reply.body == sent
+    assert (reply.prompt_tokens, reply.completion_tokens, reply.total_tokens) == (7, 2, 9)
+
+
+def test_a_reply_that_is_no_json_object_is_an_upstream_error():
+    from gateway_tasks.core.errors import UpstreamError
+    from gateway_tasks.upstream.client import chat
+    pool, server = _serving(200, b"[1, 2]")
+    try:
+        with pytest.raises(UpstreamError, match="without a JSON object"):
+            chat(pool, "m", [{"role": "user", "content": "hi"}], 10)
+    finally:
+        server.shutdown()

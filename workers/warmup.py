@@ -1,7 +1,7 @@
 """Warming a worker up before it takes its first task.
 
 The `openai` SDK does one-time work on a process's first chat completion (its
-resource objects, the first parse and dump of a reply: ~0.2 s on a quiet
+resource objects, its request building and HTTP client: ~0.2 s on a quiet
 machine, seconds on a loaded one).  A worker that has just started -- a
 restart, or a pod the autoscaler added because a wave is coming -- would do it
 inside its first upstream calls, with every task picked meanwhile holding a
@@ -12,7 +12,7 @@ the simulator's own first request (tiktoken's encoder, now loaded at its start).
 
 So the worker, on ``worker_init`` (after its modules are imported, before its
 consumer starts), runs one complete SDK call -- the same ``with_raw_response``
-create, ``parse`` and ``model_dump`` as ``gateway_tasks.upstream.client.chat`` -- against an
+create and JSON read of the raw reply as ``gateway_tasks.upstream.client.chat`` -- against an
 in-process fake transport (the SDK's HTTP library's ``MockTransport``): no network, no upstream
 tokens, no rate limit touched.  It also builds each pool's real client.
 """
@@ -47,13 +47,13 @@ def _reply(request: Any) -> Any:
 
 def warm_sdk() -> dict[str, Any]:
     """One chat completion through the SDK against a fake in-process transport; returns
-    what the warm reply parsed to (its model_dump), for the tests."""
+    the warm reply's JSON body, for the tests."""
     with SDK_HTTP.Client(transport=SDK_HTTP.MockTransport(_reply)) as http:
         client = openai.OpenAI(base_url="http://warmup.invalid/v1", api_key="warmup", max_retries=0,
                                http_client=http)
         raw = client.chat.completions.with_raw_response.create(
             model=WARMUP_MODEL, messages=[{"role": "user", "content": "warm up"}], max_tokens=1)
-        return raw.parse().model_dump(mode="json")
+        return raw.http_response.json()
 
 
 def warm_worker(settings: Settings) -> float:

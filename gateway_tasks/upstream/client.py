@@ -121,11 +121,29 @@ def chat(pool: Pool, model: str, messages: list[dict[str, Any]], max_tokens: int
     header (every attempt of a task sends the same)."""
     raw = _create(pool, model=model, messages=messages, max_tokens=max_tokens,
                   extra_body=extra_body or None, extra_headers=_task_header(task_id))
-    completion = raw.parse()
-    usage = completion.usage
-    return UpstreamReply(body=completion.model_dump(mode="json"), headers=dict(raw.headers),
-                         prompt_tokens=usage.prompt_tokens if usage else 0,
-                         completion_tokens=usage.completion_tokens if usage else 0)
+    body = _json_body(raw)
+    usage = body.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    return UpstreamReply(body=body, headers=dict(raw.headers), prompt_tokens=_count(usage, "prompt_tokens"),
+                         completion_tokens=_count(usage, "completion_tokens"))
+
+
+def _json_body(raw: Any) -> dict[str, Any]:
+    """The upstream's JSON object as it sent it -- not parsed into the SDK's models and dumped
+    again (that costs the worker more CPU than the rest of the call, and would add the model's
+    unset fields as nulls) -- or UpstreamError when it is not a JSON object."""
+    try:
+        body = raw.http_response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise UpstreamError(f"the upstream answered {raw.http_response.status_code} without a JSON object")
+    return body
+
+
+def _count(usage: dict[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def embed(pool: Pool, model: str, value: Any, extra_body: dict[str, Any] | None = None,
@@ -141,9 +159,9 @@ def embed(pool: Pool, model: str, value: Any, extra_body: dict[str, Any] | None 
         if refused is None:
             raise
         raise refused from None
-    body = raw.http_response.json()
-    usage = body.get("usage") if isinstance(body, dict) else None
-    prompt = int((usage or {}).get("prompt_tokens") or 0)
+    body = _json_body(raw)
+    usage = body.get("usage")
+    prompt = _count(usage, "prompt_tokens") if isinstance(usage, dict) else 0
     return UpstreamReply(body=body, headers=dict(raw.headers), prompt_tokens=prompt, completion_tokens=0)
 
 

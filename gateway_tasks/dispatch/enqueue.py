@@ -65,6 +65,10 @@ class EnqueueCall:
     # again (after an eviction made room), already counted
     count_demand: bool = True
     now_s: float = field(default_factory=time.time)
+    # the task-sent event published once the task is queued (a refused one sends none): its
+    # channel and message (gateway_tasks.dispatch.message); '': none
+    event_channel: str = ""
+    event: str = ""
 
     @property
     def demand_hour_minute(self) -> tuple[int, int]:
@@ -91,8 +95,10 @@ class EnqueueCall:
             reserved=1 if self.tier.reserved_share > 0 else 0, C=len(self.counted_tiers),
             message_b=self.message_b,
             demand_minute=self.demand_hour_minute[1] if self.count_demand else "",
-            demand_ttl_s=DEMAND_RETENTION_S, ref_pool=self.pool if self.task_id else None,
-            ref_ttl_ms=max(1, self.ref_ttl_s) * 1000 if self.task_id else None)
+            demand_ttl_s=DEMAND_RETENTION_S,
+            ref_pool=self.pool if self.task_id else ("" if self.event_channel else None),
+            ref_ttl_ms=max(1, self.ref_ttl_s) * 1000 if self.task_id else ("" if self.event_channel else None),
+            event_channel=self.event_channel or None, event=self.event if self.event_channel else None)
 
     @property
     def counted_tiers(self) -> tuple[str, ...]:

@@ -38,10 +38,11 @@ from typing import Any, ClassVar, Sequence
 import redis
 from celery import Celery, states
 
-from gateway_tasks.core.celery_app import TASK_NAME, settings_of
+from gateway_tasks.core.celery_app import settings_of
 from gateway_tasks.core.errors import DependencyFailed, GatewayError
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.scripts import layout, scripts_for, text
+from gateway_tasks.dispatch.message import send_infer
 from gateway_tasks.lifecycle import inherit
 
 logger = logging.getLogger(__name__)
@@ -203,10 +204,9 @@ def send_spec(task_id: str, queue: str, body: dict[str, Any], headers: dict[str,
                        "argsrepr": argsrepr})
 
 
-def send(app: Celery, spec: dict[str, Any]) -> None:
+def send(app: Celery, client: redis.Redis, spec: dict[str, Any]) -> None:
     """Send a task as ``Gateway.submit`` would have (one gateway.infer message)."""
-    app.send_task(TASK_NAME, args=[spec["body"]], task_id=spec["task_id"], queue=spec["queue"],
-                  headers=spec["headers"], argsrepr=spec["argsrepr"], kwargsrepr="{}")
+    send_infer(app, client, spec["task_id"], spec["queue"], spec["body"], spec["headers"], spec["argsrepr"])
 
 
 def finish(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, task_id: str, ok: bool,
@@ -249,7 +249,7 @@ def release(app: Celery, client: redis.Redis, keys: Keys, ttl_s: int, spec: dict
         finish(app, client, keys, ttl_s, task_id, ok=False)
         return
     try:
-        send(app, spec)
+        send(app, client, spec)
     except GatewayError as exc:        # the queue refused it now: that is its end
         logger.warning("held task %s could not be queued once released: %s", task_id, exc)
         app.backend.store_result(task_id, exc, states.FAILURE)

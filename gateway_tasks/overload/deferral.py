@@ -46,8 +46,8 @@ from zoneinfo import ZoneInfo
 import redis
 from celery import Celery
 
-from gateway_tasks.core.celery_app import TASK_NAME
 from gateway_tasks.core.errors import GatewayError
+from gateway_tasks.dispatch.message import send_infer
 from gateway_tasks.core.keys import Keys, split_queue_name
 from gateway_tasks.core.scripts import layout, scripts_for, text
 from gateway_tasks.core.settings import Settings, Tier, daily_window
@@ -324,7 +324,7 @@ def _release(client: redis.Redis, app: Celery, keys: Keys, tier: str,
     for spec in specs:
         if spec is None:
             continue
-        if _send(app, spec):
+        if _send(app, client, spec):
             sent.append(spec["task_id"])
             place = split_queue_name(spec.get("queue", ""))
             if place is not None:
@@ -341,13 +341,12 @@ def _release(client: redis.Redis, app: Celery, keys: Keys, tier: str,
     return sent, failed
 
 
-def _send(app: Celery, spec: dict[str, Any]) -> bool:
+def _send(app: Celery, client: redis.Redis, spec: dict[str, Any]) -> bool:
     """Send a released task as the submit would have (the message lifecycle.depends.send
     sends for a task held on its dependencies); a queue that refuses it now ends it with
     that error as its result."""
     try:
-        app.send_task(TASK_NAME, args=[spec["body"]], task_id=spec["task_id"], queue=spec["queue"],
-                      headers=spec["headers"], argsrepr=spec["argsrepr"], kwargsrepr="{}")
+        send_infer(app, client, spec["task_id"], spec["queue"], spec["body"], spec["headers"], spec["argsrepr"])
         return True
     except GatewayError as exc:
         logger.warning("deferred task %s could not be queued once released: %s", spec.get("task_id"), exc)

@@ -41,7 +41,7 @@ import redis
 from celery import states
 
 from gateway_tasks.lifecycle import depends, inherit
-from gateway_tasks.core.celery_app import TASK_NAME
+from gateway_tasks.dispatch.message import send_infer
 from gateway_tasks.core.json_limits import check_value
 from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
 from gateway_tasks.dispatch.evict import EVICTED_BY_HIGHER_TIER, Eviction, Victim, evicting, tiers_below
@@ -346,9 +346,8 @@ class Submission:
         eviction = Eviction(tuple(t.name for t in below), tuple(t.scheduled_lag_tokens for t in below))
         try:
             with evicting(eviction):
-                self.gw.app.send_task(TASK_NAME, args=[req.to_body()], task_id=self.task_id,
-                                      queue=self.gw._queue(req), headers=req.routing_headers(),
-                                      argsrepr=req.argsrepr(), kwargsrepr="{}")
+                send_infer(self.gw.app, self.r, self.task_id, self.gw._queue(req), req.to_body(),
+                           req.routing_headers(), req.argsrepr())
         finally:   # evicted for it, whether it was enqueued or not
             for victim in eviction.victims:
                 fail_evicted(self.gw, victim, req)

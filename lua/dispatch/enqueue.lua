@@ -44,6 +44,10 @@
 --          (gateway_tasks.core.keys.demand_fields), refused arrivals too (demand not served)
 -- ARGV[17] demand_ttl_s: the history's retention
 -- ARGV[18] ref_pool?: the pool name written in the task's ref   ARGV[19] ref_ttl_ms?: its TTL
+-- ARGV[20] event_channel?: where the task-sent event goes once the task is queued (Celery's event
+--          channel; '' or absent: no event)
+-- ARGV[21] event?: the event's message (gateway_tasks/dispatch/message.py: a submit's one publish,
+--          made in this call)
 -- Returns {1, enqueued_ms, depth, index entry}  or  {0, depth} when the tier's queue is full,
 -- {0, depth, 1} when the pool's shared capacity is (the producer may then evict: lua/dispatch/evict.lua;
 -- the message is taken back out either way); an error when the message is not in the
@@ -108,5 +112,9 @@ local ref = KEYS[K_task_ref]
 if ref then
   redis.call('SET', ref, ARGV[A_ref_pool] .. '|' .. tier .. '|' .. tenant .. '|' .. tag .. '|' .. entry,
              'PX', ARGV[A_ref_ttl_ms])
+end
+local channel = ARGV[A_event_channel]
+if channel and channel ~= '' then
+  redis.call('PUBLISH', channel, ARGV[A_event])
 end
 return {1, now, depth + 1, entry}   -- the entry: cancel finds the task by it

@@ -1,4 +1,5 @@
-"""The synchronous endpoint's wait for a result: woken by the result's publish, not by polling.
+"""The synchronous endpoint's wait for a result: woken by the result's publish, not by polling --
+on the waiter's own reply channel (a task submitted naming it), or on the result key's channel.
 
 ``RECHECK_S`` (the fallback read of the stored meta) is set far beyond each test's own
 timeout, so a wait that returns a result can only have been woken by the publish -- or,
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 
 import pytest
+import redis
 from celery import states
+
+from gateway_tasks.core.result_backend import REPLY_CHANNEL_HEADER
 
 from gateway_tasks.rest import result_waiter
 from gateway_tasks.rest.result_waiter import ResultWaiter
@@ -24,7 +29,8 @@ def no_recheck(monkeypatch):
 
 def _run(gateway, coro_of):
     async def main():
-        waiter = ResultWaiter.for_backend(gateway.app.backend, gateway.settings.redis_url)
+        waiter = ResultWaiter.for_backend(gateway.app.backend, gateway.settings.redis_url,
+                                          gateway.settings.key_prefix)
         try:
             return await coro_of(waiter)
         finally:
@@ -92,3 +98,66 @@ def test_the_waiter_serves_several_event_loops(gateway, no_recheck):
     for t in threads:
         t.join(30)
     assert seen == [{"n": 1}, {"n": 1}]
+
+
+def _naming(channel: str) -> types.SimpleNamespace:
+    """A task request whose message names a reply channel (as a worker's task request does)."""
+    return types.SimpleNamespace(task=None, **{REPLY_CHANNEL_HEADER: channel})
+
+
+def test_a_reply_channel_wakes_the_waiter_without_a_subscription_per_task(gateway, no_recheck):
+    """A task submitted naming the waiter's reply channel: its final meta comes there; the
+    waiter subscribes to nothing else and reads nothing first."""
+    backend = gateway.app.backend
+    task_id = "waiter-replied"
+    listener = redis.Redis.from_url(gateway.settings.redis_url)
+
+    async def wait(waiter):
+        since = await waiter.listening()
+        subscribed = []
+
+        async def store_soon():
+            await asyncio.sleep(0.3)
+            subscribed.extend(c.decode() for c in await asyncio.to_thread(
+                listener.pubsub_channels, f"{gateway.settings.key_prefix}*"))
+            request = _naming(waiter.reply_channel)
+            await asyncio.to_thread(backend.store_result, task_id, {"ok": 1}, states.STARTED, request=request)
+            await asyncio.to_thread(backend.store_result, task_id, {"answer": 42}, states.SUCCESS,
+                                    request=request)
+        storing = asyncio.create_task(store_soon())
+        meta = await waiter.wait(task_id, 10.0, since=since)
+        await storing
+        return meta, subscribed, waiter.reply_channel
+    meta, subscribed, channel = _run(gateway, wait)
+    listener.close()
+    assert meta["status"] == states.SUCCESS and meta["result"] == {"answer": 42}
+    assert subscribed == [channel]
+
+
+def test_a_result_published_before_its_wait_began_is_kept_for_it(gateway, no_recheck):
+    backend = gateway.app.backend
+
+    async def wait(waiter):
+        since = await waiter.listening()
+        await asyncio.to_thread(backend.store_result, "waiter-early", {"n": 5}, states.SUCCESS,
+                                request=_naming(waiter.reply_channel))
+        await asyncio.sleep(0.3)     # the reader has it before anyone waits
+        backend.client.delete(backend.get_key_for_task("waiter-early"))   # so no read could find it
+        return await waiter.wait("waiter-early", 5.0, since=since)
+    assert _run(gateway, wait)["result"] == {"n": 5}
+
+
+def test_the_result_backend_publishes_only_final_states_to_the_reply_channel(gateway):
+    backend = gateway.app.backend
+    listener = redis.Redis.from_url(gateway.settings.redis_url).pubsub()
+    channel = f"{gateway.settings.key_prefix}gt-reply:test"
+    listener.subscribe(channel)
+    try:
+        assert listener.get_message(timeout=2)["type"] == "subscribe"
+        backend.store_result("reply-states", None, states.STARTED, request=_naming(channel))
+        backend.store_result("reply-states", {"x": 1}, states.SUCCESS, request=_naming(channel))
+        got = listener.get_message(timeout=2)
+        assert listener.get_message(timeout=0.3) is None
+    finally:
+        listener.close()
+    assert got["type"] == "message" and backend.decode_result(got["data"])["status"] == states.SUCCESS

@@ -53,6 +53,7 @@ class ResultStoreCall:
     key: str
     meta: str | bytes      # encoded
     expires_s: int         # 0: none
+    reply_channel: str = ""   # published there too ('': only on the key's own channel)
 
     @property
     def script_keys(self) -> list[str]:
@@ -60,10 +61,26 @@ class ResultStoreCall:
 
     @property
     def script_args(self) -> list[str | bytes | int]:
-        return layout(self.SCRIPT).args(meta=self.meta, expires_s=self.expires_s)
+        return layout(self.SCRIPT).args(meta=self.meta, expires_s=self.expires_s,
+                                        reply_channel=self.reply_channel or None)
 
     def parse(self, reply: Any) -> bool:
         return int(reply) == 1
+
+
+# the message header naming the pub/sub channel of the process that waits for the task's result
+# (an API process's result waiter, gateway_tasks.rest.result_waiter): its final state is published
+# there as well as on the result key's own channel -- the waiter needs no subscription per task
+REPLY_CHANNEL_HEADER = "gt_reply_channel"
+
+
+def reply_channel_of(request: Any) -> str:
+    """The reply channel a running task's message names ('' when none)."""
+    if request is None:
+        return ""
+    found = getattr(request, REPLY_CHANNEL_HEADER, None) or (getattr(request, "headers", None) or {}).get(
+        REPLY_CHANNEL_HEADER)
+    return found if isinstance(found, str) else ""
 
 
 # the attribute of a task (``@shared_task(**{STARTED_WITH_FIRST_TRIP: True})``) whose body
@@ -183,7 +200,8 @@ class ResultBackend(RedisBackend):
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
         expires = self.failure_expires if state == states.FAILURE else self.expires
-        call = ResultStoreCall(self.get_key_for_task(task_id), value, int(expires or 0))
+        call = ResultStoreCall(self.get_key_for_task(task_id), value, int(expires or 0),
+                               reply_channel_of(request) if state in states.READY_STATES else "")
         tid = bytes_to_str(task_id)
         if state == states.STARTED and self._holds_started(tid, request):
             _held.started = HeldStarted(tid, call, self)

@@ -162,7 +162,7 @@ class Gateway:
                count_quota: bool = True, depends_on: Sequence[str] | None = None,
                lane: str | None = None, on_behalf_of: str | None = None,
                on_defer: str = HOLD, endpoint: str = CHAT, tier: str | None = None,
-               cron_run: tuple[str, int] | None = None) -> TaskHandle:
+               cron_run: tuple[str, int] | None = None, reply_channel: str | None = None) -> TaskHandle:
         """Validate, estimate and enqueue one inference task on its tier's queue
         (``stream``: the worker publishes the upstream's chunks, ``gateway_tasks.upstream.chunks``).
 
@@ -196,12 +196,15 @@ class Gateway:
 
         ``tier``: run in this tier instead of the tenant's when it ranks below it (a batch's
         lines, ``gateway_tasks.batches``); a tier above the tenant's is ignored.  ``cron_run``:
-        (entry id, nominal ms) of a cron run, shown by ``gateway task show``."""
+        (entry id, nominal ms) of a cron run, shown by ``gateway task show``.  ``reply_channel``:
+        a pub/sub channel the task's final state is published to as well (the REST API's result
+        waiter, ``gateway_tasks.rest.result_waiter``)."""
         with redis_errors("submit", "nothing was enqueued"):
             try:
                 handle = Submission(self, Asked(tenant_id, messages, model, max_tokens, deadline_s, source,
                                                 idempotency_key, extra_body, stream, count_quota, depends_on,
-                                                lane, on_behalf_of, on_defer, endpoint, tier, cron_run)).run()
+                                                lane, on_behalf_of, on_defer, endpoint, tier, cron_run,
+                                                reply_channel)).run()
             except Rejected as exc:
                 self._count_refusal(tenant_id, usage.DEFERRED if isinstance(exc, Deferred) else usage.REFUSED)
                 raise

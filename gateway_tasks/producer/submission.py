@@ -41,6 +41,7 @@ import redis
 from celery import states
 
 from gateway_tasks.lifecycle import depends, inherit
+from gateway_tasks.core.result_backend import REPLY_CHANNEL_HEADER
 from gateway_tasks.dispatch.message import send_infer
 from gateway_tasks.core.json_limits import check_value
 from gateway_tasks.core.errors import DependencyFailed, Evicted, InvalidRequest, PromptTooLarge, UnknownTask
@@ -92,6 +93,7 @@ class Asked:
     endpoint: str = CHAT     # EMBEDDINGS: ``messages`` is the embeddings input
     tier: str | None = None  # run in this tier when it ranks below the tenant's own (batch lines)
     cron_run: tuple[str, int] | None = None   # (entry id, nominal ms) of a cron run (beat.fire)
+    reply_channel: str | None = None   # its final state published there too (REPLY_CHANNEL_HEADER)
 
 
 @dataclass(frozen=True)
@@ -347,12 +349,19 @@ class Submission:
         try:
             with evicting(eviction):
                 send_infer(self.gw.app, self.r, self.task_id, self.gw._queue(req), req.to_body(),
-                           req.routing_headers(), req.argsrepr())
+                           self._headers(), req.argsrepr())
         finally:   # evicted for it, whether it was enqueued or not
             for victim in eviction.victims:
                 fail_evicted(self.gw, victim, req)
         if self.behalf is not None:
             inherit.boost_released(self.r, self.keys, self.settings, self.gw._pool_names, self.task_id)
+
+    def _headers(self) -> dict[str, Any]:
+        """The message's headers: the request's routing headers, and its reply channel if any."""
+        headers = self.req.routing_headers()
+        if self.asked.reply_channel:
+            headers[REPLY_CHANNEL_HEADER] = self.asked.reply_channel
+        return headers
 
     def _lend_from_behalf(self) -> None:
         """The task it works for lends it its tier (taken back when that task ends) and shares it
@@ -376,7 +385,7 @@ class Submission:
         running = tuple(d for d in deps if d not in finished)
         if not running:
             return False
-        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
+        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), self._headers(),
                                  req.argsrepr())
         self._undos.append(lambda: self._unhold(running))
         waiting = depends.hold(self.r, self.keys, self.task_id, running, spec,
@@ -404,7 +413,7 @@ class Submission:
         tier = self.settings.tier(self.effective or req.tier)      # the tier it was judged at
         now_ms = int(time.time() * 1000)
         until = deferral.deferred_until_ms(now_ms, action.retry_after_s, tier.off_peak, o.off_peak_timezone)
-        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), req.routing_headers(),
+        spec = depends.send_spec(self.task_id, self.gw._queue(req), req.to_body(), self._headers(),
                                  req.argsrepr())
         self._undos.append(lambda: self.r.delete(self.keys.held(self.task_id)))
         deferral.hold(self.r, self.keys, self.task_id, tier.name, req.pool, spec, action, until, now_ms,

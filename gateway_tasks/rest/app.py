@@ -28,7 +28,7 @@ settings.max_request_bytes (gateway_tasks.rest.limits), then it is parsed
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import redis
 from celery import states
@@ -52,7 +52,7 @@ from gateway_tasks.rest.limits import BodySizeLimit
 from gateway_tasks.rest.openapi import install_openapi
 from gateway_tasks.rest.models import ChatCompletionRequest, EmbeddingRequest, TaskRequest
 from gateway_tasks.dispatch.request import EMBEDDINGS
-from gateway_tasks.rest.result_waiter import waiter_for
+from gateway_tasks.rest.result_waiter import ResultWaiter, waiter_for
 from gateway_tasks.rest.results import error_of, task_view
 from gateway_tasks.rest.streaming import streaming_response
 from gateway_tasks.core.tokens import encoding
@@ -96,14 +96,31 @@ def sync_timeout_s(deadline_s: float | None, headers: Any) -> float:
     return timeout_s
 
 
-async def sync_reply(gateway: Gateway, handle: Any, request: Request, timeout_s: float) -> Response:
+def result_waiter(gateway: Gateway) -> ResultWaiter:
+    """This process's (and event loop's) result waiter (gateway_tasks.rest.result_waiter)."""
+    return waiter_for(gateway.app.backend, gateway.settings.redis_url, gateway.settings.key_prefix)
+
+
+async def submit_waited(gateway: Gateway, idempotency_key: str | None,
+                        submit: Callable[[str | None], Any]) -> tuple[Any, int | None]:
+    """Submit a task whose caller waits for it: named to this process's reply channel, so its
+    result is published straight to the waiter.  Returns (its handle, the waiter's ``since``;
+    None when the result is to be waited for on its own channel: a repeat of an idempotency
+    key returns the first submit's task, which may name another process's channel)."""
+    waiter = result_waiter(gateway)
+    since = await waiter.listening()
+    handle = await run_in_threadpool(submit, waiter.reply_channel if since is not None else None)
+    return handle, (since if idempotency_key is None else None)
+
+
+async def sync_reply(gateway: Gateway, handle: Any, request: Request, timeout_s: float,
+                     since: int | None = None) -> Response:
     """Wait for a synchronous endpoint's task (/v1/chat/completions, /v1/embeddings) and answer
     with the upstream's body as-is, or its error: the upstream's 4xx with its status and
     OpenAI error object, a gateway refusal with its status; a client that times out or goes
-    away cancels the task (nobody will read the answer)."""
+    away cancels the task (nobody will read the answer).  ``since``: ``submit_waited``'s."""
     status_url = _status_url(request, handle.id)
-    waiter = waiter_for(gateway.app.backend, gateway.settings.redis_url)
-    meta = await waiter.wait(handle.id, timeout_s, request.is_disconnected)
+    meta = await result_waiter(gateway).wait(handle.id, timeout_s, request.is_disconnected, since)
     headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
     if meta is None:
         # the client timed out or went away: nobody will read the answer, so the task
@@ -214,16 +231,19 @@ def create_app(gateway: Gateway) -> FastAPI:
         extras = body.upstream_extras()
         if body.max_completion_tokens is not None:   # max_tokens by OpenAI's newer name (submit checks both)
             extras["max_completion_tokens"] = body.max_completion_tokens
-        handle = await run_in_threadpool(
-            gateway.submit, tenant.tenant_id, [m.model_dump() for m in body.messages],
-            model=body.model, max_tokens=body.max_tokens,
-            deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
-            extra_body=extras or None, stream=body.stream,
-            on_defer="refuse")   # its caller waits for the answer: a deferral is a 429 here
+        messages = [m.model_dump() for m in body.messages]
+
+        def submit(reply_channel: str | None = None) -> Any:
+            return gateway.submit(
+                tenant.tenant_id, messages, model=body.model, max_tokens=body.max_tokens,
+                deadline_s=body.deadline_s, source="api-sync", idempotency_key=idempotency_key,
+                extra_body=extras or None, stream=body.stream, reply_channel=reply_channel,
+                on_defer="refuse")   # its caller waits for the answer: a deferral is a 429 here
         timeout_s = sync_timeout_s(body.deadline_s, request.headers)
         if body.stream:      # server-sent events through the queue (gateway_tasks.rest.streaming)
-            return streaming_response(gateway, handle, body.include_usage(), timeout_s)
-        return await sync_reply(gateway, handle, request, timeout_s)
+            return streaming_response(gateway, await run_in_threadpool(submit), body.include_usage(), timeout_s)
+        handle, since = await submit_waited(gateway, idempotency_key, submit)
+        return await sync_reply(gateway, handle, request, timeout_s, since)
 
     @app.post("/v1/embeddings", name="embeddings", responses={200: {
         "description": "the upstream's list of embedding objects with its usage",
@@ -231,11 +251,15 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def embeddings(body: EmbeddingRequest, request: Request, tenant: TenantDep) -> Response:
         """Through the same queue, fairness and TPM accounting as chat: the input's tokens are
         its estimate (the same tokenizer), nothing reserved for a completion."""
-        handle = await run_in_threadpool(
-            gateway.submit, tenant.tenant_id, body.input, model=body.model, deadline_s=body.deadline_s,
-            source="api-sync", idempotency_key=body.idempotency_key or request.headers.get("Idempotency-Key"),
-            extra_body=body.upstream_extras() or None, endpoint=EMBEDDINGS)
-        return await sync_reply(gateway, handle, request, sync_timeout_s(body.deadline_s, request.headers))
+        idempotency_key = body.idempotency_key or request.headers.get("Idempotency-Key")
+
+        def submit(reply_channel: str | None = None) -> Any:
+            return gateway.submit(tenant.tenant_id, body.input, model=body.model, deadline_s=body.deadline_s,
+                                  source="api-sync", idempotency_key=idempotency_key,
+                                  extra_body=body.upstream_extras() or None, endpoint=EMBEDDINGS,
+                                  reply_channel=reply_channel)
+        handle, since = await submit_waited(gateway, idempotency_key, submit)
+        return await sync_reply(gateway, handle, request, sync_timeout_s(body.deadline_s, request.headers), since)
 
     @app.get("/v1/status", name="status")
     def status(tenant: TenantDep) -> dict[str, Any]:

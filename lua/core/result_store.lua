@@ -6,6 +6,8 @@
 -- KEYS[1] result: the task's result key (the backend's get_key_for_task)
 -- ARGV[1] meta: encoded (JSON; Celery's meta has 'status' as its first field)
 -- ARGV[2] expires_s: its expiry (0: none)
+-- ARGV[3] reply_channel?: published there as well (the channel of the API process waiting for the
+--         task: gateway_tasks/rest/result_waiter.py; absent or '': none)
 --
 -- Returns 1 when stored and published, 0 when the stored success was kept.
 
@@ -26,4 +28,8 @@ else
   redis.call('SET', KEYS[K_result], ARGV[A_meta])
 end
 redis.call('PUBLISH', KEYS[K_result], ARGV[A_meta])
+local reply = ARGV[A_reply_channel]
+if reply and reply ~= '' then
+  redis.call('PUBLISH', reply, ARGV[A_meta])
+end
 return 1

@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery import states
 
+from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.result_backend import REPLY_CHANNEL_HEADER
 
 from gateway_tasks.rest import result_waiter
@@ -150,7 +151,7 @@ def test_a_result_published_before_its_wait_began_is_kept_for_it(gateway, no_rec
 def test_the_result_backend_publishes_only_final_states_to_the_reply_channel(gateway):
     backend = gateway.app.backend
     listener = redis.Redis.from_url(gateway.settings.redis_url).pubsub()
-    channel = f"{gateway.settings.key_prefix}gt-reply:test"
+    channel = Keys(gateway.settings.key_prefix).reply_channel("test")
     listener.subscribe(channel)
     try:
         assert listener.get_message(timeout=2)["type"] == "subscribe"

@@ -463,3 +463,15 @@ class Keys:
         """String (TTL): JSON token-demand forecast of the cron schedule per pool and tier,
         published by the leader beat (``gateway_tasks.capacity.forecast``)."""
         return f"{self.beat_tag}forecast"
+
+    # -- pub/sub channels of the API processes (not keys: no slot; named here with the keys)
+    @property
+    def tenants_changed(self) -> str:
+        """A tenant's key or registration changed: API processes drop what their auth cache
+        kept of it (gateway_tasks.tenants.auth_cache; the message is the tenant id)."""
+        return f"{self.prefix}tenants-changed"
+
+    def reply_channel(self, waiter_id: str) -> str:
+        """One API process's result waiter: its tasks' final metas are published there too
+        (gateway_tasks.rest.result_waiter, lua/core/result_store.lua)."""
+        return f"{self.prefix}reply:{waiter_id}"

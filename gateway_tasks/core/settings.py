@@ -525,6 +525,11 @@ class Settings:
     # garbage collector's full collections (gc.freeze): each of those stopped every thread for
     # 85-224 ms in the cron storm -- see workers/interpreter.py
     worker_gc_freeze: bool = True
+    # how long an API process authenticates a key it authenticated before from memory, without
+    # Redis (0 = off); a key rotated or a tenant deleted is dropped at once by every API process
+    # listening for it, and none uses the cache while not listening (gateway_tasks/tenants/auth_cache.py)
+    auth_cache_s: float = 2.0
+    auth_cache_entries: int = 10_000   # keys kept per API process at most (the oldest go first)
     # secrets: from the environment (GATEWAY_API_KEY_SECRET, GATEWAY_ADMIN_KEY), never shown,
     # logged or passed to Celery (public() blanks them)
     api_key_secret: str = field(default="", repr=False)   # HMAC key of the stored API key hashes
@@ -593,6 +598,11 @@ class Settings:
                  self.reserved_worker_slots, ">= 0 slots (0 = off)")
         _require(isinstance(self.worker_gc_freeze, bool), "settings", "worker_gc_freeze", self.worker_gc_freeze,
                  "true or false")
+        _require(0 <= self.auth_cache_s <= 60, "settings", "auth_cache_s", self.auth_cache_s,
+                 "in [0, 60] seconds (0 = off)")
+        _require(isinstance(self.auth_cache_entries, int) and not isinstance(self.auth_cache_entries, bool)
+                 and 1 <= self.auth_cache_entries <= 10_000_000, "settings", "auth_cache_entries",
+                 self.auth_cache_entries, "an integer from 1 to 10,000,000 keys")
         _require(0.05 <= self.worker_switch_interval_ms <= 1000, "settings", "worker_switch_interval_ms",
                  self.worker_switch_interval_ms, "in [0.05, 1000] ms (CPython's default: 5)")
         _require(0 <= self.redis_memory_refuse_ratio <= 1, "settings", "redis_memory_refuse_ratio",
@@ -931,6 +941,7 @@ ENV_SETTINGS: dict[str, tuple[str, Any]] = {
     "GATEWAY_RESERVED_WORKER_SLOTS": ("reserved_worker_slots", int),
     "GATEWAY_WORKER_SWITCH_INTERVAL_MS": ("worker_switch_interval_ms", float),
     "GATEWAY_WORKER_GC_FREEZE": ("worker_gc_freeze", boolean),
+    "GATEWAY_AUTH_CACHE_S": ("auth_cache_s", float),
     "GATEWAY_API_KEY_SECRET": ("api_key_secret", str),
     "GATEWAY_ADMIN_KEY": ("admin_key", str),
     "GATEWAY_API_KEY_SECRET_PREVIOUS": ("api_key_secret_previous", str),

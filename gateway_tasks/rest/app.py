@@ -42,6 +42,7 @@ from gateway_tasks.metrics.exporter import CONTENT_TYPE, render
 from gateway_tasks.producer.gateway import FINISHED, Gateway
 from gateway_tasks.rest.admin import admin_router
 from gateway_tasks.rest.auth import AdminDep, AuthMiddleware, TenantDep
+from gateway_tasks.tenants.auth_cache import AuthCache
 from gateway_tasks.rest.crons import router as crons_router
 from gateway_tasks.rest.openai_models import router as openai_router
 from gateway_tasks.rest.usage import router as usage_router
@@ -165,7 +166,10 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=gateway.settings.max_request_bytes,
                        max_depth=gateway.settings.max_json_depth,
                        upload_bytes=gateway.settings.batch_max_file_bytes + UPLOAD_FRAMING_B)
-    app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=gateway.settings.admin_key)
+    settings = gateway.settings
+    app.add_middleware(AuthMiddleware, tenants=gateway.tenants, admin_key=settings.admin_key,
+                       cache=AuthCache(settings.redis_url, gateway.keys, settings.auth_cache_s,
+                                       settings.auth_cache_entries))
     app.include_router(admin_router(gateway))
     app.include_router(crons_router)
     app.include_router(openai_router)

@@ -13,7 +13,9 @@ A caller without the right credential always gets 401 and learns nothing else
 about its request (not whether the body was valid, nor too large, nor whether a
 task id exists, nor whether the route exists).  Keys are compared by digest in
 constant time (gateway_tasks.tenants.registry; the admin key through SHA-256 of both
-sides).  Routes read the caller with the ``TenantDep`` / ``AdminDep`` dependencies.
+sides); a key authenticated within ``settings.auth_cache_s`` is taken from the process's
+auth cache, which drops a tenant the moment its key or registration changes
+(gateway_tasks.tenants.auth_cache).  Routes read the caller with the ``TenantDep`` / ``AdminDep`` dependencies.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway_tasks.core.errors import ApiError, UnknownTenant
+from gateway_tasks.tenants.auth_cache import AuthCache
 from gateway_tasks.tenants.registry import Tenant, TenantRegistry
 from gateway_tasks.rest.errors import api_error_response, redis_error_response
 
@@ -97,10 +100,12 @@ class AuthMiddleware:
     tenant is stored in the request state (``request.state.tenant``), an admin
     caller as ``request.state.admin = True``."""
 
-    def __init__(self, app: ASGIApp, tenants: TenantRegistry, admin_key: str = ""):
+    def __init__(self, app: ASGIApp, tenants: TenantRegistry, admin_key: str = "",
+                 cache: AuthCache | None = None):
         self.app = app
         self.tenants = tenants
         self._admin_key = admin_key
+        self.cache = cache
 
     def __repr__(self) -> str:  # never the admin key
         return f"AuthMiddleware(admin={'on' if self._admin_key else 'off'})"
@@ -117,7 +122,7 @@ class AuthMiddleware:
                 authenticate_admin(self._admin_key, authorization)
                 state["admin"] = True
             else:
-                state["tenant"] = await run_in_threadpool(authenticate, self.tenants, authorization)
+                state["tenant"] = await self._tenant(authorization)
         except ApiError as exc:
             await api_error_response(exc)(scope, receive, send)
             return
@@ -125,6 +130,22 @@ class AuthMiddleware:
             await redis_error_response(exc)(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    async def _tenant(self, authorization: str | None) -> Tenant:
+        """The caller's tenant: from the auth cache when it kept the key, else through Redis
+        (in a thread), kept if no change of any tenant was announced meanwhile."""
+        cache = self.cache
+        if cache is None or not cache.enabled:
+            return await run_in_threadpool(authenticate, self.tenants, authorization)
+        api_key = _bearer_token(authorization)
+        found = cache.cached(api_key)
+        if found is not None:
+            return found
+        await cache.listening()
+        token = cache.token()
+        tenant = await run_in_threadpool(authenticate, self.tenants, authorization)
+        cache.keep(api_key, tenant, token)
+        return tenant
 
 
 def _tenant_of(request: Request,

@@ -1,12 +1,12 @@
 """Waking a synchronous request the moment its task's result is stored.
 
-An API process keeps one pub/sub connection, subscribed to a reply channel of its own.
-A synchronous request asks for it first (``listening``), submits its task naming it (the
-message header ``REPLY_CHANNEL_HEADER``), then waits: the worker's result write
-(``lua/core/result_store.lua``) publishes the task's final meta there as well as on the
-result key's own channel, and the reader hands it to the request waiting for that task
-id -- no subscription, read or unsubscription per request.  A result published before
-its request began to wait is kept for it (``EARLY_MAX``).
+An API process keeps one pub/sub connection, subscribed to a reply channel of its own
+(``Keys.reply_channel``).  A synchronous request asks for it first
+(``listening``), submits its task naming it (the message header ``REPLY_CHANNEL_HEADER``),
+then waits: the worker's result write (``lua/core/result_store.lua``) publishes the task's
+final meta there as well as on the result key's own channel, and the reader hands it to the
+request waiting for that task id -- no subscription, read or unsubscription per request.
+A result published before its request began to wait is kept for it (``EARLY_MAX``).
 
 A task that may not name this process's channel (an idempotency key's repeat returns the
 first submit's task) is waited for on the result key's own channel instead: a subscription
@@ -39,13 +39,13 @@ import redis.asyncio as aioredis
 from celery import states
 
 from gateway_tasks.core.redis_client import async_client, subscriber_urls
+from gateway_tasks.core.keys import Keys
 
 log = logging.getLogger(__name__)
 
 RECHECK_S = 1.0             # a missed publish (a reconnecting pub/sub) is caught by this
 SUBSCRIBED_WAIT_S = 1.0     # how long to wait for Redis to confirm a subscription
 EARLY_MAX = 1024            # results kept that arrived before their request began to wait
-REPLY_CHANNEL_PART = "gt-reply:"
 
 
 class ResultWaiter:
@@ -61,7 +61,7 @@ class ResultWaiter:
         self._subscribers_made = 0
         self._key_for_task = key_for_task
         self._decode = decode
-        self.reply_channel = f"{key_prefix}{REPLY_CHANNEL_PART}{uuid.uuid4().hex}"
+        self.reply_channel = Keys(key_prefix).reply_channel(uuid.uuid4().hex)
         self._reply = self.reply_channel.encode()
         self._pubsub: Any = None
         self._reader: asyncio.Task | None = None

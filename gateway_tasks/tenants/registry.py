@@ -153,6 +153,7 @@ class TenantRegistry:
             if stale:
                 pipe.hdel(self.keys.api_keys, *stale)
             pipe.execute()
+        self._announce(tenant_id)
         return dataclasses.replace(tenant, gen=(gen or b"").decode(), since_ms=int(since or 0)), api_key
 
     def _hash(self, api_key: str) -> str:
@@ -233,7 +234,13 @@ class TenantRegistry:
             self.r.hdel(self.keys.api_keys, *fields)
         self.r.srem(self.keys.tenants, tenant_id)
         self.r.delete(self.keys.tenant(tenant_id))
+        self._announce(tenant_id)
         return True
+
+    def _announce(self, tenant_id: str) -> None:
+        """Tell the API processes' auth caches that the tenant changed (written already): they
+        drop what they kept of it (gateway_tasks.tenants.auth_cache)."""
+        self.r.publish(self.keys.tenants_changed, tenant_id)
 
     def list(self) -> list[Tenant]:
         """Every registered tenant, by id (a listed id whose record is gone -- a deletion cut

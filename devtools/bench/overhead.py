@@ -22,8 +22,9 @@ run.  Each process's CPU (``/proc/<pid>/stat``; Redis: ``INFO cpu``) over a phas
 divided by the requests it served, shows where the ceiling is.  ``--runs`` (3) repeats
 everything and prints each figure as median (min–max).
 
-The clients are one asyncio process (httpx, keep-alive) on the same machine: they take
-CPU from what they measure, alike for every target.
+The clients are one asyncio process on the same machine (``devtools.bench.http_load``: a
+lean HTTP/1.1 keep-alive client, a fraction of httpx's CPU per request): they take CPU from
+what they measure, alike for every target; the report shows how much ("clients").
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import redis
 
 from devtools import processes
 from devtools.bench import command as bench_command
+from devtools.bench import http_load
+from devtools.bench.http_load import Connection, HttpError, Post
 from devtools.bench.main import redis_for_bench
 from devtools.measure import spread
 from devtools.quotas import for_load
@@ -134,12 +137,12 @@ class Phase:
 
 # -- the clients -------------------------------------------------------------------------
 
-async def _one(client: httpx.AsyncClient, target: Target, phase: Phase) -> None:
+async def _one(conn: Connection, phase: Phase) -> None:
     started = time.perf_counter()
     try:
-        reply = await client.post(target.url, json=REQUEST, headers={"Authorization": f"Bearer {target.key}"})
-        ok = reply.status_code == 200
-    except httpx.HTTPError:
+        status, _ = await conn.send()
+        ok = status == 200
+    except HttpError:
         ok = False
     if ok:
         phase.latencies_ms.append((time.perf_counter() - started) * 1000)
@@ -147,30 +150,37 @@ async def _one(client: httpx.AsyncClient, target: Target, phase: Phase) -> None:
         phase.errors += 1
 
 
+def _connection(target: Target) -> Connection:
+    return Connection(Post.of(target.url, REQUEST, target.key))
+
+
 async def sequential(targets: list[Target], n: int) -> dict[str, Phase]:
     phases = {t.name: Phase() for t in targets}
-    async with httpx.AsyncClient(timeout=30) as client:
-        for t in targets:                       # warm each connection first
-            await _one(client, t, Phase())
-        for _ in range(n):
-            for t in targets:
-                await _one(client, t, phases[t.name])
+    conns = {t.name: _connection(t) for t in targets}
+    for t in targets:                       # warm each connection first
+        await _one(conns[t.name], Phase())
+    for _ in range(n):
+        for t in targets:
+            await _one(conns[t.name], phases[t.name])
+    for conn in conns.values():
+        conn.close()
     return phases
 
 
 async def concurrent(target: Target, clients: int, seconds: float) -> Phase:
     phase = Phase()
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        await asyncio.gather(*(_one(client, target, Phase()) for _ in range(clients)))   # warm
-        deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
+    conns = [_connection(target) for _ in range(clients)]
+    await asyncio.gather(*(_one(c, Phase()) for c in conns))   # warm
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
 
-        async def loop() -> None:
-            while time.perf_counter() < deadline:
-                await _one(client, target, phase)
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        phase.seconds = time.perf_counter() - started
+    async def loop(conn: Connection) -> None:
+        while time.perf_counter() < deadline:
+            await _one(conn, phase)
+    await asyncio.gather(*(loop(c) for c in conns))
+    phase.seconds = time.perf_counter() - started
+    for conn in conns:
+        conn.close()
     return phase
 
 
@@ -186,6 +196,7 @@ def pct(values: list[float], q: float) -> float | None:
 def _cpu_snapshot(pids: dict[str, int | None], r: redis.Redis) -> dict[str, float]:
     out = {name: proc_cpu_s(pid) for name, pid in pids.items() if pid}
     out["redis"] = redis_cpu_s(r)
+    out["clients"] = time.process_time()       # this process: the load's own CPU
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -198,7 +209,7 @@ def run_once(targets: list[Target], pids: dict[str, int | None], r: redis.Redis,
     live = [t for t in targets if not t.note]
     out: dict[str, Any] = {"sequential": {}, "concurrent": {}}
     before = _cpu_snapshot(pids, r)
-    seq = asyncio.run(sequential(live, spec["sequential"]))
+    seq = http_load.run(lambda: sequential(live, spec["sequential"]))
     cpu = _measured(before, _cpu_snapshot(pids, r))
     for name, phase in seq.items():
         out["sequential"][name] = _summary(phase, None)
@@ -206,7 +217,7 @@ def run_once(targets: list[Target], pids: dict[str, int | None], r: redis.Redis,
     order = live[rotate % len(live):] + live[:rotate % len(live)]
     for t in order:
         before = _cpu_snapshot(pids, r)
-        phase = asyncio.run(concurrent(t, spec["clients"], spec["seconds"]))
+        phase = http_load.run(lambda: concurrent(t, spec["clients"], spec["seconds"]))
         out["concurrent"][t.name] = _summary(phase, _measured(before, _cpu_snapshot(pids, r)))
     return out
 

@@ -165,3 +165,95 @@ def test_a_reply_that_is_no_json_object_is_an_upstream_error():
             chat(pool, "m", [{"role": "user", "content": "hi"}], 10)
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("status, payload, raised", [
+    (429, b'{"error": {"message": "slow down", "type": "rate_limit"}}', openai.RateLimitError),
+    (500, b"boom", openai.InternalServerError),
+    (503, b'{"error": {"message": "overloaded"}}', openai.InternalServerError),
+    (401, b'{"error": {"message": "bad key sk-..."}}', openai.AuthenticationError),
+])
+def test_an_upstreams_failure_is_the_sdks_own_exception(status, payload, raised):
+    """A JSON call's failure is raised as the SDK raises it (the pipeline and the failover
+    catch the SDK's types): its class by status, its message, its body's error object."""
+    from gateway_tasks.upstream.client import chat
+    pool, server = _serving(status, payload)
+    try:
+        with pytest.raises(raised) as caught:
+            chat(pool, "m", [{"role": "user", "content": "hi"}], 10)
+    finally:
+        server.shutdown()
+    assert type(caught.value) is raised and caught.value.status_code == status
+    assert str(caught.value).startswith(f"Error code: {status}")
+
+
+def test_a_callers_4xx_from_a_json_call_is_upstream_rejected():
+    from gateway_tasks.upstream.client import embed
+    pool, server = _serving(400, b'{"error": {"message": "input too long", "type": "invalid_request_error", '
+                                 b'"param": "input", "code": "too_long"}}')
+    try:
+        with pytest.raises(UpstreamRejected) as caught:
+            embed(pool, "m", "some text")
+    finally:
+        server.shutdown()
+    assert caught.value.openai_error() == {"message": "input too long", "type": "invalid_request_error",
+                                           "param": "input", "code": "too_long"}
+
+
+def test_a_refused_connection_and_a_timeout_are_the_sdks_errors():
+    import socket
+    from gateway_tasks.upstream.client import chat
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()                                  # nothing listens there now
+    refused = Pool("refused", base_url=f"http://127.0.0.1:{port}/v1", api_key="k", models=("m",), tpm=1_000,
+                   rpm=10, timeout_s=5)
+    with pytest.raises(openai.APIConnectionError):
+        chat(refused, "m", [{"role": "user", "content": "hi"}], 10)
+    silent = socket.create_server(("127.0.0.1", 0))   # accepts, never answers
+    try:
+        slow = Pool("slow", base_url=f"http://127.0.0.1:{silent.getsockname()[1]}/v1", api_key="k",
+                    models=("m",), tpm=1_000, rpm=10, timeout_s=0.3)
+        with pytest.raises(openai.APITimeoutError):
+            chat(slow, "m", [{"role": "user", "content": "hi"}], 10)
+    finally:
+        silent.close()
+
+
+def test_the_request_carries_the_key_the_task_id_and_the_parameters():
+    """What the upstream receives from a chat call: the pool's key as a bearer token, the task
+    id header, and the body's parameters with extra_body's merged in."""
+    import http.server
+    import json
+    import threading
+    from gateway_tasks.upstream.client import chat
+    seen: dict = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:   # noqa: N802
+            seen["path"] = self.path
+            seen["auth"] = self.headers["authorization"]
+            seen["task"] = self.headers["x-gateway-task-id"]
+            seen["body"] = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            out = json.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pool = Pool("seen", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="sk-pool-key",
+                models=("m",), tpm=1_000, rpm=10)
+    try:
+        chat(pool, "m", [{"role": "user", "content": "hi"}], 7, {"temperature": 0.2}, task_id="task-1")
+    finally:
+        server.shutdown()
+    assert seen["path"] == "/v1/chat/completions" and seen["auth"] == "Bearer sk-pool-key"
+    assert seen["task"] == "task-1"
+    assert seen["body"] == {"temperature": 0.2, "model": "m", "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 7}

@@ -11,10 +11,11 @@ dispatched in between, and a vip p99 wait of 3-5 s; part of that stall was
 the simulator's own first request (tiktoken's encoder, now loaded at its start).
 
 So the worker, on ``worker_init`` (after its modules are imported, before its
-consumer starts), runs one complete SDK call -- the same ``with_raw_response``
-create and JSON read of the raw reply as ``gateway_tasks.upstream.client.chat`` -- against an
-in-process fake transport (the SDK's HTTP library's ``MockTransport``): no network, no upstream
-tokens, no rate limit touched.  It also builds each pool's real client.
+consumer starts), runs one complete SDK call -- a ``with_raw_response`` create, as a
+streamed chat completion goes through the SDK -- against an in-process fake transport (the
+SDK's HTTP library's ``MockTransport``): no network, no upstream tokens, no rate limit
+touched.  It also builds each pool's real clients (the SDK's, and the HTTP client of its
+JSON calls, ``gateway_tasks.upstream.client.post_json``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def warm_worker(settings: Settings) -> float:
     """Warm the SDK and build the client of every pool with its key here; seconds it took.
     Never raises: a worker that could not warm up still works, it is only slower on its
     first calls."""
-    from gateway_tasks.upstream.client import client_for
+    from gateway_tasks.upstream.client import client_for, http_for
     started = time.monotonic()
     try:
         warm_sdk()
@@ -68,6 +69,7 @@ def warm_worker(settings: Settings) -> float:
             if not pool.api_key:   # a pool this worker does not call (workers/startup.py)
                 continue
             client_for(pool).chat.completions   # noqa: B018 -- builds the resource objects
+            http_for(pool)
     except Exception as exc:  # noqa: BLE001 -- see the docstring
         log.warning("worker warm-up failed (the first upstream calls will be slower): %s",
                     type(exc).__name__)

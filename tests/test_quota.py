@@ -158,3 +158,41 @@ def test_rest_answers_429_with_the_quota_reason_and_reset(gw):
     assert 0 < err["retry_after_s"] <= 3600 and "resets at" in err["message"]
     assert 1 <= int(res.headers["Retry-After"]) <= 3600
     assert abs(int(res.headers["Retry-After"]) - err["retry_after_s"]) <= 1
+
+
+# -- the estimate made ahead (Submission's Guess): a submit after the first one of a tenant sends
+# its quota take in the claim's round trip, estimated from the last read of the tenant and level
+def test_a_tenant_changed_since_the_last_submit_is_taken_for_at_its_new_tier(gw):
+    gw.register_tenant("mover", "vip", tpm=600)
+    gw.submit("mover", "first", max_tokens=50)            # read: vip
+    gw.register_tenant("mover", "batch", tpm=600)         # the next estimate made ahead is stale
+    tokens = float(gw.r.hget(gw.keys.tenant_bucket("mover"), "tokens"))
+    second = gw.submit("mover", "second", max_tokens=50)
+    assert second.tier == "batch" and queued(gw, "batch") == 1
+    assert hour_count(gw, "mover") == 2                    # the stale take was given back: one count each
+    after = float(gw.r.hget(gw.keys.tenant_bucket("mover"), "tokens"))
+    assert after == pytest.approx(tokens - second.est_tokens, abs=3.0)   # (10 tokens/s refill)
+
+
+def test_a_load_level_risen_since_the_last_submit_is_applied(gw):
+    gw.register_tenant("capped", "free", tpm=6_000)    # free (batch) is capped at 2048 from L1
+    first = gw.submit("capped", "hello", max_tokens=3000)
+    gw.r.hset(gw.keys.overload_state, mapping={"level": 1, "reason": "test: pool saturated"})
+    try:
+        tokens = float(gw.r.hget(gw.keys.tenant_bucket("capped"), "tokens"))
+        second = gw.submit("capped", "hello", max_tokens=3000)
+        after = float(gw.r.hget(gw.keys.tenant_bucket("capped"), "tokens"))
+    finally:
+        gw.r.hset(gw.keys.overload_state, "level", 0)
+    assert second.est_tokens < first.est_tokens            # degraded at L1: max_tokens capped
+    assert after == pytest.approx(tokens - second.est_tokens, abs=3.0)   # (100 tokens/s refill)
+    assert hour_count(gw, "capped") == 2
+
+
+def test_a_quota_refused_in_the_claims_round_trip_enqueues_nothing_and_takes_nothing(gw):
+    for i in range(10):                                    # the 2nd to 10th take ride with the claim
+        gw.submit("free1", f"task {i}", max_tokens=5)
+    with pytest.raises(QuotaExceeded) as info:
+        gw.submit("free1", "one too many", max_tokens=5)
+    assert info.value.reason == "tasks_per_hour"
+    assert queued(gw, "batch") == 10 and hour_count(gw, "free1") == 10

@@ -111,6 +111,9 @@ class Gateway:
         self._pool_names = tuple(p.name for p in self.settings.pools)
         self.tenants = TenantRegistry(self.r, self.settings)
         self.owner_tags: dict[str, str] = {}   # tenant id -> its generation's owner tag, as last read
+        # tenant id -> (its record, its load level and reason) as a submit last read them: the next
+        # submit estimates ahead from them (gateway_tasks.producer.submission.Guess)
+        self.last_views: dict[str, tuple[dict[Any, Any], int, str]] = {}
         self.memory = MemoryGuard(self.r, self.settings.redis_memory_refuse_ratio,
                                   reserve_bytes=int(self.settings.redis_memory_reserve_mib * MIB))
 
@@ -269,6 +272,7 @@ class Gateway:
         tag = self.tenants.get(tenant_id).owner_tag       # UnknownTenant if not registered
         self.tenants.delete(tenant_id)
         self.owner_tags.pop(tenant_id, None)
+        self.last_views.pop(tenant_id, None)
         cancelled = 0
         for task_id in self._owned_by(tag):
             try:

@@ -15,7 +15,10 @@ runs named steps, in order:
                   a deferred request is refused here when its caller asked for a refusal
     dependencies  depends_on checked: the tenant's own tasks (or shared with it), not itself
     remember      an idempotency key's first submit (a repeat returns the first's handle)
-    take_quota    the tenant's hourly count and TPM tokens, both or neither
+    take_quota    the tenant's hourly count and TPM tokens, both or neither -- sent in claim's
+                  round trip when the estimate can be made ahead from what this gateway last
+                  read of the tenant (``Guess``: a plain submit; kept only when the claim reads
+                  the same record and load level, else given back and taken again)
     enqueue       published on its tier's queue, evicting a lower tier's newest task when the
                   pool is full (in the same publish: ``gateway_tasks.dispatch.evict.evicting``),
                   or held on its dependencies (with transitive priority inheritance:
@@ -105,6 +108,51 @@ class Behalf:
     owner: str
 
 
+@dataclass
+class Guess:
+    """A plain submit's estimate made ahead from the gateway's last read of its tenant
+    (``Submission._guess``), and its quota take, sent in the claim's round trip.  It holds
+    when the claim reads the same tenant record and load level: the estimate is the one the
+    submit would have made, and the take stands; otherwise what it took is given back."""
+
+    record: dict[Any, Any]
+    level: int
+    reason: str
+    req: InferenceRequest
+    effective: str
+    take: QuotaTakeCall
+    counted: bool
+    taken: Any = None          # the take's reply (QuotaTaken), or the error it met
+
+    def taken_reply(self, reply: Any, undos: list[Callable[[], Any]], client: redis.Redis) -> None:
+        """Read the take's reply; a take that succeeded is given back if the submit fails."""
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            scripts_for(client).lost()
+        self.taken = reply if isinstance(reply, Exception) else self.take.parse(reply)
+        if self.ok:
+            undos.append(lambda: self.give_back(client))
+
+    @property
+    def ok(self) -> bool:
+        return not isinstance(self.taken, Exception) and self.taken is not None and self.taken.ok
+
+    def holds(self, record: dict[Any, Any], level: int, reason: str) -> bool:
+        """The claim read what the guess was made from, and the take ran (refused or not)."""
+        return not isinstance(self.taken, Exception) and self.taken is not None \
+            and (record, level, reason) == (self.record, self.level, self.reason)
+
+    def check_taken(self) -> None:
+        if not self.ok:
+            raise self.take.refusal(self.taken)
+
+    def give_back(self, client: redis.Redis) -> None:
+        """What its take took goes back (once): the guess did not hold (the submit takes again),
+        or the submit failed."""
+        if self.ok:
+            scripts_for(client).run(QuotaRefundCall(self.take, counted=self.counted))
+            self.taken = None
+
+
 class Submission:
     def __init__(self, gw: "Gateway", asked: Asked):
         self.gw, self.asked = gw, asked
@@ -124,14 +172,21 @@ class Submission:
     def run(self) -> "TaskHandle":
         try:
             self.validate()
-            record, level, reason = self.claim()
+            guess = self._guess()
+            record, level, reason = self.claim(guess)
             self.level = level
-            self.behalf_of()
-            self.estimate(record, level, reason)
-            self.dependencies()
-            if not self.remember():
-                return self.gw._handle(self.task_id, self.req)   # a repeat: the first submit's task
-            self.take_quota()
+            if guess is not None and guess.holds(record, level, reason):
+                self._estimated(guess.req, None, guess.effective, reason)
+                guess.check_taken()
+            else:
+                if guess is not None:
+                    guess.give_back(self.r)
+                self.behalf_of()
+                self.estimate(record, level, reason)
+                self.dependencies()
+                if not self.remember():
+                    return self.gw._handle(self.task_id, self.req)   # a repeat: the first submit's task
+                self.take_quota()
             self.enqueue()
         except BaseException:
             self._undo()
@@ -176,9 +231,9 @@ class Submission:
             raise InvalidRequest(f"on_defer must be one of {list(deferral.ON_DEFER)}, got {a.on_defer!r}")
         self.gw.memory.check()
 
-    def claim(self) -> tuple[dict[Any, Any], int, str]:
+    def claim(self, ahead: "Guess | None" = None) -> tuple[dict[Any, Any], int, str]:
         """The task's id, and in one round trip the tenant's record, the task's owner written
-        ahead (undone if a later step fails) and the load level.
+        ahead (undone if a later step fails) and the load level -- and ``ahead``'s quota take.
 
         The owner is the tenant's generation (``Tenant.owner_tag``), written as this gateway
         last saw it and corrected once when the record says otherwise.  An idempotency key's
@@ -204,7 +259,15 @@ class Submission:
                 pipe.zadd(tasks, {self.task_id: now_ms}, nx=True)
                 pipe.zremrangebyscore(tasks, 0, now_ms - self.settings.result_ttl_s * 1000)
                 pipe.expire(tasks, self.settings.result_ttl_s)
-                record, owned, stored, level, held, *_ = pipe.execute()
+                if ahead is not None:
+                    pipe.execute_command(*scripts_for(self.r).command(ahead.take))
+                replies = pipe.execute(raise_on_error=False)
+            if ahead is not None:
+                ahead.taken_reply(replies.pop(), self._undos, self.r)
+            failed = next((r for r in replies if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise failed
+            record, owned, stored, level, held, *_ = replies
             if record:
                 tag = TenantRegistry.from_record(a.tenant_id, record).owner_tag
                 self.gw.owner_tags[a.tenant_id] = tag
@@ -221,7 +284,32 @@ class Submission:
         level_now, reason = self.gw._level_of(level)
         if self.settings.overload.enabled:   # a tenant held at the level it causes sees that level
             level_now, reason = tenant_level(level_now, reason, held)
+        if record and isinstance(a.tenant_id, str):
+            self.gw.last_views[a.tenant_id] = (record, level_now, reason)
         return record, level_now, reason
+
+    def _guess(self) -> "Guess | None":
+        """The estimate and quota take of a plain submit (no idempotency key, dependencies or
+        on_behalf_of), made ahead from what this gateway last read of its tenant and the load
+        level, so the take rides in claim's round trip; None when there is nothing to go on,
+        the request would be deferred, or the estimate fails (the real one says why)."""
+        a = self.asked
+        if a.idempotency_key is not None or a.depends_on is not None or a.on_behalf_of is not None \
+                or not isinstance(a.tenant_id, str):
+            return None
+        view = self.gw.last_views.get(a.tenant_id)
+        if view is None:
+            return None
+        record, level, reason = view
+        try:
+            req, deferred, effective = self._estimate_at(record, level, reason)
+            if deferred is not None:
+                return None
+            take = self._take_call(req)
+            take.check_fits()
+        except Exception:   # noqa: BLE001 -- the submit's own estimate raises it again, or not
+            return None
+        return Guess(record, level, reason, req, effective, take, self.asked.count_quota)
 
     def _keyed_id(self, owner: str) -> str:
         return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{owner}:{self.asked.idempotency_key}"))
@@ -258,18 +346,27 @@ class Submission:
             return len(self.settings.tiers)
 
     def estimate(self, record: dict[Any, Any], level: int, reason: str) -> None:
+        self._estimated(*self._estimate_at(record, level, reason), reason)
+
+    def _estimate_at(self, record: dict[Any, Any], level: int,
+                     reason: str) -> tuple[InferenceRequest, Action | None, str]:
+        """The request estimated for this tenant record and load level (nothing kept): the
+        request, its defer action if deferred, the tier it is admitted at."""
         a = self.asked
         tenant = TenantRegistry.from_record(a.tenant_id, record)
         if a.tier is not None and self.settings.tier_rank(a.tier) > self.settings.tier_rank(tenant.tier):
             tenant = replace(tenant, tier=self.settings.tier(a.tier).name)      # a batch's lines
         own = self.settings.tier(tenant.tier).name
         lent = inherit.lent_tier(self.settings, own, [self.behalf.tier]) if self.behalf else ""
-        self.effective = lent or own
         req, deferred = _estimate(self.gw, a.tenant_id, a.messages, a.model, a.max_tokens,
                                   tenant, level, reason, judged_at=lent, extra_body=a.extra_body,
                                   endpoint=a.endpoint)
-        self.req = replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
-                           lane=self.lane, effective_tier=lent)
+        return (replace(req, deadline_s=a.deadline_s, source=a.source, stream=bool(a.stream),
+                        lane=self.lane, effective_tier=lent), deferred, lent or own)
+
+    def _estimated(self, req: InferenceRequest, deferred: Action | None, effective: str, reason: str) -> None:
+        a = self.asked
+        self.req, self.effective = req, effective
         if deferred is not None:
             # a deadline that ends before the retry time: holding the task could only end it
             # as DeadlineExceeded, so its caller hears now, with the retry time
@@ -322,15 +419,19 @@ class Submission:
     def take_quota(self) -> None:
         """The tenant's hourly and TPM quotas (both or neither), or QuotaExceeded saying which,
         its limit and when to retry."""
-        req, count = self.req, self.asked.count_quota
-        tier = self.settings.tier(req.tier)
-        take = QuotaTakeCall(self.keys, req.tenant_id, int(time.time() * 1000),   # the hour, as beat names it
-                             tier.max_tasks_per_hour if count else 0, req.est_tokens, req.tenant_tpm)
+        count = self.asked.count_quota
+        take = self._take_call(self.req)
         take.check_fits()
         taken = scripts_for(self.r).run(take)
         if not taken.ok:
             raise take.refusal(taken)
         self._undos.append(lambda: scripts_for(self.r).run(QuotaRefundCall(take, counted=count)))
+
+    def _take_call(self, req: InferenceRequest) -> QuotaTakeCall:
+        tier = self.settings.tier(req.tier)
+        return QuotaTakeCall(self.keys, req.tenant_id, int(time.time() * 1000),   # the hour, as beat names it
+                             tier.max_tasks_per_hour if self.asked.count_quota else 0, req.est_tokens,
+                             req.tenant_tpm)
 
     def enqueue(self) -> None:
         """Held on its dependencies while any runs, else published on its tier's queue (a task

@@ -120,7 +120,6 @@ async def sync_reply(gateway: Gateway, handle: Any, request: Request, timeout_s:
     with the upstream's body as-is, or its error: the upstream's 4xx with its status and
     OpenAI error object, a gateway refusal with its status; a client that times out or goes
     away cancels the task (nobody will read the answer).  ``since``: ``submit_waited``'s."""
-    status_url = _status_url(request, handle.id)
     meta = await result_waiter(gateway).wait(handle.id, timeout_s, request.is_disconnected, since)
     headers = {"X-Gateway-Task-Id": handle.id, "X-Gateway-Tier": handle.tier}
     if meta is None:
@@ -133,7 +132,7 @@ async def sync_reply(gateway: Gateway, handle: Any, request: Request, timeout_s:
             raise ApiError(504, "Timeout",
                            f"task {handle.id} did not complete within {timeout_s:g} s; it was "
                            f"cancelled (it was {done.was})", headers, task_id=handle.id,
-                           status_url=status_url, cancelled=True, was=done.was)
+                           status_url=_status_url(request, handle.id), cancelled=True, was=done.was)
     if meta["status"] != states.SUCCESS:
         error = error_of(meta)
         upstream = error.get("upstream")

@@ -2,8 +2,9 @@
 upstream path and the LiteLLM proxy, measured in one run on the same requests.
 
 It starts a Redis (REDIS_URL, else an embedded one), the upstream simulator answering
-at once (``base_latency_ms`` 0, no time per token), one ``gateway api`` process and one
-worker (threads), a VIP tenant, and -- unless ``--no-litellm`` -- the LiteLLM proxy,
+at once (``base_latency_ms`` 0, no time per token), the process layout docs/scaling.md
+recommends for 2 cores -- one ``gateway api`` process and two workers of 8 threads
+(``--worker-processes``, ``--worker-threads``) -- a VIP tenant, and -- unless ``--no-litellm`` -- the LiteLLM proxy,
 installed from PyPI into a virtual environment of the bench's own (``--litellm-venv``;
 its first run takes a minute or two) and configured with the same simulator as its
 upstream and a TPM limit, so it too checks a quota on every call.  Where LiteLLM cannot
@@ -68,9 +69,11 @@ TARGET_ADDED_P50_MS = 3.0
 TARGET_ADDED_P99_MS = 10.0
 TARGET_ADDED_P99_LOADED_MS = 25.0
 TARGET_RPS = 400.0
-DEFAULTS = {"runs": 3, "sequential": 300, "clients": 32, "seconds": 10.0, "worker_threads": 16}
-QUICK = {"runs": 1, "sequential": 60, "clients": 8, "seconds": 3.0, "worker_threads": 8}
+DEFAULTS = {"runs": 3, "sequential": 300, "clients": 32, "seconds": 10.0, "worker_processes": 2,
+            "worker_threads": 8}
+QUICK = {"runs": 1, "sequential": 60, "clients": 8, "seconds": 3.0, "worker_processes": 2, "worker_threads": 8}
 LITELLM_VENV = Path(".bench") / "litellm-venv"
+MIN_CPU_SHOWN_MS = 0.02   # a process idle for a target (its pollers only) is left out of its CPU line
 
 
 # -- the processes ------------------------------------------------------------------------
@@ -260,9 +263,23 @@ def combine(runs: list[dict[str, Any]], targets: list[Target]) -> dict[str, Any]
                 row[phase]["added_p99_ms"] = spread([a[1] for a in adds])
             if phase == "concurrent":
                 row[phase]["requests_per_s"] = spread([r[phase][t.name]["requests_per_s"] for r in runs])
-                row[phase]["cpu_ms_per_request"] = runs[-1][phase][t.name].get("cpu_ms_per_request")
+                row[phase]["cpu_ms_per_request"] = cpu_spread([r[phase][t.name] for r in runs
+                                                                if r[phase].get(t.name)])
         table[t.name] = row
     return table
+
+
+def cpu_spread(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per process, its CPU per request over the runs (spread); the workers' summed as "workers"."""
+    per_run: list[dict[str, float]] = []
+    for phase in phases:
+        cpu = {k: v for k, v in (phase.get("cpu_ms_per_request") or {}).items() if v is not None}
+        workers = [v for k, v in cpu.items() if k.startswith("worker")]
+        if len(workers) > 1:
+            cpu["workers"] = sum(workers)
+        per_run.append(cpu)
+    names = sorted({k for cpu in per_run for k in cpu})
+    return {k: spread([cpu[k] for cpu in per_run if k in cpu]) for k in names}
 
 
 def judge(table: dict[str, Any]) -> list[dict[str, Any]]:
@@ -303,9 +320,10 @@ def measure(url: str, spec: dict[str, Any], log_dir: str, litellm_venv: Path | N
                                                    "GATEWAY_POOLS_JSON": json.dumps(pools)}))
             gw = Gateway(settings)
             key = gw.register_tenant("bench-vip", "vip")
-            worker = processes.worker(settings, concurrency=spec["worker_threads"],
-                                      log_path=os.path.join(log_dir, "worker.log")).start()
-            children.append(worker)
+            workers = [processes.worker(settings, concurrency=spec["worker_threads"], name=f"w{i}",
+                                        log_path=os.path.join(log_dir, f"worker{i}.log")).start()
+                       for i in range(spec["worker_processes"])]
+            children.extend(workers)
             api_port = free_port()
             api = processes.api(processes.child_env(settings), port=api_port,
                                 log_path=os.path.join(log_dir, "api.log")).start()
@@ -314,21 +332,27 @@ def measure(url: str, spec: dict[str, Any], log_dir: str, litellm_venv: Path | N
                        Target("gateway", f"http://127.0.0.1:{api_port}/v1/chat/completions", key, api.process.pid)]
             ll = _start_litellm(sim.base_url, litellm_venv, log_dir, progress, children)
             targets.append(ll)
-            processes.wait_for_workers(gw.app, 1)
+            processes.wait_for_workers(gw.app, spec["worker_processes"])
             _wait_http(f"http://127.0.0.1:{api_port}/healthz")
-            pids = {"simulator": sim.proc.pid, "api": api.process.pid, "worker": worker.process.pid,
-                    "litellm": ll.pid}
+            pids = {"simulator": sim.proc.pid, "api": api.process.pid, "litellm": ll.pid,
+                    **{f"worker{i}": w.process.pid for i, w in enumerate(workers)}}
             runs = []
             for i in range(spec["runs"]):
                 progress(f"run {i + 1} of {spec['runs']}")
                 runs.append(run_once(targets, pids, r, spec, i))
             table = combine(runs, targets)
             return {"spec": spec, "runs": runs, "table": table, "targets": judge(table),
-                    "layout": f"one `gateway api` process, one worker (-P threads -c {spec['worker_threads']})"}
+                    "layout": layout_of(spec)}
     finally:
         for child in reversed(children):
             child.stop()
         discard_prefix(r, prefix)
+
+
+def layout_of(spec: dict[str, Any]) -> str:
+    n = spec["worker_processes"]
+    return (f"one `gateway api` process, {'one worker' if n == 1 else f'{n} workers'} "
+            f"(-P threads -c {spec['worker_threads']})")
 
 
 def _wait_http(url: str, timeout_s: float = 30.0) -> None:
@@ -391,11 +415,13 @@ def format_report(result: dict[str, Any]) -> str:
                      f"{(_s(seq.get('added_p50_ms'))+' / '+_s(seq.get('added_p99_ms'))) if name != 'direct' else '':>30} "
                      f"{'':>11}{_s(con['requests_per_s'], 0):>22} "
                      f"{(_s(con.get('added_p50_ms'))+' / '+_s(con.get('added_p99_ms'))) if name != 'direct' else '':>30}")
-    lines += ["", f"CPU ms per request at {spec['clients']} clients (last run), per process:"]
+    lines += ["", f"CPU ms per request at {spec['clients']} clients, per process, median (min–max) "
+                  f"(clients: the load generator itself):"]
     for name, row in table.items():
         cpu = (row.get("concurrent") or {}).get("cpu_ms_per_request")
         if cpu:
-            lines.append(f"  {name:<9} " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if v))
+            lines.append(f"  {name:<9} " + ", ".join(f"{k} {_s(v, 2)}" for k, v in cpu.items()
+                                                      if (v.get("median") or 0) >= MIN_CPU_SHOWN_MS))
     lines += ["", "targets (gateway, judged on the medians):"]
     for t in result["targets"]:
         lines.append(f"  {'PASS' if t['ok'] else 'FAIL'}  {t['target']}: {t['value']} ({t['limit']})")
@@ -408,7 +434,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequential", type=int, default=None, help="requests per target at 1 client")
     parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default 32)")
     parser.add_argument("--seconds", type=float, default=None, help="each target's time at N clients")
-    parser.add_argument("--worker-threads", type=int, default=None, help="the worker's -c (default 16)")
+    parser.add_argument("--worker-processes", type=int, default=None, help="worker processes (default 2)")
+    parser.add_argument("--worker-threads", type=int, default=None, help="each worker's -c (default 8)")
     parser.add_argument("--no-litellm", action="store_true", help="leave the LiteLLM proxy out")
     parser.add_argument("--litellm-venv", default=str(LITELLM_VENV),
                         help="where litellm[proxy] is installed for the bench (made on first use)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import urlsplit
@@ -45,7 +46,8 @@ class Post:
 
 
 class Connection:
-    """One keep-alive connection; ``send`` returns (status, body)."""
+    """One keep-alive connection; ``send`` returns (status, body), ``first_part`` the time
+    to the first part of the body too."""
 
     def __init__(self, post: Post):
         self.post = post
@@ -53,18 +55,26 @@ class Connection:
         self._writer: asyncio.StreamWriter | None = None
 
     async def send(self) -> tuple[int, bytes]:
+        """The reply's status and whole body."""
+        status, _, body = await self.first_part()
+        return status, body
+
+    async def first_part(self) -> tuple[int, float, bytes]:
+        """The reply's status, the seconds from sending until the first part of its body came
+        (a streamed reply's first chunk: its first server-sent events), and the whole body."""
         try:
             if self._writer is None:
                 self._reader, self._writer = await asyncio.open_connection(self.post.host, self.post.port)
             self._writer.write(self.post.data)
-            return await self._reply()
+            return await self._reply(time.perf_counter())
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise HttpError(str(exc) or type(exc).__name__) from None
 
-    async def _reply(self) -> tuple[int, bytes]:
+    async def _reply(self, sent: float) -> tuple[int, float, bytes]:
         reader = self._reader
         assert reader is not None
+        first = None
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         lines = head.lower().split(b"\r\n")
@@ -84,12 +94,13 @@ class Connection:
                     await reader.readuntil(b"\r\n")
                     break
                 parts.append((await reader.readexactly(size + 2))[:-2])
+                first = first or time.perf_counter()
             body = b"".join(parts)
         else:
             body = await reader.readexactly(length or 0)
         if close:
             self.close()
-        return status, body
+        return status, (first or time.perf_counter()) - sent, body
 
     def close(self) -> None:
         if self._writer is not None:

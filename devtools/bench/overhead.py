@@ -14,7 +14,9 @@ Every run measures three targets -- ``direct`` (the simulator itself), ``gateway
 (``POST /v1/chat/completions`` through the queue) and ``litellm`` -- with the same
 16-token chat request:
 
-* **1 client**: requests one at a time, the targets interleaved request by request;
+* **1 client**: requests one at a time, the targets interleaved request by request; then
+  the same with ``stream: true``, timed to the first server-sent events (time to first
+  token);
 * **N clients** (``--clients``, 32): for each target in turn, N concurrent clients for
   ``--seconds`` (the order rotates from run to run).
 
@@ -62,16 +64,19 @@ from gateway_tasks.simulator import SimConfig, SimulatorProcess
 MODEL = "gpt-4o-mini"
 REQUEST = {"model": MODEL, "max_tokens": 16,
            "messages": [{"role": "user", "content": "Say hello to the bench in a few short words."}]}
+STREAMED = {**REQUEST, "stream": True}   # time to first token: the first server-sent events
 UPSTREAM_KEY = "sk-bench-overhead"
 TARGETS = ("direct", "gateway", "litellm")
 # the gateway's added latency targets (p50 / p99 at one client), requests/s at N clients
 TARGET_ADDED_P50_MS = 3.0
 TARGET_ADDED_P99_MS = 10.0
+TARGET_ADDED_FIRST_TOKEN_MS = 5.0
 TARGET_ADDED_P99_LOADED_MS = 25.0
 TARGET_RPS = 400.0
-DEFAULTS = {"runs": 3, "sequential": 300, "clients": 32, "seconds": 10.0, "worker_processes": 2,
+DEFAULTS = {"runs": 3, "sequential": 300, "streamed": 100, "clients": 32, "seconds": 10.0, "worker_processes": 2,
             "worker_threads": 8}
-QUICK = {"runs": 1, "sequential": 60, "clients": 8, "seconds": 3.0, "worker_processes": 2, "worker_threads": 8}
+QUICK = {"runs": 1, "sequential": 60, "streamed": 20, "clients": 8, "seconds": 3.0, "worker_processes": 2,
+         "worker_threads": 8}
 LITELLM_VENV = Path(".bench") / "litellm-venv"
 MIN_CPU_SHOWN_MS = 0.02   # a process idle for a target (its pollers only) is left out of its CPU line
 
@@ -153,18 +158,33 @@ async def _one(conn: Connection, phase: Phase) -> None:
         phase.errors += 1
 
 
-def _connection(target: Target) -> Connection:
-    return Connection(Post.of(target.url, REQUEST, target.key))
+async def _first(conn: Connection, phase: Phase) -> None:
+    """One streamed request: its time to the first events counted."""
+    try:
+        status, first_s, _ = await conn.first_part()
+    except HttpError:
+        status, first_s = 0, 0.0
+    if status == 200:
+        phase.latencies_ms.append(first_s * 1000)
+    else:
+        phase.errors += 1
 
 
-async def sequential(targets: list[Target], n: int) -> dict[str, Phase]:
+def _connection(target: Target, body: dict[str, Any] = REQUEST) -> Connection:
+    return Connection(Post.of(target.url, body, target.key))
+
+
+async def sequential(targets: list[Target], n: int, streamed: bool = False) -> dict[str, Phase]:
+    """``n`` requests to each target, one at a time, interleaved; ``streamed``: stream=true
+    requests, timed to their first events (time to first token)."""
     phases = {t.name: Phase() for t in targets}
-    conns = {t.name: _connection(t) for t in targets}
+    conns = {t.name: _connection(t, STREAMED if streamed else REQUEST) for t in targets}
+    one = _first if streamed else _one
     for t in targets:                       # warm each connection first
-        await _one(conns[t.name], Phase())
+        await one(conns[t.name], Phase())
     for _ in range(n):
         for t in targets:
-            await _one(conns[t.name], phases[t.name])
+            await one(conns[t.name], phases[t.name])
     for conn in conns.values():
         conn.close()
     return phases
@@ -210,13 +230,15 @@ def _measured(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 def run_once(targets: list[Target], pids: dict[str, int | None], r: redis.Redis, spec: dict[str, Any],
              rotate: int) -> dict[str, Any]:
     live = [t for t in targets if not t.note]
-    out: dict[str, Any] = {"sequential": {}, "concurrent": {}}
+    out: dict[str, Any] = {"sequential": {}, "streamed": {}, "concurrent": {}}
     before = _cpu_snapshot(pids, r)
     seq = http_load.run(lambda: sequential(live, spec["sequential"]))
     cpu = _measured(before, _cpu_snapshot(pids, r))
     for name, phase in seq.items():
         out["sequential"][name] = _summary(phase, None)
     out["sequential"]["cpu_s"] = cpu
+    out["streamed"] = {name: _summary(phase, None) for name, phase in
+                       http_load.run(lambda: sequential(live, spec["streamed"], streamed=True)).items()}
     order = live[rotate % len(live):] + live[:rotate % len(live)]
     for t in order:
         before = _cpu_snapshot(pids, r)
@@ -252,7 +274,9 @@ def combine(runs: list[dict[str, Any]], targets: list[Target]) -> dict[str, Any]
             table[t.name] = {"skipped": t.note}
             continue
         row: dict[str, Any] = {}
-        for phase in ("sequential", "concurrent"):
+        for phase in ("sequential", "streamed", "concurrent"):
+            if not all(r.get(phase, {}).get(t.name) for r in runs):
+                continue
             p50s = [r[phase][t.name]["p50_ms"] for r in runs if r[phase].get(t.name)]
             p99s = [r[phase][t.name]["p99_ms"] for r in runs if r[phase].get(t.name)]
             row[phase] = {"p50_ms": spread(p50s), "p99_ms": spread(p99s),
@@ -292,6 +316,9 @@ def judge(table: dict[str, Any]) -> list[dict[str, Any]]:
          "ok": seq["added_p50_ms"]["median"] <= TARGET_ADDED_P50_MS},
         {"target": "added p99, 1 client", "value": seq["added_p99_ms"]["median"], "limit": f"<= {TARGET_ADDED_P99_MS} ms",
          "ok": seq["added_p99_ms"]["median"] <= TARGET_ADDED_P99_MS},
+        {"target": "added time to first token, 1 client", "value": gw["streamed"]["added_p50_ms"]["median"],
+         "limit": f"<= {TARGET_ADDED_FIRST_TOKEN_MS} ms (p50)",
+         "ok": (gw["streamed"]["added_p50_ms"]["median"] or 1e9) <= TARGET_ADDED_FIRST_TOKEN_MS},
         {"target": "requests/s, N clients", "value": con["requests_per_s"]["median"], "limit": f">= {TARGET_RPS:g}",
          "ok": con["requests_per_s"]["median"] >= TARGET_RPS},
         {"target": "added p99, N clients", "value": con["added_p99_ms"]["median"],
@@ -415,6 +442,13 @@ def format_report(result: dict[str, Any]) -> str:
                      f"{(_s(seq.get('added_p50_ms'))+' / '+_s(seq.get('added_p99_ms'))) if name != 'direct' else '':>30} "
                      f"{'':>11}{_s(con['requests_per_s'], 0):>22} "
                      f"{(_s(con.get('added_p50_ms'))+' / '+_s(con.get('added_p99_ms'))) if name != 'direct' else '':>30}")
+    lines += ["", "time to first token (stream=true), 1 client, p50 / p99 ms, and added:"]
+    for name, row in table.items():
+        st = row.get("streamed")
+        if st:
+            lines.append(f"  {name:<9} {_s(st['p50_ms'])} / {_s(st['p99_ms'])}"
+                         + (f"   added {_s(st.get('added_p50_ms'))} / {_s(st.get('added_p99_ms'))}"
+                            if name != "direct" else ""))
     lines += ["", f"CPU ms per request at {spec['clients']} clients, per process, median (min–max) "
                   f"(clients: the load generator itself):"]
     for name, row in table.items():
@@ -432,6 +466,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_command.add_common_arguments(parser)
     parser.add_argument("--runs", type=int, default=None, help="repeats (default 3)")
     parser.add_argument("--sequential", type=int, default=None, help="requests per target at 1 client")
+    parser.add_argument("--streamed", type=int, default=None,
+                        help="stream=true requests per target at 1 client (time to first token)")
     parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default 32)")
     parser.add_argument("--seconds", type=float, default=None, help="each target's time at N clients")
     parser.add_argument("--worker-processes", type=int, default=None, help="worker processes (default 2)")

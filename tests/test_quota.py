@@ -196,3 +196,13 @@ def test_a_quota_refused_in_the_claims_round_trip_enqueues_nothing_and_takes_not
         gw.submit("free1", "one too many", max_tokens=5)
     assert info.value.reason == "tasks_per_hour"
     assert queued(gw, "batch") == 10 and hour_count(gw, "free1") == 10
+
+
+def test_a_gateway_keeps_a_bounded_number_of_tenants_last_reads(monkeypatch):
+    from gateway_tasks.producer import submission
+    monkeypatch.setattr(submission, "LAST_VIEWS_MAX", 3)
+    views: dict = {}
+    for i in range(5):
+        submission.remember_view(views, f"t{i}", i)
+    submission.remember_view(views, "t3", 33)          # an update keeps its place
+    assert views == {"t2": 2, "t3": 33, "t4": 4}

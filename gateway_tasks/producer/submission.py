@@ -285,7 +285,7 @@ class Submission:
         if self.settings.overload.enabled:   # a tenant held at the level it causes sees that level
             level_now, reason = tenant_level(level_now, reason, held)
         if record and isinstance(a.tenant_id, str):
-            self.gw.last_views[a.tenant_id] = (record, level_now, reason)
+            remember_view(self.gw.last_views, a.tenant_id, (record, level_now, reason))
         return record, level_now, reason
 
     def _guess(self) -> "Guess | None":
@@ -558,6 +558,18 @@ class Submission:
         held = [(n.task_id, n.tier) for n in nodes if n.held and not n.deps]
         for task_id in deferral.release_now(self.r, self.gw.app, self.settings, held):
             inherit.boost_released(self.r, self.keys, self.settings, self.gw._pool_names, task_id)
+
+
+LAST_VIEWS_MAX = 10_000   # tenants whose last read a gateway keeps for its next estimate ahead
+
+
+def remember_view(views: dict[str, Any], tenant_id: str, view: Any) -> None:
+    """Keep a tenant's last read (``Gateway.last_views``), at most LAST_VIEWS_MAX of them: the
+    oldest kept goes first (its next submit reads before it estimates, as the first did)."""
+    if tenant_id not in views and len(views) >= LAST_VIEWS_MAX:
+        with contextlib.suppress(RuntimeError, StopIteration, KeyError):   # another thread's change
+            del views[next(iter(views))]
+    views[tenant_id] = view
 
 
 def _dependency_failed(task_id: str) -> DependencyFailed:

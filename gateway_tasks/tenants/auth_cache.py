@@ -31,9 +31,9 @@ from collections import OrderedDict
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.redis_client import async_client, subscriber_urls
 from gateway_tasks.tenants.registry import Tenant
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class AuthCache:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.Task | None = None
         self._confirmed: asyncio.Event | None = None
+        self._connections = 0      # listener connections made (the next goes to the next node)
 
     @property
     def enabled(self) -> bool:
@@ -128,7 +129,9 @@ class AuthCache:
             await asyncio.wait_for(self._confirmed.wait(), SUBSCRIBED_WAIT_S)
 
     async def _listen(self, confirmed: asyncio.Event) -> None:
-        client = aioredis.Redis.from_url(self._url, client_name=self.client_name)
+        urls = subscriber_urls(self._url)     # on a cluster: a node (a PUBLISH reaches every node)
+        client = async_client(urls[self._connections % len(urls)], client_name=self.client_name)
+        self._connections += 1
         pubsub = client.pubsub()
         try:
             await pubsub.subscribe(self._channel)

@@ -59,8 +59,18 @@ def test_the_lean_message_is_celerys_field_for_field(make_gateway):
         celery_id.encode(), lean_id.encode())
 
 
-def test_the_task_sent_event_is_celerys_on_the_same_channel(make_gateway):
-    gw = make_gateway([("acme", "vip")])
+def control_on_db_1(url: str) -> str:
+    """The same server's db 1, as a control Redis of Celery's own (pub/sub spans the dbs)."""
+    return url.rsplit("/", 1)[0] + "/1"
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["one Redis", "a control Redis"])
+def test_the_task_sent_event_is_celerys_on_the_same_channel(make_gateway, settings, control):
+    """With a control Redis (``control_redis_url``: Celery's broker and events apart from the
+    queues) the event goes there, on the channel Celery's own dispatcher uses."""
+    if control:
+        settings = settings.with_(control_redis_url=control_on_db_1(settings.redis_url))
+    gw = make_gateway([("acme", "vip")], settings=settings)
     channel = event_channel(gw.settings.key_prefix, gw.app.conf.broker_url, gw.app.conf.event_exchange)
     listener = redis.Redis.from_url(gw.settings.redis_url).pubsub()
     listener.psubscribe(f"{gw.settings.key_prefix}*")

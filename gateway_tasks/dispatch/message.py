@@ -7,7 +7,8 @@ and one more round trip.  ``send_infer`` writes the same message (Celery's task 
 in kombu's Redis envelope, field for field: ``tests/test_lean_publish.py`` holds it to what
 ``send_task`` writes) and the same task-sent event, and hands both to
 ``dispatch.publish``: the enqueue publishes the event in the same call, once the task is
-queued (a refused task sends none, as with Celery).
+queued (a refused task sends none, as with Celery) -- or, when Celery's broker is a control
+Redis of its own, on that Redis once the task is queued.
 
 What it leaves out is what the gateway does not use: task routes (the queue is given),
 Celery's ``before_task_publish`` / ``after_task_publish`` signals, and the publish retries
@@ -34,6 +35,7 @@ from celery.utils.time import utcoffset
 
 from gateway_tasks.core.celery_app import TASK_NAME, settings_of
 from gateway_tasks.core.keys import Keys
+from gateway_tasks.core.redis_client import shared_client
 from gateway_tasks.dispatch.publish import publish
 
 TASK_DELIVERY_MODE = 2    # persistent, as Celery's task messages
@@ -112,5 +114,10 @@ def send_infer(app: Celery, client: redis.Redis, task_id: str, queue: str, body:
     if sent is not None:
         channel = event_channel(settings.key_prefix, app.conf.broker_url, app.conf.event_exchange)
         event = sent_event_message(app, sent)
+    # Celery's events live on its broker: the deployment's Redis, or a control Redis of their own
+    # (``control_redis_url``, beside a Redis Cluster) -- then the event follows the enqueue there
+    apart = bool(settings.control_redis_url) and settings.control_redis_url != settings.redis_url
     publish(client, Keys(settings.key_prefix), settings, queue, message, message_json=message_json,
-            event_channel=channel, event=event)
+            event_channel="" if apart else channel, event="" if apart else event)
+    if apart and channel:
+        shared_client(app.conf.broker_url).publish(channel, event)

@@ -1,10 +1,10 @@
 """A lean HTTP/1.1 load client for the benches: keep-alive connections, one request in flight
 on each, the request's bytes built once.
 
-The clients of ``bench-overhead`` share the CPU of the servers they measure, so their own CPU is taken
-from what they measure.  httpx spends about 2.8 ms of CPU per request on a 2-core machine
-(more than the upstream simulator answering it); this client spends a small fraction of that,
-so the figures show the servers' limits rather than the load generator's.  It speaks just
+The clients of ``bench-overhead`` share the CPU of the servers they measure: what they
+spend is taken from what they measure.  httpx spends about 2.8 ms of CPU per request on a
+2-core machine (more than the upstream simulator answering it); this client spends a small
+fraction of that, so the figures show the servers' limits rather than the load generator's.  It speaks just
 what the measured servers answer: a status line, headers, and a body framed by
 Content-Length or chunked transfer encoding; a ``Connection: close`` reply or a dropped
 connection opens a new one.  Runs on uvloop when it is installed.

@@ -14,8 +14,7 @@ So the worker, on ``worker_init`` (after its modules are imported, before its
 consumer starts), runs one complete SDK call -- a ``with_raw_response`` create, as a
 streamed chat completion goes through the SDK -- against an in-process fake transport (the
 SDK's HTTP library's ``MockTransport``): no network, no upstream tokens, no rate limit
-touched.  It also builds each pool's real clients (the SDK's, and the HTTP client of its
-JSON calls, ``gateway_tasks.upstream.client.post_json``).
+touched.  It also builds each pool's real SDK client.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def warm_worker(settings: Settings) -> float:
     """Warm the SDK and build the client of every pool with its key here; seconds it took.
     Never raises: a worker that could not warm up still works, it is only slower on its
     first calls."""
-    from gateway_tasks.upstream.client import client_for, http_for
+    from gateway_tasks.upstream.client import client_for
     started = time.monotonic()
     try:
         warm_sdk()
@@ -69,7 +68,6 @@ def warm_worker(settings: Settings) -> float:
             if not pool.api_key:   # a pool this worker does not call (workers/startup.py)
                 continue
             client_for(pool).chat.completions   # noqa: B018 -- builds the resource objects
-            http_for(pool)
     except Exception as exc:  # noqa: BLE001 -- see the docstring
         log.warning("worker warm-up failed (the first upstream calls will be slower): %s",
                     type(exc).__name__)

@@ -7,9 +7,12 @@ requires HTTP basic auth -- ``FLOWER_BASIC_AUTH=user:password`` from the
 environment, or a generated password printed once at start.
 
 Flower runs on its own app (``celery -A gateway_tasks.cli.flower flower``): the
-deployment's configuration on kombu's stock Redis transport, so Flower's
-broker page can read the queues' lengths (it knows Redis URLs, not the
-gateway transport's).  Flower only watches and inspects; it enqueues nothing.
+deployment's configuration on kombu's stock Redis transport (Flower knows Redis
+URLs, not the gateway transport's).  Its broker page counts Redis lists, and a
+gateway queue is no list (a tier's queued tasks are a sorted set among its pool's
+keys), so it shows gateway queues as empty: their depth is in `gateway status`
+and in the metrics (``gateway_queue_depth_messages``).  Flower only watches and inspects;
+it enqueues nothing.
 It has no result backend (a task's result is its tenant's data, read through the
 REST API by its owner), and the workers' task events carry no result
 (workers.redaction) and no prompt (the arguments are a summary).

@@ -248,7 +248,9 @@ def _window(drivers: list[tuple[str, int]], settings: Settings, message: str, si
             nodes: dict[int, redis.Redis]) -> Window:
     """One driver process per (pool, master port) of ``drivers``, all started together; what
     each did and every master's INFO just before and just after."""
-    ctx = multiprocessing.get_context("fork")   # the drivers inherit the settings; no re-import
+    # spawned, not forked: a fork of a process with threads (a test process holds Redis pools,
+    # simulators and listeners) can copy a lock another thread holds, and the child then hangs
+    ctx = multiprocessing.get_context("spawn")
     ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_drive, args=(port, settings, pool, message, sizes, ready, go, out),
                          daemon=True) for pool, port in drivers]

@@ -113,14 +113,20 @@ def test_a_stream_cut_mid_way_by_the_connection_is_stream_broken():
     thread.join(timeout=10)
 
 
-def _serving(status: int, payload: bytes) -> tuple[Pool, Any]:
-    """A one-route HTTP server on a free port answering every POST with ``payload``."""
+def _serving(status: int, payload: bytes, *, api_key: str = "k",
+             seen: dict[str, Any] | None = None) -> tuple[Pool, Any]:
+    """A one-route HTTP server on a free port answering every POST with ``payload``; ``seen``
+    (when given) gets the last request's path, authorization and task id headers and JSON body."""
     import http.server
+    import json
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:   # noqa: N802 -- http.server's name
-            self.rfile.read(int(self.headers["content-length"]))
+            raw = self.rfile.read(int(self.headers["content-length"]))
+            if seen is not None:
+                seen.update(path=self.path, auth=self.headers["authorization"],
+                            task=self.headers["x-gateway-task-id"], body=json.loads(raw))
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(payload)))
@@ -132,7 +138,7 @@ def _serving(status: int, payload: bytes) -> tuple[Pool, Any]:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    pool = Pool("raw", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k",
+    pool = Pool("raw", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=api_key,
                 models=("m",), tpm=100_000, rpm=1_000, timeout_s=10)
     return pool, server
 
@@ -224,31 +230,11 @@ def test_a_refused_connection_and_a_timeout_are_the_sdks_errors():
 def test_the_request_carries_the_key_the_task_id_and_the_parameters():
     """What the upstream receives from a chat call: the pool's key as a bearer token, the task
     id header, and the body's parameters with extra_body's merged in."""
-    import http.server
     import json
-    import threading
     from gateway_tasks.upstream.client import chat
     seen: dict = {}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:   # noqa: N802
-            seen["path"] = self.path
-            seen["auth"] = self.headers["authorization"]
-            seen["task"] = self.headers["x-gateway-task-id"]
-            seen["body"] = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            out = json.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-            self.send_response(200)
-            self.send_header("content-length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    pool = Pool("seen", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="sk-pool-key",
-                models=("m",), tpm=1_000, rpm=10)
+    out = json.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+    pool, server = _serving(200, out, api_key="sk-pool-key", seen=seen)
     try:
         chat(pool, "m", [{"role": "user", "content": "hi"}], 7, {"temperature": 0.2}, task_id="task-1")
     finally:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gateway_tasks.cli import flower as flower_cli
 from gateway_tasks.core.errors import ConfigError, StartupError
@@ -137,3 +137,21 @@ def wait_for_workers(app, count: int, timeout_s: float = 30.0) -> int:  # noqa: 
             return seen
         time.sleep(0.2)
     raise StartupError(f"only {seen} of {count} workers came up within {timeout_s}s; see their logs")
+
+
+def poll_json(client: Any, url: str, ok: Callable[[Any], bool], timeout_s: float = 30.0) -> Any:
+    """GET ``url`` with ``client`` (an httpx.Client) every 0.5 s until it answers 200 with JSON
+    that ``ok`` accepts, and return that JSON; AssertionError with the last answer at the
+    timeout (a process's HTTP pages -- Flower's, the API's -- filling in after it started)."""
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = client.get(url, timeout=5)
+            if last.status_code == 200 and ok(last.json()):
+                return last.json()
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} never satisfied the check; last answer: {last and last.text[:500]}")

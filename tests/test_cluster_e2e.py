@@ -527,9 +527,9 @@ def test_flower_shows_the_clusters_workers_and_task_events_and_no_secret(deploym
     for path in ("/", "/api/workers", "/metrics"):
         assert httpx.get(base + path, timeout=5).status_code == 401, path
     with httpx.Client(auth=services.flower_auth, timeout=10) as client:
-        workers = poll(client, f"{base}/api/workers?refresh=1",
+        workers = processes.poll_json(client, f"{base}/api/workers?refresh=1",
                        lambda body: all(any(n.startswith(f"cl-{p}-") for n in body) for p in d.pools))
-        tasks = poll(client, f"{base}/api/tasks",
+        tasks = processes.poll_json(client, f"{base}/api/tasks",
                      lambda body: all(body.get(h.id, {}).get("state") == "SUCCESS" for h in handles))
         assert {tasks[h.id]["name"] for h in handles} == {"gateway.infer"}
         assert all("flower" not in (tasks[h.id].get("args") or "") for h in handles)   # no prompt shown
@@ -543,20 +543,6 @@ def test_flower_shows_the_clusters_workers_and_task_events_and_no_secret(deploym
             scraped[path] = resp.text
     served = "\n".join(scraped.values()) + json.dumps(workers)
     assert not any(s in served for s in (*SECRETS, key, services.flower_auth[1]))
-
-
-def poll(client: httpx.Client, url: str, ok, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = client.get(url)
-            if last.status_code == 200 and ok(last.json()):
-                return last.json()
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} never satisfied the check; last answer: {last and last.text[:500]}")
 
 
 def test_the_operator_commands_read_the_cluster(deployment):

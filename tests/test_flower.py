@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import httpx
 import pytest
@@ -21,20 +20,6 @@ pytestmark = pytest.mark.slow
 
 PLANTED_KEY = "sk-planted-0123456789abcdefSECRET"   # only ever in the second worker's environment
 OWN_KEY = "sk-very-secret-own-key"
-
-
-def poll(client: httpx.Client, url: str, ok, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = client.get(url, timeout=5)
-            if last.status_code == 200 and ok(last.json()):
-                return last.json()
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} never satisfied the check; last answer: {last and last.text[:300]}")
 
 
 def inspect_replies(app) -> dict[str, object]:
@@ -76,11 +61,13 @@ def test_flower_pages_and_inspect_never_show_an_api_key(settings, r, tmp_path):
                 for path in ("/", "/workers", "/tasks", "/broker", "/api/workers", "/api/tasks",
                              "/metrics", "/healthcheck"):
                     assert httpx.get(base + path, timeout=5).status_code == 401, path
-                tasks = poll(client, f"{base}/api/tasks", lambda body: all(h.id in body for h in handles))
+                tasks = processes.poll_json(client, f"{base}/api/tasks",
+                                            lambda body: all(h.id in body for h in handles))
                 h = handles[0]
                 assert tasks[h.id]["name"] == "gateway.infer"
                 assert "hello" not in (tasks[h.id].get("args") or "")   # prompts stay out of Flower
-                workers = poll(client, f"{base}/api/workers?refresh=1", lambda body: len(body) >= 2)
+                workers = processes.poll_json(client, f"{base}/api/workers?refresh=1",
+                                              lambda body: len(body) >= 2)
                 names = sorted(workers)
                 assert any(n.startswith("w2-") for n in names)
                 pages = ["/", "/workers", "/tasks", "/broker", "/metrics", "/healthcheck",

@@ -1,15 +1,20 @@
 """The REST API served by uvicorn in a daemon thread on a free loopback port, for
-tests and benchmarks that talk to it over real HTTP (``with ApiThread(gw) as api:``)."""
+tests and benchmarks that talk to it over real HTTP (``with ApiThread(gw) as api:``);
+``serving`` puts a real worker process behind it."""
 
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator, Mapping
 
 import httpx
 import uvicorn
 
+from devtools import processes
 from gateway_tasks.core.errors import StartupError
+from gateway_tasks.core.settings import Settings
 from gateway_tasks.local.ports import free_port
 from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.rest.app import create_app
@@ -65,3 +70,21 @@ class ApiThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@contextmanager
+def serving(settings: Settings, tenants: Mapping[str, str], *, concurrency: int,
+            log_path: str) -> Iterator[tuple[Gateway, ApiThread, dict[str, str]]]:
+    """A deployment to talk to over HTTP: the tenants registered (id -> tier), one real worker
+    (``concurrency`` threads, its log at ``log_path``) and the API in a thread; yields the
+    gateway, the API and each tenant's key, and stops the worker afterwards."""
+    gw = Gateway(settings)
+    keys = {tenant: gw.register_tenant(tenant, tier) for tenant, tier in tenants.items()}
+    worker = processes.worker(settings, concurrency=concurrency, log_path=log_path).start()
+    try:
+        processes.wait_for_workers(gw.app, 1)
+        with ApiThread(gw) as api:
+            yield gw, api, keys
+    finally:
+        worker.stop()
+        gw.app.close()

@@ -12,12 +12,10 @@ import time
 import openai
 import pytest
 
-from devtools import processes
-from devtools.api_thread import ApiThread
+from devtools.api_thread import serving
 from gateway_tasks.batches.jobs import validate_input
 from gateway_tasks.batches.runner import _failure
 from gateway_tasks.core.settings import Pool, load_settings
-from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
@@ -33,16 +31,9 @@ def stack(redis_url, module_key_prefix, tmp_path_factory):
                     tpm=6_000_000, rpm=60_000)
         s = load_settings(env={}, redis_url=redis_url, key_prefix=module_key_prefix).with_(
             pools=(pool,), batch_dir=str(root / "files"), batch_lines_in_flight=100)
-        gw = Gateway(s)
-        keys = {t: gw.register_tenant(t, "normal") for t in ("acme", "other")}
-        worker = processes.worker(s, concurrency=16, log_path=str(root / "worker.log")).start()
-        try:
-            processes.wait_for_workers(gw.app, 1)
-            with ApiThread(gw) as api:
-                yield gw, api, keys, sim
-        finally:
-            worker.stop()
-            gw.app.close()
+        with serving(s, {"acme": "normal", "other": "normal"}, concurrency=16,
+                     log_path=str(root / "worker.log")) as (gw, api, keys):
+            yield gw, api, keys, sim
 
 
 def sdk(api, key: str) -> openai.OpenAI:

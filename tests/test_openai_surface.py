@@ -9,13 +9,11 @@ import math
 import openai
 import pytest
 
-from devtools import processes
-from devtools.api_thread import ApiThread
+from devtools.api_thread import serving
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool, load_settings
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, tier_field
 from gateway_tasks.core.tokens import count_text_tokens
-from gateway_tasks.producer.gateway import Gateway
 from gateway_tasks.simulator import SimConfig, SimulatorThread
 
 pytestmark = pytest.mark.slow
@@ -29,17 +27,9 @@ def stack(redis_url, module_key_prefix, tmp_path_factory):
         pool = Pool("default", base_url=sim.base_url, api_key="k",
                     models=("gpt-4o-mini", "gpt-4o", EMBEDDING_MODEL), tpm=600_000, rpm=6_000)
         s = load_settings(env={}, redis_url=redis_url, key_prefix=module_key_prefix).with_(pools=(pool,))
-        gw = Gateway(s)
-        keys = {t: gw.register_tenant(t, tier) for t, tier in (("acme", "vip"), ("bob", "normal"),
-                                                               ("cal", "batch"))}
-        worker = processes.worker(s, concurrency=8, log_path=str(log)).start()
-        try:
-            processes.wait_for_workers(gw.app, 1)
-            with ApiThread(gw) as api:
-                yield gw, api, keys, sim
-        finally:
-            worker.stop()
-            gw.app.close()
+        with serving(s, {"acme": "vip", "bob": "normal", "cal": "batch"}, concurrency=8,
+                     log_path=str(log)) as (gw, api, keys):
+            yield gw, api, keys, sim
 
 
 def sdk(api, key: str) -> openai.OpenAI:

@@ -15,10 +15,8 @@ from gateway_tasks.upstream.chunks import ChunkWriter, read
 from gateway_tasks.core.keys import Keys
 from gateway_tasks.core.settings import Pool
 from gateway_tasks.core.stats import ACTUAL_TOKENS, COMPLETED, tier_field
-from devtools import processes
-from devtools.api_thread import ApiThread
+from devtools.api_thread import serving
 from gateway_tasks.simulator import SimConfig, SimulatorThread
-from gateway_tasks.producer.gateway import Gateway
 
 pytestmark = pytest.mark.slow
 HELLO = [{"role": "user", "content": "Tell me a story"}]
@@ -30,17 +28,9 @@ def stack(settings, r, tmp_path):
                                    ms_per_output_token=5)) as sim:
         pool = Pool("default", base_url=sim.base_url, api_key="k", models=("gpt-4o-mini",),
                     tpm=600_000, rpm=6_000)
-        s = settings.with_(pools=(pool,))
-        gw = Gateway(s)
-        key = gw.register_tenant("acme", "normal")
-        worker = processes.worker(s, concurrency=4, log_path=str(tmp_path / "worker.log")).start()
-        try:
-            processes.wait_for_workers(gw.app, 1)
-            with ApiThread(gw) as api:
-                yield gw, api, key, sim
-        finally:
-            worker.stop()
-            gw.app.close()
+        with serving(settings.with_(pools=(pool,)), {"acme": "normal"}, concurrency=4,
+                     log_path=str(tmp_path / "worker.log")) as (gw, api, keys):
+            yield gw, api, keys["acme"], sim
 
 
 def test_openai_sdk_streams_through_the_queue_and_usage_settles(stack, r):

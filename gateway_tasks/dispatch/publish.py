@@ -50,12 +50,13 @@ def publish(client: redis.Redis, keys: Keys, settings: Settings, queue: str, mes
                              f"it was not enqueued")
     tier = settings.tier(parts[0])
     est_tokens = _whole(headers.get(HEADER_EST_TOKENS), HEADER_EST_TOKENS)
-    capacity = settings.pool(parts[1]).token_capacity
+    pool = settings.pool(parts[1])
+    capacity = pool.token_capacity
     if est_tokens > capacity:
         raise InvalidRequest(f"header {HEADER_EST_TOKENS}={est_tokens} is over the bucket capacity "
                              f"of pool {parts[1]!r} ({capacity:.0f} tokens): it could never be "
                              f"admitted; it was not enqueued")
-    pool_capacity = _pool_capacity(settings, parts[1])
+    pool_capacity = pool.queue_capacity
     call = EnqueueCall(keys, tier, parts[1], tenant=_tenant_of(headers),
                        tag=str((message.get("properties") or {}).get("delivery_tag") or uuid.uuid4()),
                        est_tokens=est_tokens,
@@ -95,10 +96,6 @@ def publish(client: redis.Redis, keys: Keys, settings: Settings, queue: str, mes
         raise QueueFull(f"queue {queue} is full ({done.queue_length} messages, limit "
                         f"{tier.queue_max_len}); the request was not enqueued",
                         throttle_retry_after_s(tier), TIER_FULL)
-
-
-def _pool_capacity(settings: Settings, pool: str) -> int:
-    return next((p.queue_capacity for p in settings.pools if p.name == pool), 0)
 
 
 def _tenant_of(headers: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ import subprocess
 import time
 import tomllib
 import uuid
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 

@@ -28,7 +28,6 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
 
 import redis
 

@@ -30,6 +30,7 @@ yaml = pytest.importorskip("yaml")
 
 from devtools.redis_cluster import slot_of, slot_ranges  # noqa: E402
 from gateway_tasks.core.keys import Keys  # noqa: E402
+from gateway_tasks.local.children import stop_process  # noqa: E402
 from gateway_tasks.core.settings import ENV_SETTINGS, Settings, load_settings  # noqa: E402
 from tests.test_k8s_manifests import (CLUSTER, K8S, K8S_VERSIONS, MAXMEMORY_SHARE, UPSTREAM_SECRET,  # noqa: E402
                                       WORKLOADS, _image_name, _images, _kustomize, _matches, _pods,
@@ -432,7 +433,9 @@ def test_the_nodes_and_the_job_form_a_cluster_the_gateway_user_can_use(tmp_path)
                     assert time.monotonic() < deadline, info
                     time.sleep(0.2)
     finally:
+        # all told at once; a master waits up to Redis's shutdown-timeout (10 s) for its replica
+        # before it exits, so one still there after that is killed (its data is thrown away)
         for node in nodes:
             node.terminate()
         for node in nodes:
-            node.wait(timeout=10)
+            stop_process(node, timeout_s=15.0)
